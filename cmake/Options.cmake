@@ -1,0 +1,62 @@
+# Build options. "auto" options follow what the machine has; each can be forced.
+include(CheckLanguage)
+
+option(BUILD_TESTING "Build the GoogleTest suites" ON)
+
+set(USE_CUDA "AUTO" CACHE STRING "Build CUDA code: ON, OFF or AUTO (when nvcc is found)")
+if(USE_CUDA STREQUAL "AUTO")
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(USE_CUDA ON)
+  else()
+    set(USE_CUDA OFF)
+  endif()
+endif()
+if(USE_CUDA)
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    set(CMAKE_CUDA_ARCHITECTURES 90)
+  endif()
+  enable_language(CUDA)
+  find_package(CUDAToolkit REQUIRED)
+endif()
+
+set(_with_ep_default OFF)
+if(USE_CUDA)
+  set(_with_ep_default ON)
+endif()
+option(WITH_EP "Build the expert-parallel runtime (needs CUDA)" ${_with_ep_default})
+if(WITH_EP AND NOT USE_CUDA)
+  message(FATAL_ERROR "WITH_EP=ON needs USE_CUDA=ON")
+endif()
+
+set(WITH_RDMA "AUTO" CACHE STRING "Build the RDMA transport: ON, OFF or AUTO (when libibverbs is found)")
+find_path(IBVERBS_INCLUDE_DIR infiniband/verbs.h)
+find_library(IBVERBS_LIBRARY ibverbs)
+if(WITH_RDMA STREQUAL "AUTO")
+  if(IBVERBS_INCLUDE_DIR AND IBVERBS_LIBRARY)
+    set(WITH_RDMA ON)
+  else()
+    set(WITH_RDMA OFF)
+  endif()
+endif()
+
+option(USE_NCCL_DEVICE "Build the NCCL device-API (GIN) EP transport" OFF)
+
+set(WITH_TORCH "AUTO" CACHE STRING "Build the torch extension modules: ON, OFF or AUTO")
+if(NOT Python3_EXECUTABLE)
+  find_package(Python3 COMPONENTS Interpreter Development.Module)
+endif()
+if(WITH_TORCH STREQUAL "AUTO")
+  set(WITH_TORCH OFF)
+  if(Python3_EXECUTABLE)
+    execute_process(COMMAND ${Python3_EXECUTABLE} -c "import torch"
+                    RESULT_VARIABLE _torch_missing OUTPUT_QUIET ERROR_QUIET)
+    if(_torch_missing EQUAL 0)
+      set(WITH_TORCH ON)
+    endif()
+  endif()
+endif()
+
+# libFuzzer targets need clang; with another compiler they build as plain
+# replay drivers that run a corpus and a bounded number of random inputs.
+option(BUILD_FUZZERS "Build the fuzz targets" ON)

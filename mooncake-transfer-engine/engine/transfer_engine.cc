@@ -1,0 +1,418 @@
+#include "mooncake-transfer-engine/engine/transfer_engine.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "mooncake-transfer-engine/common/env.h"
+#include "mooncake-transfer-engine/common/logging.h"
+#include "mooncake-transfer-engine/transport/shm/shm_transport.h"
+#include "mooncake-transfer-engine/transport/tcp/tcp_transport.h"
+#include "mooncake-transfer-engine/transport/transport.h"
+
+namespace mooncake::te {
+
+MC_ENV_BOOL(ForceTcp, "MC_FORCE_TCP", false)
+
+// ---- TransferTask -----------------------------------------------------------
+
+void TransferTask::complete(Status status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_.load(std::memory_order_relaxed) != TransferState::kPending) return;
+    error_ = std::move(status);
+    state_.store(error_.ok() ? TransferState::kCompleted : TransferState::kFailed,
+                 std::memory_order_release);
+}
+
+TransferStatus TransferTask::status() const {
+    TransferStatus s;
+    s.state = state_.load(std::memory_order_acquire);
+    if (s.state == TransferState::kFailed) {
+        std::lock_guard<std::mutex> lock(mu_);
+        s.error = error_;
+    }
+    return s;
+}
+
+// ---- Host: the engine as its transports see it -------------------------------
+
+class TransferEngine::Host : public TransportHost {
+public:
+    explicit Host(TransferEngine* engine) : engine_(engine) {}
+    MemoryRegistry& memory() override { return engine_->memory_; }
+    const std::string& secret() const override { return engine_->options_.secret; }
+    const std::string& hostIp() const override { return engine_->host_ip_; }
+    const std::string& segmentName() const override { return engine_->options_.segment_name; }
+
+private:
+    TransferEngine* engine_;
+};
+
+struct TransferEngine::Batch {
+    size_t capacity = 0;
+    std::vector<std::shared_ptr<TransferTask>> tasks;
+};
+
+// ---- lifecycle ----------------------------------------------------------------
+
+TransferEngine::TransferEngine(EngineOptions options) : options_(std::move(options)) {
+    if (envForceTcp()) options_.force_tcp = true;
+    host_ = std::make_unique<Host>(this);
+}
+
+TransferEngine::~TransferEngine() { shutdown(); }
+
+Status TransferEngine::init(const std::string& host_ip,
+                            const std::vector<std::string>& device_filter) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (started_) return InvalidArgument("TransferEngine::init called twice");
+    if (!options_.store) return InvalidArgument("EngineOptions.store is required");
+    if (options_.segment_name.empty()) return InvalidArgument("EngineOptions.segment_name is empty");
+    if (options_.secret.empty()) return InvalidArgument("EngineOptions.secret is empty");
+    host_ip_ = host_ip.empty() ? "127.0.0.1" : host_ip;
+    device_filter_ = device_filter;
+
+    local_.name = options_.segment_name;
+    local_.host_id = localHostId();
+    local_.pid = static_cast<int32_t>(::getpid());
+    if (!options_.force_tcp) transports_.push_back(createShmTransport());
+    transports_.push_back(createTcpTransport());
+    for (auto& t : transports_) {
+        Status st = t->start(host_.get(), &local_);
+        if (!st.ok()) {
+            for (auto& s : transports_) s->shutdown();
+            transports_.clear();
+            return st.withContext(std::string("starting transport ") + t->name());
+        }
+    }
+    started_ = true;
+    MC_LOG(kInfo, "te") << "segment " << local_.name << " up on " << host_ip_ << ":"
+                        << local_.tcp_port << (options_.force_tcp ? " (tcp forced)" : "");
+    return publishLocked();
+}
+
+void TransferEngine::shutdown() {
+    std::vector<std::shared_ptr<Batch>> batches;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopped_) return;
+        stopped_ = true;
+        if (started_ && options_.store) (void)options_.store->remove(segmentKey(local_.name));
+        for (auto& [id, b] : batches_) batches.push_back(b);
+    }
+    for (auto& t : transports_) t->shutdown();
+    for (auto& b : batches) {
+        for (auto& task : b->tasks) task->complete(Aborted("transfer engine shut down"));
+    }
+}
+
+std::string TransferEngine::segmentKey(const std::string& name) const {
+    return options_.key_prefix + "/segment/" + name;
+}
+
+Status TransferEngine::publishLocked() {
+    local_.generation++;
+    return options_.store->set(segmentKey(local_.name), local_.serialize())
+        .withContext("publishing segment " + local_.name);
+}
+
+// ---- memory -------------------------------------------------------------------
+
+Status TransferEngine::registerLocalMemory(void* addr, size_t length, const std::string& location,
+                                           bool remote_accessible) {
+    if (!addr) return InvalidArgument("registerLocalMemory: addr is null");
+    if (length == 0) return InvalidArgument("registerLocalMemory: length is 0");
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!started_ || stopped_) return InvalidArgument("registerLocalMemory before init/after shutdown");
+    LocalRegion region{reinterpret_cast<uint64_t>(addr), length, location, remote_accessible};
+    MC_RETURN_IF_ERROR(memory_.add(region));
+    RegionDesc desc{region.addr, region.length, location, remote_accessible, "", ""};
+    for (auto& t : transports_) {
+        Status st = t->exportRegion(region, &desc);
+        if (!st.ok()) {
+            (void)memory_.remove(region.addr);
+            return st.withContext(std::string("exporting region via ") + t->name());
+        }
+    }
+    local_.regions.push_back(desc);
+    return publishLocked();
+}
+
+Status TransferEngine::unregisterLocalMemory(void* addr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t a = reinterpret_cast<uint64_t>(addr);
+    MC_RETURN_IF_ERROR(memory_.remove(a));
+    std::erase_if(local_.regions, [&](const RegionDesc& r) { return r.addr == a; });
+    return publishLocked();
+}
+
+Result<void*> TransferEngine::allocateSharedMemory(size_t length, const std::string& debug_name) {
+    MC_ASSIGN_OR_RETURN(SharedAllocation alloc, memory_.allocateShared(length, debug_name));
+    void* p = reinterpret_cast<void*>(alloc.addr);
+    Status st = registerLocalMemory(p, alloc.length, "cpu", true);
+    if (!st.ok()) {
+        (void)memory_.freeShared(alloc.addr);
+        return st;
+    }
+    return p;
+}
+
+Status TransferEngine::freeSharedMemory(void* addr) {
+    MC_RETURN_IF_ERROR(unregisterLocalMemory(addr));
+    return memory_.freeShared(reinterpret_cast<uint64_t>(addr));
+}
+
+// ---- segments -------------------------------------------------------------------
+
+Result<std::shared_ptr<const SegmentDesc>> TransferEngine::fetch(const std::string& name,
+                                                                 Deadline deadline) {
+    MC_ASSIGN_OR_RETURN(std::string bytes, options_.store->get(segmentKey(name), deadline));
+    auto parsed = SegmentDesc::parse(bytes);
+    if (!parsed.ok()) return parsed.status().withContext("segment '" + name + "'");
+    return std::make_shared<const SegmentDesc>(std::move(parsed).value());
+}
+
+Result<SegmentID> TransferEngine::openSegment(const std::string& name) {
+    return openSegment(name, Deadline::afterMs(options_.open_timeout_ms));
+}
+
+Result<SegmentID> TransferEngine::openSegment(const std::string& name, Deadline deadline) {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!started_ || stopped_) return InvalidArgument("openSegment before init/after shutdown");
+        for (const auto& [id, seg] : segments_) {
+            if (seg.name == name) return id;
+        }
+    }
+    auto desc = fetch(name, deadline);
+    if (!desc.ok()) return desc.status().withContext("openSegment('" + name + "')");
+    std::lock_guard<std::mutex> lock(mu_);
+    SegmentID id = next_segment_id_++;
+    segments_[id] = OpenSegment{name, std::move(desc).value()};
+    return id;
+}
+
+Status TransferEngine::closeSegment(SegmentID id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (segments_.erase(id) == 0) return NotFound("segment id " + std::to_string(id) + " is not open");
+    return Status::OK();
+}
+
+Status TransferEngine::refreshSegment(SegmentID id, Deadline deadline) {
+    std::string name;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = segments_.find(id);
+        if (it == segments_.end()) return NotFound("segment id " + std::to_string(id) + " is not open");
+        name = it->second.name;
+    }
+    MC_ASSIGN_OR_RETURN(auto desc, fetch(name, deadline));
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = segments_.find(id);
+    if (it != segments_.end()) it->second.desc = std::move(desc);
+    return Status::OK();
+}
+
+Result<std::shared_ptr<const SegmentDesc>> TransferEngine::descFor(SegmentID id) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (id == kLocalSegment) return std::make_shared<const SegmentDesc>(local_);
+    auto it = segments_.find(id);
+    if (it == segments_.end()) return NotFound("segment id " + std::to_string(id) + " is not open");
+    return it->second.desc;
+}
+
+Result<SegmentDesc> TransferEngine::segmentDesc(SegmentID id) const {
+    MC_ASSIGN_OR_RETURN(auto desc, descFor(id));
+    return *desc;
+}
+
+Transport* TransferEngine::select(const SegmentDesc& peer, const RegionDesc& region) const {
+    for (const auto& t : transports_) {
+        if (t->canReach(peer, region)) return t.get();
+    }
+    return nullptr;
+}
+
+Result<std::string> TransferEngine::transportFor(SegmentID id, uint64_t addr, uint64_t len) {
+    MC_ASSIGN_OR_RETURN(auto desc, descFor(id));
+    const RegionDesc* region = desc->findRegion(addr, len);
+    if (!region) return OutOfRange("range is not inside a registered region of " + desc->name);
+    Transport* t = select(*desc, *region);
+    if (!t) return Unavailable("no transport reaches segment " + desc->name);
+    return std::string(t->name());
+}
+
+Result<void*> TransferEngine::mapRemote(SegmentID id, uint64_t addr, uint64_t len) {
+    MC_ASSIGN_OR_RETURN(auto desc, descFor(id));
+    const RegionDesc* region = desc->findRegion(addr, len);
+    if (!region) {
+        MC_RETURN_IF_ERROR(refreshSegment(id, Deadline::afterMs(options_.open_timeout_ms)));
+        MC_ASSIGN_OR_RETURN(desc, descFor(id));
+        region = desc->findRegion(addr, len);
+    }
+    if (!region) {
+        return OutOfRange("mapRemote: [" + std::to_string(addr) + ", +" + std::to_string(len) +
+                          ") is not inside a registered region of segment " + desc->name);
+    }
+    for (const auto& t : transports_) {
+        if (!t->canReach(*desc, *region)) continue;
+        auto p = t->mapPeerMemory(*desc, *region, addr, len);
+        if (p.ok()) return p;
+    }
+    return Unavailable("segment " + desc->name + " cannot be mapped from this process");
+}
+
+// ---- transfers --------------------------------------------------------------------
+
+Result<BatchID> TransferEngine::allocateBatchID(size_t capacity) {
+    if (capacity == 0) return InvalidArgument("allocateBatchID: capacity is 0");
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!started_ || stopped_) return InvalidArgument("allocateBatchID before init/after shutdown");
+    auto batch = std::make_shared<Batch>();
+    batch->capacity = capacity;
+    BatchID id = next_batch_id_++;
+    batches_[id] = std::move(batch);
+    return id;
+}
+
+Status TransferEngine::validate(const TransferRequest& req, std::shared_ptr<const SegmentDesc>* peer,
+                                const RegionDesc** region, Deadline refresh_deadline) {
+    if (req.length == 0) return InvalidArgument("request length is 0");
+    if (req.opcode != TransferOpcode::kRead && req.opcode != TransferOpcode::kWrite) {
+        return InvalidArgument("unknown opcode " + std::to_string(static_cast<int>(req.opcode)));
+    }
+    uint64_t src = reinterpret_cast<uint64_t>(req.source);
+    if (!memory_.find(src, req.length)) {
+        return InvalidArgument("source [" + std::to_string(src) + ", +" +
+                               std::to_string(req.length) +
+                               ") is not inside a locally registered region");
+    }
+    MC_ASSIGN_OR_RETURN(*peer, descFor(req.target_id));
+    *region = (*peer)->findRegion(req.target_offset, req.length);
+    if (!*region && req.target_id != kLocalSegment) {
+        // The peer may have registered more memory since we opened it.
+        MC_RETURN_IF_ERROR(refreshSegment(req.target_id, refresh_deadline));
+        MC_ASSIGN_OR_RETURN(*peer, descFor(req.target_id));
+        *region = (*peer)->findRegion(req.target_offset, req.length);
+    }
+    if (!*region || !(*region)->remote_accessible) {
+        return OutOfRange("target [" + std::to_string(req.target_offset) + ", +" +
+                          std::to_string(req.length) +
+                          ") is not inside a remotely accessible region of segment " +
+                          (*peer)->name);
+    }
+    return Status::OK();
+}
+
+Status TransferEngine::submitTransfer(BatchID batch_id, const std::vector<TransferRequest>& requests) {
+    std::shared_ptr<Batch> batch;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopped_) return Aborted("transfer engine shut down");
+        auto it = batches_.find(batch_id);
+        if (it == batches_.end()) return NotFound("batch " + std::to_string(batch_id) + " is not allocated");
+        batch = it->second;
+    }
+    if (batch->tasks.size() + requests.size() > batch->capacity) {
+        return InvalidArgument("batch " + std::to_string(batch_id) + " holds " +
+                               std::to_string(batch->capacity) + " requests; " +
+                               std::to_string(batch->tasks.size() + requests.size()) +
+                               " submitted");
+    }
+    // Validate all first so a bad request transfers nothing.
+    struct Planned {
+        std::shared_ptr<TransferTask> task;
+        Transport* transport;  // nullptr: local copy
+    };
+    std::vector<Planned> planned;
+    planned.reserve(requests.size());
+    Deadline refresh = Deadline::afterMs(1000);
+    for (size_t i = 0; i < requests.size(); ++i) {
+        std::shared_ptr<const SegmentDesc> peer;
+        const RegionDesc* region = nullptr;
+        Status st = validate(requests[i], &peer, &region, refresh);
+        if (!st.ok()) return st.withContext("request " + std::to_string(i));
+        Transport* t = nullptr;
+        if (requests[i].target_id != kLocalSegment) {
+            t = select(*peer, *region);
+            if (!t) return Unavailable("request " + std::to_string(i) + ": no transport reaches " + peer->name);
+        }
+        planned.push_back({std::make_shared<TransferTask>(requests[i], std::move(peer)), t});
+    }
+    for (auto& p : planned) batch->tasks.push_back(p.task);
+    for (auto& p : planned) {
+        if (p.transport) {
+            p.transport->submit(p.task);
+            continue;
+        }
+        const TransferRequest& r = p.task->request();
+        void* remote = reinterpret_cast<void*>(r.target_offset);
+        if (r.opcode == TransferOpcode::kWrite) std::memmove(remote, r.source, r.length);
+        else std::memmove(r.source, remote, r.length);
+        p.task->complete(Status::OK());
+    }
+    return Status::OK();
+}
+
+Result<TransferStatus> TransferEngine::getTransferStatus(BatchID batch_id, size_t index) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = batches_.find(batch_id);
+    if (it == batches_.end()) return NotFound("batch " + std::to_string(batch_id) + " is not allocated");
+    if (index >= it->second->tasks.size()) {
+        return InvalidArgument("request index " + std::to_string(index) + " >= submitted count " +
+                               std::to_string(it->second->tasks.size()));
+    }
+    return it->second->tasks[index]->status();
+}
+
+Status TransferEngine::waitBatch(BatchID batch_id, Deadline deadline) {
+    std::shared_ptr<Batch> batch;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = batches_.find(batch_id);
+        if (it == batches_.end()) return NotFound("batch " + std::to_string(batch_id) + " is not allocated");
+        batch = it->second;
+    }
+    auto backoff = std::chrono::microseconds(1);
+    for (auto& task : batch->tasks) {
+        while (!task->done()) {
+            if (deadline.expired()) return Timeout("batch " + std::to_string(batch_id) + " did not complete before the deadline");
+            if (backoff < std::chrono::microseconds(50)) {
+                std::this_thread::yield();
+                backoff *= 2;
+            } else {
+                std::this_thread::sleep_for(std::chrono::microseconds(50));
+            }
+        }
+        TransferStatus s = task->status();
+        if (s.state == TransferState::kFailed) return s.error;
+    }
+    return Status::OK();
+}
+
+Status TransferEngine::freeBatchID(BatchID batch_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = batches_.find(batch_id);
+    if (it == batches_.end()) return NotFound("batch " + std::to_string(batch_id) + " is not allocated");
+    for (auto& t : it->second->tasks) {
+        if (!t->done()) return InvalidArgument("batch " + std::to_string(batch_id) + " still has pending requests");
+    }
+    batches_.erase(it);
+    return Status::OK();
+}
+
+Status TransferEngine::probePeerAlive(SegmentID id, Deadline deadline) {
+    MC_ASSIGN_OR_RETURN(auto desc, descFor(id));
+    if (id == kLocalSegment) return Status::OK();
+    // Any transport that answers for the peer is proof of life; tcp is last
+    // in the list and reaches every peer.
+    Status last = Unavailable("no transport can probe " + desc->name);
+    for (const auto& t : transports_) {
+        last = t->probe(*desc, deadline);
+        if (last.ok()) return last;
+    }
+    return last;
+}
+
+}  // namespace mooncake::te

@@ -1,0 +1,126 @@
+// TransferEngine: registers local memory, publishes it as a named segment in
+// a KVStore, and moves bytes to/from peer segments in batches over the best
+// transport per peer (shm on the same host, tcp otherwise; MC_FORCE_TCP=1
+// forces tcp). Thread-safe.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "mooncake-transfer-engine/common/deadline.h"
+#include "mooncake-transfer-engine/common/status.h"
+#include "mooncake-transfer-engine/engine/memory_registry.h"
+#include "mooncake-transfer-engine/engine/segment.h"
+#include "mooncake-transfer-engine/engine/transfer_request.h"
+#include "mooncake-transfer-engine/metadata/kv_store.h"
+
+namespace mooncake::te {
+
+class Transport;
+class TransferTask;
+
+struct EngineOptions {
+    std::shared_ptr<KVStore> store;
+    // Unique among the engines sharing `store` and `key_prefix`.
+    std::string segment_name;
+    // Shared by every member of the group; connections without it are refused.
+    std::string secret;
+    std::string key_prefix = "mooncake/te";
+    // How long openSegment waits for a peer to publish, by default.
+    int64_t open_timeout_ms = 30000;
+    // Default true when MC_FORCE_TCP=1.
+    bool force_tcp = false;
+};
+
+class TransferEngine {
+public:
+    explicit TransferEngine(EngineOptions options);
+    ~TransferEngine();
+    TransferEngine(const TransferEngine&) = delete;
+    TransferEngine& operator=(const TransferEngine&) = delete;
+
+    // Starts the transports and publishes the (empty) segment. `host_ip` is
+    // where listeners bind ("" = 127.0.0.1); `device_filter` limits the NICs an
+    // RDMA transport may use (ignored by tcp/shm).
+    Status init(const std::string& host_ip, const std::vector<std::string>& device_filter);
+
+    Status registerLocalMemory(void* addr, size_t length, const std::string& location = "cpu",
+                               bool remote_accessible = true);
+    Status unregisterLocalMemory(void* addr);
+
+    // CPU memory that same-host peers can map (memfd). Registered on return;
+    // free with freeSharedMemory.
+    Result<void*> allocateSharedMemory(size_t length, const std::string& debug_name = "buffer");
+    Status freeSharedMemory(void* addr);
+
+    Result<SegmentID> openSegment(const std::string& name, Deadline deadline);
+    Result<SegmentID> openSegment(const std::string& name);
+    Status closeSegment(SegmentID id);
+    // Re-reads the peer's descriptor (after it registered more memory).
+    Status refreshSegment(SegmentID id, Deadline deadline);
+    Result<SegmentDesc> segmentDesc(SegmentID id) const;
+    // Name of the transport requests to [addr, addr+len) of `id` would use.
+    Result<std::string> transportFor(SegmentID id, uint64_t addr, uint64_t len);
+
+    // Direct load/store pointer to a peer's registered range when the peer is
+    // on this host and the range lies in its shared memory; kUnavailable otherwise.
+    Result<void*> mapRemote(SegmentID id, uint64_t addr, uint64_t len);
+
+    Result<BatchID> allocateBatchID(size_t capacity);
+    // Validates every request before queuing any: a bad request fails the call
+    // and nothing is transferred.
+    Status submitTransfer(BatchID batch, const std::vector<TransferRequest>& requests);
+    Result<TransferStatus> getTransferStatus(BatchID batch, size_t index);
+    // Waits for all submitted requests; the first failure, or kTimeout.
+    Status waitBatch(BatchID batch, Deadline deadline);
+    // Fails with kInvalidArgument while requests are pending.
+    Status freeBatchID(BatchID batch);
+
+    Status probePeerAlive(SegmentID id, Deadline deadline);
+
+    // Fails pending requests (kAborted), stops threads, withdraws the segment.
+    void shutdown();
+
+    const std::string& segmentName() const { return options_.segment_name; }
+    const std::vector<std::string>& deviceFilter() const { return device_filter_; }
+    // NICs an RDMA transport could use (empty without RDMA).
+    std::vector<std::string> devices() const { return {}; }
+
+private:
+    class Host;
+    struct Batch;
+    struct OpenSegment {
+        std::string name;
+        std::shared_ptr<const SegmentDesc> desc;
+    };
+
+    Status publishLocked();
+    Result<std::shared_ptr<const SegmentDesc>> fetch(const std::string& name, Deadline deadline);
+    Result<std::shared_ptr<const SegmentDesc>> descFor(SegmentID id) const;
+    // Picks the transport for one validated request; nullptr if none reaches it.
+    Transport* select(const SegmentDesc& peer, const RegionDesc& region) const;
+    Status validate(const TransferRequest& req, std::shared_ptr<const SegmentDesc>* peer,
+                    const RegionDesc** region, Deadline refresh_deadline);
+    std::string segmentKey(const std::string& name) const;
+
+    EngineOptions options_;
+    std::vector<std::string> device_filter_;
+    std::string host_ip_;
+    std::unique_ptr<Host> host_;
+    MemoryRegistry memory_;
+    std::vector<std::unique_ptr<Transport>> transports_;  // priority order
+
+    mutable std::mutex mu_;  // guards everything below
+    bool started_ = false;
+    bool stopped_ = false;
+    SegmentDesc local_;
+    std::map<SegmentID, OpenSegment> segments_;
+    SegmentID next_segment_id_ = 1;
+    std::map<BatchID, std::shared_ptr<Batch>> batches_;
+    BatchID next_batch_id_ = 1;
+};
+
+}  // namespace mooncake::te

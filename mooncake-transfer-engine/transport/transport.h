@@ -1,0 +1,95 @@
+// The interface every transport implements. A transport moves the bytes of
+// one TransferTask to or from one peer segment. It never throws: failures
+// complete the task with a Status; background threads record errors and fail
+// pending tasks. Concrete transports are created by the factories in
+// transport/<name>/<name>_transport.h and only seen through this interface.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "mooncake-transfer-engine/common/deadline.h"
+#include "mooncake-transfer-engine/common/status.h"
+#include "mooncake-transfer-engine/engine/memory_registry.h"
+#include "mooncake-transfer-engine/engine/segment.h"
+#include "mooncake-transfer-engine/engine/transfer_request.h"
+
+namespace mooncake::te {
+
+// One request in flight. Shared between the engine (status queries) and the
+// transport (completion); complete() is called exactly once.
+class TransferTask {
+public:
+    TransferTask(TransferRequest request, std::shared_ptr<const SegmentDesc> peer)
+        : request_(request), peer_(std::move(peer)) {}
+
+    const TransferRequest& request() const { return request_; }
+    const SegmentDesc& peer() const { return *peer_; }
+    std::shared_ptr<const SegmentDesc> peerPtr() const { return peer_; }
+
+    // First call wins; later calls are ignored (a late reply after a timeout).
+    void complete(Status status);
+    TransferStatus status() const;
+    bool done() const { return state_.load(std::memory_order_acquire) != TransferState::kPending; }
+
+private:
+    TransferRequest request_;
+    std::shared_ptr<const SegmentDesc> peer_;
+    std::atomic<TransferState> state_{TransferState::kPending};
+    mutable std::mutex mu_;  // guards error_
+    Status error_;
+};
+
+// What the engine offers its transports.
+class TransportHost {
+public:
+    virtual ~TransportHost() = default;
+    virtual MemoryRegistry& memory() = 0;
+    // The group secret; a peer must present it before any data is accepted.
+    virtual const std::string& secret() const = 0;
+    // The address listeners bind to and advertise.
+    virtual const std::string& hostIp() const = 0;
+    // The local segment name (for error messages and logs).
+    virtual const std::string& segmentName() const = 0;
+};
+
+class Transport {
+public:
+    virtual ~Transport() = default;
+    virtual const char* name() const = 0;
+
+    // Starts listeners/threads and writes this transport's endpoint fields
+    // into the local descriptor. Called once, before any other call.
+    virtual Status start(TransportHost* host, SegmentDesc* local) = 0;
+
+    // Fills the transport's export field of `desc` for a newly registered
+    // region (no-op for transports that need none).
+    virtual Status exportRegion(const LocalRegion& region, RegionDesc* desc) = 0;
+
+    // True when this transport can move bytes to/from `region` of `peer`.
+    virtual bool canReach(const SegmentDesc& peer, const RegionDesc& region) const = 0;
+
+    // Queues the task; the transport completes it (possibly before returning).
+    // The request has already been validated against the peer descriptor and
+    // the local registry.
+    virtual void submit(const std::shared_ptr<TransferTask>& task) = 0;
+
+    // A pointer through which this process can load/store [addr, addr+len)
+    // of the peer's region directly (shm, cuda_ipc); kUnavailable otherwise.
+    virtual Result<void*> mapPeerMemory(const SegmentDesc& peer, const RegionDesc& region,
+                                        uint64_t addr, uint64_t len) {
+        (void)peer, (void)region, (void)addr, (void)len;
+        return Unavailable(std::string(name()) + " cannot map peer memory");
+    }
+
+    // Whether the peer process answers before the deadline.
+    virtual Status probe(const SegmentDesc& peer, Deadline deadline) = 0;
+
+    // Fails pending tasks with kAborted and joins threads. Idempotent.
+    virtual void shutdown() = 0;
+};
+
+}  // namespace mooncake::te
