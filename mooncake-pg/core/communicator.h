@@ -1,0 +1,96 @@
+// Communicator: the collectives of one group over a Fabric, torch-free.
+//
+// Every collective is a sequence of full-mesh "rounds" among the active
+// ranks (see docs/design/pg-core.md): in a round each active rank writes one
+// message (header + up to chunk_bytes of payload) into a slot of every other
+// active rank's window and raises a per-sender flag; slots are double
+// buffered and freed by acknowledgement flags. The first round of every
+// collective carries a header describing the call (op, dtype, counts, root),
+// so a call that differs between ranks fails on every rank with the same
+// error instead of hanging or producing garbage.
+//
+// Calls on one Communicator must be issued in the same order on every active
+// rank, from one thread at a time (the torch layer serialises them on a
+// worker thread). Thread-compatible, not thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "mooncake-pg/core/fabric.h"
+#include "mooncake-pg/core/types.h"
+#include "mooncake-transfer-engine/common/deadline.h"
+#include "mooncake-transfer-engine/common/status.h"
+
+namespace mooncake::pg {
+
+struct CommOptions {
+    // Bytes of payload per (sender, receiver) slot; two slots per pair.
+    size_t chunk_bytes = 4 << 20;
+    // Messages at most this large use one-shot algorithms.
+    size_t one_shot_max_bytes = 64 << 10;
+    // Byte offset of the collective area inside the fabric window.
+    uint64_t window_offset = 0;
+};
+
+// Evidence from a failed call: which peers did not answer or failed.
+struct CollectiveFailure {
+    std::vector<int> failed_ranks;
+};
+
+class Communicator {
+public:
+    // Window bytes the collective area needs for `size` ranks.
+    static size_t windowBytesFor(int size, const CommOptions& options);
+
+    Communicator(std::shared_ptr<Fabric> fabric, CommOptions options);
+    ~Communicator();
+
+    int rank() const;
+    int size() const;
+
+    // Which ranks take part from the next call on (default: all). Every
+    // active rank must apply the same mask and epoch between the same two
+    // calls. An epoch change resets the round counters, so flags written in
+    // an older epoch are never mistaken for new ones.
+    Status setMembership(const std::vector<uint8_t>& active, uint32_t epoch);
+    const std::vector<uint8_t>& active() const;
+
+    // in == out is allowed for every call whose in and out have the same size.
+    Status allReduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                     Deadline deadline);
+    Status broadcast(void* buf, size_t bytes, int root, Deadline deadline);
+    Status reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, int root,
+                  Deadline deadline);
+    // out holds size() blocks of `bytes_per_rank`, in rank order (inactive
+    // ranks' blocks are left untouched).
+    Status allGather(const void* in, void* out, size_t bytes_per_rank, Deadline deadline);
+    // in holds size() blocks of `count_per_rank` elements; out gets this
+    // rank's reduced block.
+    Status reduceScatter(const void* in, void* out, size_t count_per_rank, DataType dtype,
+                         ReduceOp op, Deadline deadline);
+    // send_bytes[p]/send_offsets[p]: what this rank sends to p, from `in`;
+    // recv_bytes[p]/recv_offsets[p]: what it receives from p, into `out`.
+    // A receiver's recv_bytes[p] must equal p's send_bytes[receiver].
+    Status allToAllV(const void* in, const std::vector<size_t>& send_bytes,
+                     const std::vector<size_t>& send_offsets, void* out,
+                     const std::vector<size_t>& recv_bytes, const std::vector<size_t>& recv_offsets,
+                     Deadline deadline);
+    // out (root only) holds size() blocks of `bytes_per_rank`.
+    Status gather(const void* in, void* out, size_t bytes_per_rank, int root, Deadline deadline);
+    // in (root only) holds size() blocks of `bytes_per_rank`.
+    Status scatter(const void* in, void* out, size_t bytes_per_rank, int root, Deadline deadline);
+    Status barrier(Deadline deadline);
+
+    // Ranks the last failed call found unresponsive or failed.
+    const CollectiveFailure& lastFailure() const;
+
+private:
+    class Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mooncake::pg
