@@ -1,0 +1,227 @@
+#include "mooncake-pg/core/engine_fabric.h"
+
+#include <atomic>
+#include <cstring>
+#include <sstream>
+
+#include "mooncake-transfer-engine/common/logging.h"
+#include "mooncake-transfer-engine/common/random.h"
+
+namespace mooncake::pg {
+
+namespace {
+constexpr size_t kSecretBytes = 16;
+}  // namespace
+
+EngineFabric::EngineFabric(std::shared_ptr<KVStore> store, EngineFabricOptions options)
+    : store_(std::move(store)), options_(std::move(options)),
+      failed_(new std::atomic<bool>[static_cast<size_t>(options_.size)]) {
+    for (int i = 0; i < options_.size; ++i) failed_[i].store(false);
+}
+
+Result<std::shared_ptr<EngineFabric>> EngineFabric::create(std::shared_ptr<KVStore> store,
+                                                           EngineFabricOptions options) {
+    if (options.size <= 0 || options.rank < 0 || options.rank >= options.size) {
+        return InvalidArgument("EngineFabric: rank " + std::to_string(options.rank) +
+                               " outside [0, " + std::to_string(options.size) + ")");
+    }
+    if (options.window_bytes == 0) return InvalidArgument("EngineFabric: window_bytes is 0");
+    std::shared_ptr<EngineFabric> fabric(new EngineFabric(std::move(store), std::move(options)));
+    MC_RETURN_IF_ERROR(fabric->bootstrap().withContext(
+        "bootstrapping rank " + std::to_string(fabric->options_.rank) + " of group '" +
+        fabric->options_.group_key + "'"));
+    return fabric;
+}
+
+Status EngineFabric::bootstrap() {
+    const Deadline deadline = Deadline::afterMs(options_.bootstrap_timeout_ms);
+    const std::string secret_key = options_.group_key + "/secret";
+    std::string secret;
+    if (options_.rank == 0) {
+        secret = randomHex(kSecretBytes);
+        MC_RETURN_IF_ERROR(store_->set(secret_key, secret));
+    } else {
+        MC_ASSIGN_OR_RETURN(secret, store_->get(secret_key, deadline));
+    }
+
+    te::EngineOptions eo;
+    eo.store = store_;
+    eo.segment_name = options_.group_key + "/rank" + std::to_string(options_.rank) + "/" +
+                      randomHex(4);
+    eo.secret = secret;
+    eo.key_prefix = options_.group_key + "/te";
+    engine_ = std::make_unique<te::TransferEngine>(eo);
+    MC_RETURN_IF_ERROR(engine_->init(options_.host_ip, options_.device_filter));
+
+    MC_ASSIGN_OR_RETURN(void* window, engine_->allocateSharedMemory(options_.window_bytes, "pg-window"));
+    window_ = static_cast<uint8_t*>(window);
+    if (options_.size > 1) {
+        MC_ASSIGN_OR_RETURN(void* bounce, engine_->allocateSharedMemory(options_.bounce_bytes, "pg-bounce"));
+        bounce_ = static_cast<uint8_t*>(bounce);
+    }
+
+    std::ostringstream me;
+    me << eo.segment_name << "\n" << reinterpret_cast<uint64_t>(window_);
+    MC_RETURN_IF_ERROR(store_->set(options_.group_key + "/rank/" + std::to_string(options_.rank), me.str()));
+
+    peers_.resize(static_cast<size_t>(options_.size));
+    for (int p = 0; p < options_.size; ++p) {
+        if (p == options_.rank) {
+            peers_[p].mapped = window_;
+            continue;
+        }
+        MC_ASSIGN_OR_RETURN(std::string info,
+                            store_->get(options_.group_key + "/rank/" + std::to_string(p), deadline));
+        std::istringstream in(info);
+        std::string segment;
+        uint64_t addr = 0;
+        if (!(in >> segment >> addr)) return Internal("malformed bootstrap record of rank " + std::to_string(p));
+        MC_ASSIGN_OR_RETURN(peers_[p].segment, engine_->openSegment(segment, deadline));
+        peers_[p].window_addr = addr;
+        auto mapped = engine_->mapRemote(peers_[p].segment, addr, options_.window_bytes);
+        if (mapped.ok()) peers_[p].mapped = static_cast<uint8_t*>(mapped.value());
+        MC_LOG(kInfo, "pg") << "rank " << options_.rank << " reaches rank " << p << " via "
+                            << (peers_[p].mapped ? "shared memory" : "the transfer engine");
+    }
+    return Status::OK();
+}
+
+EngineFabric::~EngineFabric() {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        // Bounded drain: in-flight writes reference the bounce ring.
+        while (!inflight_.empty() && reapLocked(true).ok()) {
+        }
+    }
+    if (engine_) engine_->shutdown();
+}
+
+Status EngineFabric::checkPut(int peer, uint64_t offset, size_t len) const {
+    if (peer < 0 || peer >= options_.size) {
+        return InvalidArgument("peer " + std::to_string(peer) + " outside [0, " +
+                               std::to_string(options_.size) + ")");
+    }
+    if (offset > options_.window_bytes || len > options_.window_bytes - offset) {
+        return OutOfRange("put [" + std::to_string(offset) + ", +" + std::to_string(len) +
+                          ") outside the " + std::to_string(options_.window_bytes) + "-byte window");
+    }
+    if (failed_[peer].load(std::memory_order_relaxed)) {
+        return PeerFailure("rank " + std::to_string(peer) + " failed");
+    }
+    return Status::OK();
+}
+
+Status EngineFabric::put(int peer, uint64_t offset, const void* src, size_t len) {
+    MC_RETURN_IF_ERROR(checkPut(peer, offset, len));
+    if (len == 0) return Status::OK();
+    if (uint8_t* dst = peers_[peer].mapped) {
+        std::memcpy(dst + offset, src, len);
+        return Status::OK();
+    }
+    return remotePut(peer, offset, src, len);
+}
+
+Status EngineFabric::putFlag(int peer, uint64_t offset, uint64_t value) {
+    MC_RETURN_IF_ERROR(checkPut(peer, offset, sizeof(value)));
+    if (uint8_t* dst = peers_[peer].mapped) {
+        std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(dst + offset))
+            .store(value, std::memory_order_release);
+        return Status::OK();
+    }
+    // The tcp transport applies one connection's frames in order, so the flag
+    // lands after the data put before it.
+    return remotePut(peer, offset, &value, sizeof(value));
+}
+
+uint8_t* EngineFabric::peerWindow(int peer) {
+    if (peer < 0 || peer >= options_.size) return nullptr;
+    return peers_[peer].mapped;
+}
+
+bool EngineFabric::peerFailed(int peer) const {
+    return peer >= 0 && peer < options_.size && failed_[peer].load(std::memory_order_relaxed);
+}
+
+void EngineFabric::markPeerFailed(int peer) {
+    if (peer >= 0 && peer < options_.size) failed_[peer].store(true);
+}
+
+bool EngineFabric::allPeersMapped() const {
+    for (const auto& p : peers_) {
+        if (!p.mapped) return false;
+    }
+    return true;
+}
+
+Status EngineFabric::remotePut(int peer, uint64_t offset, const void* src, size_t len) {
+    const size_t max_piece = options_.bounce_bytes / 2;
+    const auto* bytes = static_cast<const uint8_t*>(src);
+    std::lock_guard<std::mutex> lock(mu_);
+    while (len > 0) {
+        size_t piece = std::min(len, max_piece);
+        MC_RETURN_IF_ERROR(reapLocked(false));
+        // Find `piece` contiguous bytes in the ring, waiting for old writes.
+        size_t begin = SIZE_MAX;
+        while (true) {
+            const size_t cap = options_.bounce_bytes;
+            if (inflight_.empty()) {
+                begin = 0;
+            } else {
+                size_t tail = inflight_.front().bounce_begin;
+                size_t head = inflight_.back().bounce_begin + inflight_.back().bounce_len;
+                if (head > tail) {
+                    if (cap - head >= piece) begin = head;
+                    else if (tail >= piece) begin = 0;
+                } else if (tail - head >= piece) {
+                    begin = head;
+                }
+            }
+            if (begin != SIZE_MAX) break;
+            MC_RETURN_IF_ERROR(reapLocked(true));
+        }
+        std::memcpy(bounce_ + begin, bytes, piece);
+        te::TransferRequest req;
+        req.opcode = te::TransferOpcode::kWrite;
+        req.source = bounce_ + begin;
+        req.target_id = peers_[peer].segment;
+        req.target_offset = peers_[peer].window_addr + offset;
+        req.length = piece;
+        MC_ASSIGN_OR_RETURN(te::BatchID batch, engine_->allocateBatchID(1));
+        Status st = engine_->submitTransfer(batch, {req});
+        if (!st.ok()) {
+            (void)engine_->freeBatchID(batch);
+            markPeerFailed(peer);
+            return st.withContext("writing to rank " + std::to_string(peer));
+        }
+        inflight_.push_back({batch, begin, piece, peer});
+        bytes += piece;
+        offset += piece;
+        len -= piece;
+    }
+    return Status::OK();
+}
+
+Status EngineFabric::reapLocked(bool block) {
+    const Deadline deadline = Deadline::afterMs(options_.bootstrap_timeout_ms);
+    while (!inflight_.empty()) {
+        InFlight& f = inflight_.front();
+        if (block) {
+            Status st = engine_->waitBatch(f.batch, deadline);
+            block = false;
+            if (!st.ok() && st.code() == StatusCode::kTimeout) return st;
+        }
+        auto status = engine_->getTransferStatus(f.batch, 0);
+        if (!status.ok()) return status.status();
+        if (status->state == te::TransferState::kPending) return Status::OK();
+        int peer = f.peer;
+        (void)engine_->freeBatchID(f.batch);
+        inflight_.pop_front();
+        if (status->state == te::TransferState::kFailed) {
+            markPeerFailed(peer);
+            return status->error.withContext("write to rank " + std::to_string(peer));
+        }
+    }
+    return Status::OK();
+}
+
+}  // namespace mooncake::pg

@@ -1,0 +1,89 @@
+// EngineFabric: a Fabric whose windows are transfer-engine shared memory.
+// Same-host peers' windows are mapped (puts are memcpy and atomic stores);
+// other peers are written through the engine (tcp), staged through a
+// registered bounce ring because the engine only sends registered memory.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "mooncake-pg/core/fabric.h"
+#include "mooncake-transfer-engine/engine/transfer_engine.h"
+#include "mooncake-transfer-engine/metadata/kv_store.h"
+
+namespace mooncake::pg {
+
+struct EngineFabricOptions {
+    int rank = 0;
+    int size = 1;
+    size_t window_bytes = 0;
+    // Store prefix unique to this group instance (e.g. "<group>/<generation>").
+    std::string group_key;
+    std::string host_ip;
+    std::vector<std::string> device_filter;
+    // Bootstrap deadline: how long to wait for peers to publish.
+    int64_t bootstrap_timeout_ms = 300000;
+    // Staging for puts to peers that are not mapped.
+    size_t bounce_bytes = 16 << 20;
+};
+
+class EngineFabric : public Fabric {
+public:
+    // Collective over the group: publishes this rank's window and opens every
+    static Result<std::shared_ptr<EngineFabric>> create(std::shared_ptr<KVStore> store,
+                                                        EngineFabricOptions options);
+    ~EngineFabric() override;
+
+    int rank() const override { return options_.rank; }
+    int size() const override { return options_.size; }
+    size_t windowBytes() const override { return options_.window_bytes; }
+    uint8_t* localWindow() override { return window_; }
+    Status put(int peer, uint64_t offset, const void* src, size_t len) override;
+    Status putFlag(int peer, uint64_t offset, uint64_t value) override;
+    uint8_t* peerWindow(int peer) override;
+    bool peerFailed(int peer) const override;
+
+    // Records transport or protocol evidence that `peer` is dead.
+    void markPeerFailed(int peer);
+    // Whether every peer's window is mapped (pure shared-memory data path).
+    bool allPeersMapped() const;
+    te::TransferEngine& engine() { return *engine_; }
+
+private:
+    struct Peer {
+        te::SegmentID segment = -1;
+        uint64_t window_addr = 0;
+        uint8_t* mapped = nullptr;  // nullptr: reached through the engine
+    };
+    struct InFlight {
+        te::BatchID batch;
+        size_t bounce_begin;
+        size_t bounce_len;
+        int peer;
+    };
+
+    EngineFabric(std::shared_ptr<KVStore> store, EngineFabricOptions options);
+    Status bootstrap();
+    Status checkPut(int peer, uint64_t offset, size_t len) const;
+    Status remotePut(int peer, uint64_t offset, const void* src, size_t len);
+    // Frees bounce space of completed transfers, oldest first; with `block`
+    // waits for the oldest one. Expects mu_ held.
+    Status reapLocked(bool block);
+
+    std::shared_ptr<KVStore> store_;
+    EngineFabricOptions options_;
+    std::unique_ptr<te::TransferEngine> engine_;
+    uint8_t* window_ = nullptr;
+    std::vector<Peer> peers_;
+    std::unique_ptr<std::atomic<bool>[]> failed_;
+
+    std::mutex mu_;  // guards the bounce ring and in-flight list
+    uint8_t* bounce_ = nullptr;
+    std::deque<InFlight> inflight_;
+};
+
+}  // namespace mooncake::pg
