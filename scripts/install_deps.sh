@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what the build and tests need on a fresh Debian/Ubuntu machine.
+# Idempotent and quick when everything is already present.
+set -euo pipefail
+
+need_apt=()
+command -v cmake >/dev/null || need_apt+=(cmake)
+command -v ninja >/dev/null || need_apt+=(ninja-build)
+command -v g++ >/dev/null || need_apt+=(g++)
+command -v ccache >/dev/null || need_apt+=(ccache)
+command -v clang++ >/dev/null || need_apt+=(clang)
+[ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
+if command -v clang++ >/dev/null; then
+    # libFuzzer's runtime ships in compiler-rt.
+    echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) {return 0;}' \
+        > /tmp/mc_fuzz_probe.cc
+    clang++ -fsanitize=fuzzer /tmp/mc_fuzz_probe.cc -o /tmp/mc_fuzz_probe 2>/dev/null \
+        || need_apt+=(libclang-rt-dev)
+fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+    echo "install_deps: apt-get install ${need_apt[*]}"
+    SUDO=""
+    [ "$(id -u)" = 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}"
+fi
+
+PY=${PYTHON:-python3}
+if ! $PY -c 'import torch, sys; sys.exit(0 if torch.__version__.split("+")[0] == "2.11.0" else 1)' \
+        2>/dev/null; then
+    $PY -m pip install -q torch==2.11.0
+fi
+$PY -c 'import pytest, numpy' 2>/dev/null || $PY -m pip install -q pytest numpy
