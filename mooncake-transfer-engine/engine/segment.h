@@ -17,7 +17,8 @@ struct RegionDesc {
     std::string location;  // "cpu" or "cuda:<ordinal>"
     bool remote_accessible = true;
     // Opaque per-transport export data, "" when not exported:
-    //   shm:      the id of the engine shared allocation holding the region
+    //   shm:      the engine shared allocation holding the region: its id and
+    //             bounds (transport/shm/shm_protocol.h)
     //   cuda_ipc: the cudaIpcMemHandle_t bytes
     std::string shm_export;
     std::string cuda_ipc_export;
