@@ -13,12 +13,16 @@
 // send() returns once the data is staged (the user buffer may be reused);
 // it does not wait for the receive to be posted, as long as the send pool
 // has room. Matching is in posting order per (peer, tag).
+//
+// Every rank of the group must use the same P2POptions. The wire format and
+// the window layout are in core/p2p/slots.h.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "mooncake-pg/core/fabric.h"
 #include "mooncake-transfer-engine/common/deadline.h"
@@ -34,6 +38,13 @@ struct P2POptions {
     uint64_t window_offset = 0;
 };
 
+// Counters for monitoring and tests.
+struct P2PStats {
+    uint64_t progress_passes = 0;   // passes of the progress thread
+    uint64_t credits_received = 0;  // credit slots consumed (this rank sending)
+    uint64_t acks_received = 0;     // ack slots consumed (this rank receiving)
+};
+
 class P2PEngine {
 public:
     // Completion callback: called once, from the progress thread or the
@@ -46,14 +57,25 @@ public:
     ~P2PEngine();  // fails pending operations with kAborted, joins the thread
 
     // Enqueue and return. `done` fires when the operation completes or the
-    // deadline passes (kTimeout) or the peer fails (kPeerFailure).
-    Status send(const void* buf, size_t bytes, int peer, int tag, Deadline deadline,
-                Callback done);
+    // deadline passes (kTimeout) or the peer fails (kPeerFailure). A non-OK
+    // return means nothing was enqueued and `done` will never be called.
+    // A send completes when its data is staged; a size mismatch found after
+    // that fails only the recv (the sender logs it). A recv's size must equal
+    // the matching send's size (kInvalidArgument on both sides otherwise).
+    Status send(const void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done);
     Status recv(void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done);
 
     // Same rule as Communicator::setMembership; pending operations with a
-    // peer that is no longer active fail with kPeerFailure.
+    // peer that is no longer active fail with kPeerFailure. The ring
+    // sequences restart, so every other pending operation (and staged data
+    // not yet delivered) is dropped: those operations fail with kAborted.
+    // The first form keeps the current active set (initially everyone).
+    // Calling it with the current epoch only cuts off newly inactive peers;
+    // epochs equal modulo 2^16 (the token's epoch bits) are rejected.
     Status setEpoch(uint32_t epoch);
+    Status setEpoch(uint32_t epoch, const std::vector<uint8_t>& active);
+
+    P2PStats stats() const;
 
 private:
     class Impl;

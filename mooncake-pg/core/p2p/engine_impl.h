@@ -1,0 +1,177 @@
+// Internal state of P2PEngine, shared by p2p_engine.cc (API, progress loop,
+// failures), p2p_sender.cc and p2p_receiver.cc (the two halves of the
+// protocol). All state below is guarded by Impl::mu_.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "mooncake-pg/core/p2p.h"
+#include "mooncake-pg/core/p2p/pools.h"
+#include "mooncake-pg/core/p2p/slots.h"
+
+namespace mooncake::pg {
+
+namespace p2p {
+
+// A posted send, from post until delivered or failed.
+struct OutMsg {
+    int peer = 0;
+    int tag = 0;
+    size_t bytes = 0;
+    uint32_t chunks = 1;           // credits the message needs (1 for 0 bytes)
+    const uint8_t* src = nullptr;  // user buffer; only read before `done` fires
+    Deadline deadline = Deadline::never();
+    P2PEngine::Callback done;  // empty once fired
+    uint32_t staged = 0;       // chunks copied into the send pool
+    uint32_t sent = 0;         // chunks put to the receiver
+    // Send-pool chunk of each message chunk while staged and not yet put;
+    // -1 otherwise (a put chunk is owned by PeerState::unreleased).
+    std::vector<int32_t> slot;
+};
+
+// A posted recv, from post until completed or failed.
+struct InRecv {
+    uint64_t id = 0;
+    int peer = 0;
+    int tag = 0;
+    uint8_t* dst = nullptr;
+    size_t bytes = 0;
+    uint32_t chunks = 1;
+    Deadline deadline = Deadline::never();
+    P2PEngine::Callback done;
+    uint32_t credited = 0;  // credits granted
+    uint32_t received = 0;  // chunks copied out
+    bool finished = false;  // completed or failed; late acks only free chunks
+};
+
+// A credit this rank granted and has not seen acknowledged.
+struct CreditRecord {
+    std::shared_ptr<InRecv> recv;
+    int32_t chunk = -1;  // receive-pool chunk, -1 for a 0-byte message
+    uint64_t offset = 0;
+    uint64_t length = 0;
+};
+
+// A credit read from the ring, waiting for its message or its staged chunk.
+struct Credit {
+    uint64_t seq = 0;
+    CreditSlot slot{};
+};
+
+// Sender-side matching state of one (peer, tag).
+struct SendTag {
+    std::deque<Credit> credits;
+    std::deque<std::shared_ptr<OutMsg>> msgs;  // posting order
+    // The recv that msgs.front() (or, when poisoned, nothing) is bound to.
+    bool bound = false;
+    uint64_t bound_id = 0;
+    // kAckOk: msgs.front() is bound. Otherwise the recv's remaining credits
+    // are answered with this status and no data.
+    uint32_t bound_status = kAckOk;
+    uint64_t bound_sender_bytes = 0;
+};
+
+struct PeerState {
+    Status broken;    // non-OK: the pair is unusable until the next epoch
+    size_t live = 0;  // unfinished recvs + undelivered messages with this peer
+
+    // This rank -> peer.
+    ChunkPool send_pool;
+    uint64_t credits_read = 0;
+    uint64_t acks_written = 0;
+    std::map<int, SendTag> tags;
+    std::deque<std::shared_ptr<OutMsg>> staging;  // not fully staged, FIFO
+    // (ack index, send-pool chunk): freed once the peer has consumed the ack,
+    // which proves the put that read the chunk has landed.
+    std::deque<std::pair<uint64_t, uint32_t>> unreleased;
+
+    // Peer -> this rank.
+    ChunkPool recv_pool;
+    uint64_t credits_issued = 0;
+    uint64_t acks_read = 0;
+    uint64_t next_recv_id = 1;
+    // Granted, not yet acknowledged; keyed by credit sequence (acks come back
+    // in any order across tags, so a ring index would alias a live record).
+    std::unordered_map<uint64_t, CreditRecord> records;
+    std::deque<std::shared_ptr<InRecv>> recvs;  // unfinished, posting order
+};
+
+}  // namespace p2p
+
+class P2PEngine::Impl {
+  public:
+    Impl(std::shared_ptr<Fabric> fabric, P2POptions options);
+    ~Impl();
+
+    Status send(const void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done);
+    Status recv(void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done);
+    Status setEpoch(uint32_t epoch, const std::vector<uint8_t>* active);
+    P2PStats stats() const;
+
+  private:
+    using Clock = Deadline::Clock;
+
+    // --- p2p_engine.cc: loop, deadlines, failures, completions.
+    void run();
+    bool pass();
+    void checkDeadlines(int peer, p2p::PeerState& ps, Clock::time_point now);
+    Status postCheck(int peer) const;
+    // Fails every operation with `peer` with `status` and forgets the pair's
+    // protocol state; `broken` keeps later posts failing until setEpoch.
+    void failPeer(int peer, const Status& status, bool broken);
+    void resetPeer(p2p::PeerState& ps);
+    void complete(Callback& done, Status status);
+    void flushCompletions(std::unique_lock<std::mutex>& lock);
+    size_t chunkLength(size_t bytes, uint32_t index) const;
+
+    // --- p2p_sender.cc: this rank -> peer.
+    Status senderPass(int peer, p2p::PeerState& ps, bool* progressed);
+    void releaseStaging(int peer, p2p::PeerState& ps, bool* progressed);
+    Status readCredits(int peer, p2p::PeerState& ps, bool* progressed);
+    Status serveCredits(int peer, p2p::PeerState& ps, bool* progressed);
+    Status serveTag(int peer, p2p::PeerState& ps, int tag, p2p::SendTag& t, bool* progressed);
+    void stage(int peer, p2p::PeerState& ps, bool* progressed);
+    Status writeAck(int peer, p2p::PeerState& ps, const p2p::Credit& c, uint32_t status,
+                    uint64_t length, uint64_t message_bytes);
+    // Removes `m` (undelivered) and frees its staged chunks; fires its
+    // callback with `status` if it has not fired.
+    void dropMsg(p2p::PeerState& ps, std::shared_ptr<p2p::OutMsg> m, const Status& status);
+    void timeoutSend(int peer, p2p::PeerState& ps, std::shared_ptr<p2p::OutMsg> m);
+
+    // --- p2p_receiver.cc: peer -> this rank.
+    Status receiverPass(int peer, p2p::PeerState& ps, bool* progressed);
+    Status readAcks(int peer, p2p::PeerState& ps, bool* progressed);
+    Status issueCredits(int peer, p2p::PeerState& ps, bool* progressed);
+    void finishRecv(p2p::PeerState& ps, std::shared_ptr<p2p::InRecv> r, Status status);
+
+    std::shared_ptr<Fabric> fabric_;
+    const P2POptions options_;
+    const p2p::Layout layout_;
+    const int rank_;
+    const int size_;
+    uint8_t* const window_;
+    Status init_status_;
+
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    bool stop_ = false;
+    bool kicked_ = false;  // a post since the last pass: skip the back-off
+    uint32_t epoch_ = 0;
+    std::vector<uint8_t> active_;
+    std::vector<p2p::PeerState> peers_;
+    size_t live_ = 0;  // sum of peers_[*].live
+    std::vector<std::pair<Callback, Status>> completions_;
+    P2PStats stats_;
+    std::thread thread_;
+};
+
+}  // namespace mooncake::pg

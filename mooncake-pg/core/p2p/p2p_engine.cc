@@ -1,0 +1,422 @@
+// P2PEngine: public API, the progress thread, deadlines and failures. The
+// protocol halves live in p2p_sender.cc and p2p_receiver.cc.
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "mooncake-pg/core/p2p/engine_impl.h"
+#include "mooncake-transfer-engine/common/logging.h"
+
+namespace mooncake::pg {
+
+using p2p::InRecv;
+using p2p::OutMsg;
+using p2p::PeerState;
+
+namespace {
+
+Status validateOptions(const P2POptions& o, int size, size_t window_bytes) {
+    if (o.chunk_bytes == 0 || o.ring_slots <= 0) {
+        return InvalidArgument("P2P options: chunk_bytes and ring_slots must be positive");
+    }
+    if (o.pool_bytes_per_peer < o.chunk_bytes) {
+        return InvalidArgument(
+            "P2P options: pool_bytes_per_peer (" + std::to_string(o.pool_bytes_per_peer) +
+            ") is smaller than chunk_bytes (" + std::to_string(o.chunk_bytes) + ")");
+    }
+    if (o.pool_bytes_per_peer / o.chunk_bytes > UINT32_MAX / 2) {
+        return InvalidArgument("P2P options: too many chunks per pool");
+    }
+    if (o.window_offset % 8 != 0) {
+        return InvalidArgument("P2P options: window_offset must be 8-byte aligned");
+    }
+    size_t need = o.window_offset + P2PEngine::windowBytesFor(size, o);
+    if (need > window_bytes) {
+        return InvalidArgument("P2P area needs " + std::to_string(need) +
+                               " window bytes, the fabric has " + std::to_string(window_bytes));
+    }
+    return Status::OK();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- Impl basics
+
+P2PEngine::Impl::Impl(std::shared_ptr<Fabric> fabric, P2POptions options)
+    : fabric_(std::move(fabric)),
+      options_(options),
+      layout_(fabric_->size(), options_),
+      rank_(fabric_->rank()),
+      size_(fabric_->size()),
+      window_(fabric_->localWindow()),
+      init_status_(validateOptions(options_, size_, fabric_->windowBytes())),
+      active_(static_cast<size_t>(size_), 1),
+      peers_(static_cast<size_t>(size_)) {
+    if (init_status_.ok()) {
+        for (auto& ps : peers_)
+            resetPeer(ps);
+    }
+    thread_ = std::thread([this] { run(); });
+}
+
+P2PEngine::Impl::~Impl() {
+    std::unique_lock<std::mutex> lock(mu_);
+    stop_ = true;
+    cv_.notify_all();
+    lock.unlock();
+    thread_.join();
+    lock.lock();
+    for (int p = 0; p < size_; ++p) {
+        failPeer(p, Aborted("P2P engine destroyed"), /*broken=*/true);
+    }
+    flushCompletions(lock);
+}
+
+void P2PEngine::Impl::resetPeer(PeerState& ps) {
+    ps.broken = Status::OK();
+    ps.live = 0;
+    ps.send_pool = p2p::ChunkPool(options_.pool_bytes_per_peer, options_.chunk_bytes);
+    ps.credits_read = 0;
+    ps.acks_written = 0;
+    ps.tags.clear();
+    ps.staging.clear();
+    ps.unreleased.clear();
+    ps.recv_pool = p2p::ChunkPool(options_.pool_bytes_per_peer, options_.chunk_bytes);
+    ps.credits_issued = 0;
+    ps.acks_read = 0;
+    ps.next_recv_id = 1;
+    ps.records.clear();
+    ps.recvs.clear();
+}
+
+size_t P2PEngine::Impl::chunkLength(size_t bytes, uint32_t index) const {
+    size_t offset = size_t{index} * options_.chunk_bytes;
+    return offset >= bytes ? 0 : std::min(options_.chunk_bytes, bytes - offset);
+}
+
+void P2PEngine::Impl::complete(Callback& done, Status status) {
+    if (!done)
+        return;
+    completions_.emplace_back(std::move(done), std::move(status));
+    done = nullptr;
+}
+
+void P2PEngine::Impl::flushCompletions(std::unique_lock<std::mutex>& lock) {
+    if (completions_.empty())
+        return;
+    auto batch = std::move(completions_);
+    completions_.clear();
+    // Callbacks run unlocked: they may post the next operation.
+    lock.unlock();
+    for (auto& [done, status] : batch)
+        done(std::move(status));
+    lock.lock();
+}
+
+P2PStats P2PEngine::Impl::stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
+}
+
+// ---------------------------------------------------------------- posting
+
+Status P2PEngine::Impl::postCheck(int peer) const {
+    if (!init_status_.ok())
+        return init_status_;
+    if (peer < 0 || peer >= size_) {
+        return InvalidArgument("peer " + std::to_string(peer) + " outside [0, " +
+                               std::to_string(size_) + ")");
+    }
+    if (peer == rank_)
+        return InvalidArgument("P2P with self (rank " + std::to_string(peer) + ")");
+    if (stop_)
+        return Aborted("P2P engine is shutting down");
+    if (!active_[peer]) {
+        return PeerFailure("rank " + std::to_string(peer) + " is not an active member (epoch " +
+                           std::to_string(epoch_) + ")");
+    }
+    if (!peers_[peer].broken.ok())
+        return peers_[peer].broken;
+    if (fabric_->peerFailed(peer))
+        return PeerFailure("rank " + std::to_string(peer) + " failed");
+    return Status::OK();
+}
+
+Status P2PEngine::Impl::send(const void* buf, size_t bytes, int peer, int tag, Deadline deadline,
+                             Callback done) {
+    if (buf == nullptr && bytes > 0)
+        return InvalidArgument("send: null buffer");
+    if (!init_status_.ok())
+        return init_status_;
+    if (bytes > 0 && (bytes - 1) / options_.chunk_bytes >= UINT32_MAX) {
+        return InvalidArgument("send of " + std::to_string(bytes) + " bytes: too many chunks");
+    }
+    auto m = std::make_shared<OutMsg>();
+    m->peer = peer;
+    m->tag = tag;
+    m->bytes = bytes;
+    m->chunks = bytes == 0 ? 1 : static_cast<uint32_t>((bytes - 1) / options_.chunk_bytes + 1);
+    m->src = static_cast<const uint8_t*>(buf);
+    m->deadline = deadline;
+    m->done = std::move(done);
+    m->slot.assign(m->chunks, -1);
+
+    std::lock_guard<std::mutex> lock(mu_);
+    MC_RETURN_IF_ERROR(postCheck(peer).withContext("send to rank " + std::to_string(peer)));
+    PeerState& ps = peers_[peer];
+    ps.tags[tag].msgs.push_back(m);
+    ps.staging.push_back(std::move(m));
+    ++ps.live;
+    ++live_;
+    kicked_ = true;
+    cv_.notify_one();
+    return Status::OK();
+}
+
+Status P2PEngine::Impl::recv(void* buf, size_t bytes, int peer, int tag, Deadline deadline,
+                             Callback done) {
+    if (buf == nullptr && bytes > 0)
+        return InvalidArgument("recv: null buffer");
+    if (!init_status_.ok())
+        return init_status_;
+    if (bytes > 0 && (bytes - 1) / options_.chunk_bytes >= UINT32_MAX) {
+        return InvalidArgument("recv of " + std::to_string(bytes) + " bytes: too many chunks");
+    }
+    auto r = std::make_shared<InRecv>();
+    r->peer = peer;
+    r->tag = tag;
+    r->dst = static_cast<uint8_t*>(buf);
+    r->bytes = bytes;
+    r->chunks = bytes == 0 ? 1 : static_cast<uint32_t>((bytes - 1) / options_.chunk_bytes + 1);
+    r->deadline = deadline;
+    r->done = std::move(done);
+
+    std::lock_guard<std::mutex> lock(mu_);
+    MC_RETURN_IF_ERROR(postCheck(peer).withContext("recv from rank " + std::to_string(peer)));
+    PeerState& ps = peers_[peer];
+    r->id = ps.next_recv_id++;
+    ps.recvs.push_back(std::move(r));
+    ++ps.live;
+    ++live_;
+    kicked_ = true;
+    cv_.notify_one();
+    return Status::OK();
+}
+
+Status P2PEngine::Impl::setEpoch(uint32_t epoch, const std::vector<uint8_t>* active) {
+    if (active != nullptr && active->size() != static_cast<size_t>(size_)) {
+        return InvalidArgument("setEpoch: active mask has " + std::to_string(active->size()) +
+                               " entries for " + std::to_string(size_) + " ranks");
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    auto gone = [&](int p) {
+        return PeerFailure("rank " + std::to_string(p) + " is no longer active (epoch " +
+                           std::to_string(epoch) + ")");
+    };
+    if (epoch == epoch_) {
+        // Same epoch, so the sequences must go on: only newly inactive peers
+        // are cut off, and their pairs stay unusable until a new epoch.
+        for (int p = 0; p < size_; ++p) {
+            if (active != nullptr && active_[p] && !(*active)[p])
+                failPeer(p, gone(p), /*broken=*/true);
+        }
+        if (active != nullptr)
+            active_ = *active;
+        flushCompletions(lock);
+        return Status::OK();
+    }
+    if ((epoch & 0xffff) == (epoch_ & 0xffff)) {
+        // Tokens keep 16 epoch bits; restarting the sequences here would let
+        // slots of the old epoch pass for new ones.
+        return InvalidArgument("setEpoch " + std::to_string(epoch) + " after " +
+                               std::to_string(epoch_) + ": epochs equal modulo 65536");
+    }
+    if (active != nullptr)
+        active_ = *active;
+    for (int p = 0; p < size_; ++p) {
+        failPeer(p, active_[p] ? Aborted("P2P epoch changed to " + std::to_string(epoch)) : gone(p),
+                 /*broken=*/false);
+    }
+    // Sequences restart in the new epoch; slots left from the old one carry
+    // the old epoch in their tokens and are never accepted again.
+    epoch_ = epoch;
+    flushCompletions(lock);
+    return Status::OK();
+}
+
+// ---------------------------------------------------------------- failures
+
+void P2PEngine::Impl::failPeer(int peer, const Status& status, bool broken) {
+    PeerState& ps = peers_[peer];
+    for (auto& r : ps.recvs) {
+        r->finished = true;
+        complete(r->done, status);
+    }
+    for (auto& [tag, t] : ps.tags) {
+        for (auto& m : t.msgs) {
+            if (!m->done && status.code() != StatusCode::kAborted) {
+                MC_LOG(kWarn, "pg")
+                    << "P2P: a completed send of " << m->bytes << " bytes to rank " << peer
+                    << " (tag " << tag << ") was never delivered: " << status.toString();
+            }
+            complete(m->done, status);
+        }
+    }
+    live_ -= ps.live;
+    if (!init_status_.ok())
+        return;
+    resetPeer(ps);
+    if (broken)
+        ps.broken = status;
+}
+
+void P2PEngine::Impl::checkDeadlines(int peer, PeerState& ps, Clock::time_point now) {
+    for (size_t i = 0; i < ps.recvs.size();) {
+        auto r = ps.recvs[i];
+        if (r->deadline.at() > now) {
+            ++i;
+            continue;
+        }
+        // Credits already granted stay outstanding; their late acks only
+        // free the pool chunks.
+        finishRecv(
+            ps, r,
+            Timeout("recv of " + std::to_string(r->bytes) + " bytes from rank " +
+                    std::to_string(peer) + " (tag " + std::to_string(r->tag) + "): got " +
+                    std::to_string(r->received) + " of " + std::to_string(r->chunks) + " chunks"));
+    }
+    for (size_t i = 0; i < ps.staging.size();) {
+        auto m = ps.staging[i];
+        if (m->deadline.at() > now) {
+            ++i;
+            continue;
+        }
+        timeoutSend(peer, ps, m);
+    }
+}
+
+// ---------------------------------------------------------------- progress
+
+bool P2PEngine::Impl::pass() {
+    bool progressed = false;
+    auto now = Clock::now();
+    for (int p = 0; p < size_; ++p) {
+        PeerState& ps = peers_[p];
+        if (ps.live == 0)
+            continue;
+        if (fabric_->peerFailed(p)) {
+            failPeer(p, PeerFailure("rank " + std::to_string(p) + " failed"), /*broken=*/true);
+            progressed = true;
+            continue;
+        }
+        Status st = receiverPass(p, ps, &progressed);
+        if (st.ok())
+            st = senderPass(p, ps, &progressed);
+        if (!st.ok()) {
+            // A failed put or a corrupt slot: the pair's sequences can no
+            // longer be trusted, so everything with this peer fails.
+            if (st.code() != StatusCode::kPeerFailure && st.code() != StatusCode::kInternal) {
+                st = PeerFailure(st.message());
+            }
+            failPeer(p, st.withContext("P2P with rank " + std::to_string(p)), /*broken=*/true);
+            progressed = true;
+            continue;
+        }
+        checkDeadlines(p, ps, now);
+    }
+    return progressed;
+}
+
+void P2PEngine::Impl::run() {
+    // Spin, then yield, then sleep with a doubling back-off while operations
+    // are pending but nothing moves; block on cv_ when nothing is pending.
+    // After a long quiet stretch the sleep cap grows so that a send parked
+    // on a receiver that posts much later costs next to no CPU.
+    constexpr int kSpinPasses = 500;
+    constexpr int kYieldPasses = 100;
+    constexpr auto kMinSleep = std::chrono::microseconds(2);
+    constexpr auto kMaxSleep = std::chrono::microseconds(50);
+    constexpr auto kMaxQuietSleep = std::chrono::microseconds(1000);
+    constexpr auto kQuietAfter = std::chrono::milliseconds(100);
+
+    std::unique_lock<std::mutex> lock(mu_);
+    int idle = 0;
+    auto sleep = kMinSleep;
+    auto last_progress = Clock::now();
+    while (!stop_) {
+        if (live_ == 0 || !init_status_.ok()) {
+            cv_.wait(lock, [this] { return stop_ || (live_ > 0 && init_status_.ok()); });
+            idle = 0;
+            sleep = kMinSleep;
+            last_progress = Clock::now();
+            continue;
+        }
+        kicked_ = false;
+        bool progressed = pass();
+        ++stats_.progress_passes;
+        if (!completions_.empty()) {
+            progressed = true;
+            flushCompletions(lock);
+        }
+        if (progressed || kicked_) {
+            idle = 0;
+            sleep = kMinSleep;
+            last_progress = Clock::now();
+            continue;
+        }
+        ++idle;
+        if (idle < kSpinPasses) {
+            lock.unlock();
+#if defined(__x86_64__)
+            __builtin_ia32_pause();
+#endif
+            lock.lock();
+        } else if (idle < kSpinPasses + kYieldPasses) {
+            lock.unlock();
+            sched_yield();
+            lock.lock();
+        } else {
+            fabric_->waitHint();
+            cv_.wait_for(lock, sleep, [this] { return stop_ || kicked_; });
+            auto cap = Clock::now() - last_progress > kQuietAfter ? kMaxQuietSleep : kMaxSleep;
+            sleep = std::min<std::chrono::microseconds>(sleep * 2, cap);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- P2PEngine
+
+size_t P2PEngine::windowBytesFor(int size, const P2POptions& options) {
+    return p2p::Layout(size, options).bytes();
+}
+
+P2PEngine::P2PEngine(std::shared_ptr<Fabric> fabric, P2POptions options)
+    : impl_(std::make_unique<Impl>(std::move(fabric), options)) {}
+
+P2PEngine::~P2PEngine() = default;
+
+Status P2PEngine::send(const void* buf, size_t bytes, int peer, int tag, Deadline deadline,
+                       Callback done) {
+    return impl_->send(buf, bytes, peer, tag, deadline, std::move(done));
+}
+
+Status P2PEngine::recv(void* buf, size_t bytes, int peer, int tag, Deadline deadline,
+                       Callback done) {
+    return impl_->recv(buf, bytes, peer, tag, deadline, std::move(done));
+}
+
+Status P2PEngine::setEpoch(uint32_t epoch) {
+    return impl_->setEpoch(epoch, nullptr);
+}
+
+Status P2PEngine::setEpoch(uint32_t epoch, const std::vector<uint8_t>& active) {
+    return impl_->setEpoch(epoch, &active);
+}
+
+P2PStats P2PEngine::stats() const {
+    return impl_->stats();
+}
+
+}  // namespace mooncake::pg

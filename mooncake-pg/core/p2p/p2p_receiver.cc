@@ -1,0 +1,146 @@
+// Receiver half of the P2P protocol: grant credits (receive-pool chunks) to
+// the sender, then copy each acknowledged chunk to the user's buffer.
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "mooncake-pg/core/p2p/engine_impl.h"
+
+namespace mooncake::pg {
+
+using p2p::CreditRecord;
+using p2p::InRecv;
+using p2p::PeerState;
+
+Status P2PEngine::Impl::receiverPass(int peer, PeerState& ps, bool* progressed) {
+    if (ps.recvs.empty())
+        return Status::OK();
+    MC_RETURN_IF_ERROR(readAcks(peer, ps, progressed));
+    return issueCredits(peer, ps, progressed);
+}
+
+void P2PEngine::Impl::finishRecv(PeerState& ps, std::shared_ptr<InRecv> r, Status status) {
+    if (r->finished)
+        return;
+    r->finished = true;
+    auto it = std::find(ps.recvs.begin(), ps.recvs.end(), r);
+    if (it != ps.recvs.end())
+        ps.recvs.erase(it);
+    complete(r->done, std::move(status));
+    --ps.live;
+    --live_;
+}
+
+Status P2PEngine::Impl::readAcks(int peer, PeerState& ps, bool* progressed) {
+    const uint64_t first = ps.acks_read;
+    for (;;) {
+        p2p::AckSlot a;
+        uint64_t seq = ps.acks_read;
+        if (!p2p::readSlot(window_, layout_.ackIn(peer, seq), p2p::slotToken(epoch_, seq), &a)) {
+            break;
+        }
+        auto found = ps.records.find(a.credit_seq);
+        if (found == ps.records.end()) {
+            return Internal("ack " + std::to_string(seq) + " names unknown credit " +
+                            std::to_string(a.credit_seq));
+        }
+        ++ps.acks_read;
+        ++stats_.acks_received;
+        *progressed = true;
+        CreditRecord rec = std::move(found->second);
+        ps.records.erase(found);
+        std::shared_ptr<InRecv> r = std::move(rec.recv);
+        if (!r->finished) {
+            if (a.status == p2p::kAckSizeMismatch || a.message_bytes != r->bytes) {
+                finishRecv(
+                    ps, r,
+                    InvalidArgument("recv of " + std::to_string(r->bytes) + " bytes on rank " +
+                                    std::to_string(rank_) + " from rank " + std::to_string(peer) +
+                                    " (tag " + std::to_string(r->tag) + ") matched a send of " +
+                                    std::to_string(a.message_bytes) + " bytes"));
+            } else if (a.status == p2p::kAckAbandoned) {
+                finishRecv(ps, r,
+                           Aborted("rank " + std::to_string(peer) + " gave up on its send of " +
+                                   std::to_string(a.message_bytes) + " bytes (tag " +
+                                   std::to_string(r->tag) + ") mid-message"));
+            } else if (a.status != p2p::kAckOk || a.length != rec.length) {
+                return Internal("ack for credit " + std::to_string(a.credit_seq) + " carries " +
+                                std::to_string(a.length) + " bytes, status " +
+                                std::to_string(a.status) + "; granted " +
+                                std::to_string(rec.length));
+            } else {
+                if (rec.length > 0) {
+                    std::memcpy(r->dst + rec.offset,
+                                window_ + layout_.recvPool(peer) +
+                                    ps.recv_pool.offsetOf(static_cast<uint32_t>(rec.chunk)),
+                                rec.length);
+                }
+                if (++r->received == r->chunks)
+                    finishRecv(ps, r, Status::OK());
+            }
+        }
+        if (rec.chunk >= 0)
+            ps.recv_pool.release(static_cast<uint32_t>(rec.chunk));
+    }
+    if (ps.acks_read == first)
+        return Status::OK();
+    // Tells the sender which acks (hence which of its puts) have landed, so
+    // it can reuse the staging chunks those puts read.
+    return fabric_->putFlag(peer, layout_.cursor(rank_), p2p::cursorWord(epoch_, ps.acks_read));
+}
+
+Status P2PEngine::Impl::issueCredits(int peer, PeerState& ps, bool* progressed) {
+    const uint64_t ring = static_cast<uint64_t>(options_.ring_slots);
+    // Per (peer, tag) the sender binds credits to messages by recv id, in
+    // order; so a recv only gets credits once every earlier recv on its tag
+    // has all of its own. Tags whose head recv is still waiting for credits
+    // are collected here.
+    std::vector<int> blocked;
+    auto is_blocked = [&](int tag) {
+        return std::find(blocked.begin(), blocked.end(), tag) != blocked.end();
+    };
+    // Iterate by index: a grant never removes a recv from ps.recvs.
+    for (size_t i = 0; i < ps.recvs.size(); ++i) {
+        InRecv& r = *ps.recvs[i];
+        if (r.credited == r.chunks)
+            continue;
+        if (is_blocked(r.tag))
+            continue;
+        while (r.credited < r.chunks) {
+            if (ps.credits_issued - ps.acks_read >= ring)
+                return Status::OK();
+            uint64_t length = chunkLength(r.bytes, r.credited);
+            int32_t chunk = -1;
+            if (length > 0) {
+                auto c = ps.recv_pool.allocate();
+                if (!c)
+                    break;
+                chunk = static_cast<int32_t>(*c);
+            }
+            uint64_t seq = ps.credits_issued;
+            p2p::CreditSlot s{};
+            s.header = s.footer = p2p::slotToken(epoch_, seq);
+            s.recv_id = r.id;
+            s.tag = r.tag;
+            s.pool_offset = chunk >= 0 ? ps.recv_pool.offsetOf(static_cast<uint32_t>(chunk)) : 0;
+            s.length = length;
+            s.message_offset = uint64_t{r.credited} * options_.chunk_bytes;
+            s.message_bytes = r.bytes;
+            CreditRecord& rec = ps.records[seq];
+            rec.recv = ps.recvs[i];
+            rec.chunk = chunk;
+            rec.offset = s.message_offset;
+            rec.length = length;
+            ++ps.credits_issued;
+            ++r.credited;
+            *progressed = true;
+            MC_RETURN_IF_ERROR(p2p::writeSlot(*fabric_, peer, layout_.creditIn(rank_, seq),
+                                              window_ + layout_.creditOut(peer, seq), s));
+        }
+        if (r.credited < r.chunks)
+            blocked.push_back(r.tag);
+    }
+    return Status::OK();
+}
+
+}  // namespace mooncake::pg
