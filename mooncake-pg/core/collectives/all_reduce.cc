@@ -1,0 +1,122 @@
+// all_reduce: one-shot for small messages, reduce-scatter + all-gather in
+// chunked rounds for large ones. Both reduce every element over all members
+// in rank order, so every rank ends with the same bits whichever path runs.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "mooncake-pg/core/collectives/collectives.h"
+#include "mooncake-pg/core/reduce_kernels.h"
+
+namespace mooncake::pg::coll {
+namespace {
+
+// One round: everyone sends its whole input to everyone and reduces all of
+// them locally, which beats two rounds of smaller messages while the
+// latency of a round dominates.
+Status oneShot(Rounds& rounds, const void* in, void* out, size_t count, DataType dtype,
+               ReduceOp op) {
+    const size_t bytes = count * dataTypeSize(dtype);
+    const auto& members = rounds.members();
+    for (int p : members) {
+        if (p != rounds.rank() && bytes != 0)
+            MC_RETURN_IF_ERROR(rounds.send(p, in, bytes));
+    }
+    MC_RETURN_IF_ERROR(rounds.receiveAll());
+    std::vector<const void*>& inputs = rounds.inputs();
+    for (size_t j = 0; j < members.size(); ++j) {
+        const int p = members[j];
+        if (p == rounds.rank()) {
+            inputs[j] = in;
+        } else {
+            MC_RETURN_IF_ERROR(rounds.expectBytes(p, bytes));
+            inputs[j] = rounds.payload(p);
+        }
+    }
+    reduceInto(dtype, op, out, inputs.data(), static_cast<int>(inputs.size()), count);
+    return rounds.finishRound();
+}
+
+// Member j reduces block j of the elements (reduce-scatter), then every
+// member sends its reduced block to all (all-gather). Each phase moves
+// (n-1)/n of the data per rank, cut into pieces of at most one slot.
+Status reduceScatterAllGather(Rounds& rounds, const void* in, void* out, size_t count,
+                              DataType dtype, ReduceOp op) {
+    const size_t es = dataTypeSize(dtype);
+    const auto& members = rounds.members();
+    const int n = rounds.memberCount();
+    const int me = rounds.index();
+    const size_t piece = std::max<size_t>(1, rounds.chunk() / es);
+    const size_t pieces = std::max<size_t>(1, ceilDiv(blockOf(count, n, 0).length, piece));
+    const auto* src = static_cast<const uint8_t*>(in);
+    auto* dst = static_cast<uint8_t*>(out);
+    const Span mine = blockOf(count, n, me);
+    std::vector<const void*>& inputs = rounds.inputs();
+
+    for (size_t t = 0; t < pieces; ++t) {
+        for (int j = 0; j < n; ++j) {
+            if (j == me)
+                continue;
+            const Span block = blockOf(count, n, j);
+            const Span part = pieceOf(block.length, t, piece);
+            if (part.length == 0)
+                continue;
+            MC_RETURN_IF_ERROR(
+                rounds.send(members[j], src + (block.offset + part.offset) * es, part.length * es));
+        }
+        MC_RETURN_IF_ERROR(rounds.receiveAll());
+        const Span part = pieceOf(mine.length, t, piece);
+        const size_t at = (mine.offset + part.offset) * es;
+        for (int j = 0; j < n; ++j) {
+            if (j == me) {
+                inputs[j] = src + at;
+                continue;
+            }
+            MC_RETURN_IF_ERROR(rounds.expectBytes(members[j], part.length * es));
+            inputs[j] = rounds.payload(members[j]);
+        }
+        // `out` may be `in`: only this rank reads its own block of `in`, and
+        // the kernel reads each element of every input before writing it.
+        reduceInto(dtype, op, dst + at, inputs.data(), n, part.length);
+        MC_RETURN_IF_ERROR(rounds.finishRound());
+    }
+
+    for (size_t t = 0; t < pieces; ++t) {
+        const Span part = pieceOf(mine.length, t, piece);
+        if (part.length != 0) {
+            for (int p : members) {
+                if (p == rounds.rank())
+                    continue;
+                MC_RETURN_IF_ERROR(
+                    rounds.send(p, dst + (mine.offset + part.offset) * es, part.length * es));
+            }
+        }
+        MC_RETURN_IF_ERROR(rounds.receiveAll());
+        for (int j = 0; j < n; ++j) {
+            if (j == me)
+                continue;
+            const Span block = blockOf(count, n, j);
+            const Span theirs = pieceOf(block.length, t, piece);
+            MC_RETURN_IF_ERROR(rounds.expectBytes(members[j], theirs.length * es));
+            if (theirs.length != 0) {
+                std::memcpy(dst + (block.offset + theirs.offset) * es, rounds.payload(members[j]),
+                            theirs.length * es);
+            }
+        }
+        MC_RETURN_IF_ERROR(rounds.finishRound());
+    }
+    return Status::OK();
+}
+
+}  // namespace
+
+Status allReduce(Rounds& rounds, const void* in, void* out, size_t count, DataType dtype,
+                 ReduceOp op) {
+    const size_t bytes = count * dataTypeSize(dtype);
+    if (rounds.memberCount() == 1 || bytes <= std::min(rounds.oneShotMax(), rounds.chunk())) {
+        return oneShot(rounds, in, out, count, dtype, op);
+    }
+    return reduceScatterAllGather(rounds, in, out, count, dtype, op);
+}
+
+}  // namespace mooncake::pg::coll

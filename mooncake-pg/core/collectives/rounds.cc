@@ -1,0 +1,288 @@
+#include "mooncake-pg/core/collectives/rounds.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "mooncake-pg/core/collectives/call_check.h"
+
+namespace mooncake::pg::coll {
+namespace {
+
+// Messages at most this large are staged with their header and written by
+// one put: on a remote fabric that is one transfer instead of two or three.
+constexpr size_t kInlinePayload = 448;
+
+uint64_t mix64(uint64_t x) {
+    x ^= x >> 31;
+    x *= 0x7FB5D329728EA185ull;
+    x ^= x >> 27;
+    x *= 0x81DADEF4BC2DD44Dull;
+    x ^= x >> 33;
+    return x;
+}
+
+// One term of the all-to-all-v digest: a pseudo-random function of the
+// (sender, receiver, bytes) triple.
+uint64_t pairTerm(int sender, int receiver, uint64_t bytes) {
+    const uint64_t pair = (static_cast<uint64_t>(sender) << 32) | static_cast<uint32_t>(receiver);
+    return mix64(mix64(pair + 0x9E3779B97F4A7C15ull) + bytes);
+}
+
+uint32_t clampTo32(size_t v) {
+    return static_cast<uint32_t>(std::min<size_t>(v, std::numeric_limits<uint32_t>::max()));
+}
+
+}  // namespace
+
+size_t slotPayloadBytes(const CommOptions& options) {
+    const size_t want = std::max(options.chunk_bytes, kLineBytes);
+    return (want + kLineBytes - 1) / kLineBytes * kLineBytes;
+}
+
+const char* opKindName(OpKind kind) {
+    switch (kind) {
+        case OpKind::kAllReduce:
+            return "all_reduce";
+        case OpKind::kBroadcast:
+            return "broadcast";
+        case OpKind::kReduce:
+            return "reduce";
+        case OpKind::kAllGather:
+            return "all_gather";
+        case OpKind::kReduceScatter:
+            return "reduce_scatter";
+        case OpKind::kAllToAllV:
+            return "all_to_all_v";
+        case OpKind::kGather:
+            return "gather";
+        case OpKind::kScatter:
+            return "scatter";
+        case OpKind::kBarrier:
+            return "barrier";
+    }
+    return "unknown_collective";
+}
+
+Rounds::Rounds(CommState& state, const CallDesc& call, Deadline deadline)
+    : state_(state),
+      call_(call),
+      deadline_(deadline),
+      seq_(state.seq),
+      sent_(state.scratch.sent),
+      payload_(state.scratch.payload),
+      payload_bytes_(state.scratch.payload_bytes),
+      headers_(state.scratch.headers),
+      inputs_(state.scratch.inputs) {
+    const size_t n = static_cast<size_t>(state.size);
+    sent_.assign(n, 0);
+    payload_.assign(n, nullptr);
+    payload_bytes_.assign(n, 0);
+    headers_.assign(n, MsgHeader{});
+    inputs_.assign(state.members.size(), nullptr);
+    // The header of this rank's own call is the reference the checks compare
+    // every received header with.
+    headers_[state_.rank] = headerFor(state_.rank, 0);
+    ++state_.seq;
+}
+
+Rounds::~Rounds() = default;
+
+MsgHeader Rounds::headerFor(int peer, size_t payload_bytes) const {
+    MsgHeader h{};
+    h.token = makeToken(state_.epoch, state_.round);
+    h.payload_bytes = static_cast<uint32_t>(payload_bytes);
+    if (call_round_ != 0)
+        return h;
+    h.seq = seq_;
+    h.kind = static_cast<uint8_t>(call_.kind);
+    h.dtype = static_cast<uint8_t>(call_.dtype);
+    h.op = static_cast<uint8_t>(call_.op);
+    h.root = call_.root;
+    h.chunk_bytes = clampTo32(state_.layout.chunk);
+    h.one_shot_max = clampTo32(state_.one_shot_max);
+    h.count = call_.count;
+    if (call_.kind == OpKind::kAllToAllV) {
+        const auto& send = *call_.send_bytes;
+        const auto& recv = *call_.recv_bytes;
+        h.count = recv[peer];
+        h.pair_bytes = send[peer];
+        // Over all ranks the terms cancel exactly when every receiver expects
+        // what its sender sends; each rank only knows its own row, so the
+        // sum is how all of them learn about a mismatch between two others.
+        for (int m : state_.members) {
+            if (m == state_.rank)
+                continue;
+            h.max_bytes = std::max<uint64_t>(h.max_bytes, send[m]);
+            h.digest += pairTerm(state_.rank, m, send[m]);
+            h.digest -= pairTerm(m, state_.rank, recv[m]);
+        }
+    }
+    return h;
+}
+
+Status Rounds::fail(int peer, const Status& status) {
+    auto& failed = state_.failure.failed_ranks;
+    if (peer >= 0 && std::find(failed.begin(), failed.end(), peer) == failed.end()) {
+        failed.push_back(peer);
+    }
+    Status out = status.withContext(std::string(opKindName(call_.kind)) + " round " +
+                                    std::to_string(call_round_));
+    state_.broken = out.toString();
+    return out;
+}
+
+Status Rounds::waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* seen) {
+    Fabric& fabric = *state_.fabric;
+    uint64_t value = 0;
+    int failed = -1;
+    uint32_t polls = 0;
+    auto ready = [&](uint64_t v) {
+        value = v;
+        if (v >= want)
+            return true;
+        // The awaited peer may be alive but itself stuck on a dead rank:
+        // watching every member turns that into an early failure here too.
+        if ((++polls & 255) == 0) {
+            for (int m : state_.members) {
+                if (m != state_.rank && fabric.peerFailed(m)) {
+                    failed = m;
+                    return true;
+                }
+            }
+        }
+        return false;
+    };
+    Status st = waitFlag(fabric, offset, ready, deadline_, peer);
+    if (!st.ok())
+        return fail(peer, st);
+    if (value < want)
+        return fail(failed, PeerFailure("rank " + std::to_string(failed) + " failed"));
+    if (value >= epochFloor(state_.epoch + 1)) {
+        return fail(-1, Aborted("rank " + std::to_string(peer) + " moved on to a newer epoch"));
+    }
+    *seen = value;
+    return Status::OK();
+}
+
+Status Rounds::send(int peer, const void* a, size_t a_len, const void* b, size_t b_len) {
+    const size_t total = a_len + b_len;
+    if (peer == state_.rank || total > state_.layout.chunk || sent_[peer]) {
+        return fail(-1, Internal("bad send to rank " + std::to_string(peer) + " of " +
+                                 std::to_string(total) + " bytes"));
+    }
+    const uint64_t round = state_.round;
+    const int k = static_cast<int>(round & 1);
+    // The slot held our message of round - 2 (or, at the start of an epoch,
+    // one from an older epoch that the peer released in setMembership).
+    uint64_t need = 0;
+    if (round >= kFirstRound + 2) {
+        need = makeToken(state_.epoch, round - 2);
+    } else if (state_.epoch > 0) {
+        need = epochFloor(state_.epoch);
+    }
+    if (need != 0) {
+        uint64_t seen = 0;
+        MC_RETURN_IF_ERROR(waitAtLeast(peer, state_.layout.ackFlag(peer), need, &seen));
+    }
+
+    const MsgHeader h = headerFor(peer, total);
+    const uint64_t off = state_.layout.slot(state_.rank, k);
+    Fabric& fabric = *state_.fabric;
+    Status st;
+    if (total <= kInlinePayload) {
+        alignas(kLineBytes) uint8_t staged[kLineBytes + kInlinePayload];
+        std::memcpy(staged, &h, sizeof(h));
+        if (a_len != 0)
+            std::memcpy(staged + kLineBytes, a, a_len);
+        if (b_len != 0)
+            std::memcpy(staged + kLineBytes + a_len, b, b_len);
+        st = fabric.put(peer, off, staged, kLineBytes + total);
+    } else {
+        st = fabric.put(peer, off, &h, sizeof(h));
+        if (st.ok() && a_len != 0)
+            st = fabric.put(peer, off + kLineBytes, a, a_len);
+        if (st.ok() && b_len != 0)
+            st = fabric.put(peer, off + kLineBytes + a_len, b, b_len);
+    }
+    if (st.ok())
+        st = fabric.putFlag(peer, state_.layout.dataFlag(state_.rank), h.token);
+    if (!st.ok())
+        return fail(peer, st);
+    sent_[peer] = 1;
+    return Status::OK();
+}
+
+Status Rounds::receiveAll() {
+    for (int m : state_.members) {
+        if (m != state_.rank && !sent_[m])
+            MC_RETURN_IF_ERROR(send(m, nullptr, 0));
+    }
+    const uint64_t token = makeToken(state_.epoch, state_.round);
+    const int k = static_cast<int>(state_.round & 1);
+    const uint8_t* window = state_.fabric->localWindow();
+    for (int m : state_.members) {
+        if (m == state_.rank)
+            continue;
+        uint64_t seen = 0;
+        MC_RETURN_IF_ERROR(waitAtLeast(m, state_.layout.dataFlag(m), token, &seen));
+        // The flag may already announce the peer's next round; the slot
+        // still holds this one because it waits for our ack to reuse it.
+        const uint8_t* slot = window + state_.layout.slot(m, k);
+        MsgHeader h;
+        std::memcpy(&h, slot, sizeof(h));
+        if (h.token != token || h.payload_bytes > state_.layout.chunk) {
+            return fail(
+                m, Internal("message from rank " + std::to_string(m) + " carries token " +
+                            std::to_string(h.token) + " and " + std::to_string(h.payload_bytes) +
+                            " bytes, expected token " + std::to_string(token)));
+        }
+        payload_[m] = slot + kLineBytes;
+        payload_bytes_[m] = h.payload_bytes;
+        if (call_round_ == 0)
+            headers_[m] = h;
+    }
+    if (call_round_ != 0)
+        return Status::OK();
+
+    for (int m : state_.members)
+        max_announced_ = std::max(max_announced_, headers_[m].max_bytes);
+    Status st = checkCallHeaders(state_, call_, headers_);
+    if (!st.ok()) {
+        // Everyone found the same mismatch; finishing the round keeps the
+        // ranks in step for the next call.
+        MC_RETURN_IF_ERROR(finishRound());
+        return st;
+    }
+    return Status::OK();
+}
+
+Status Rounds::expectBytes(int peer, size_t bytes) {
+    if (payload_bytes_[peer] == bytes)
+        return Status::OK();
+    return fail(peer, Internal("rank " + std::to_string(peer) + " sent " +
+                               std::to_string(payload_bytes_[peer]) + " bytes, expected " +
+                               std::to_string(bytes)));
+}
+
+Status Rounds::finishRound() {
+    const uint64_t token = makeToken(state_.epoch, state_.round);
+    Fabric& fabric = *state_.fabric;
+    for (int m : state_.members) {
+        if (m == state_.rank)
+            continue;
+        Status st = fabric.putFlag(m, state_.layout.ackFlag(state_.rank), token);
+        if (!st.ok())
+            return fail(m, st);
+    }
+    ++state_.round;
+    ++call_round_;
+    std::fill(sent_.begin(), sent_.end(), 0);
+    return Status::OK();
+}
+
+uint8_t* Rounds::scratch(int k) {
+    return state_.fabric->localWindow() + state_.layout.slot(state_.rank, k) + kLineBytes;
+}
+
+}  // namespace mooncake::pg::coll

@@ -1,0 +1,205 @@
+// The round protocol every collective is built from.
+//
+// Collective area of a window (at CommOptions::window_offset), N = group size:
+//   data flag [s]   N x 64 B   written by sender s: token of its last message
+//   ack flag  [r]   N x 64 B   written by receiver r: token of the last message
+//                              from this window's owner that r consumed
+//   slots [s][k]    N x 2 x (64 B header + chunk payload), written by sender s
+//
+// A round is full mesh among the active ranks: each sends one message (header
+// plus 0..chunk bytes) to every other one in slot round % 2 of its own area at
+// the receiver and then raises its data flag there; after consuming, the
+// receiver writes its ack flag into the sender's window. A sender reuses a
+// slot only after the ack of the message that was in it. Because every pair
+// exchanges a message in every round, all ranks' round counters advance in
+// lockstep, and a flag value (epoch << 48 | round) identifies one message.
+//
+// The first round of every call carries the call's description in the
+// header; every rank checks every header against its own call before it
+// consumes any payload, so disagreeing ranks all fail the same call and stay
+// in step.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mooncake-pg/core/communicator.h"
+#include "mooncake-pg/core/fabric.h"
+#include "mooncake-pg/core/types.h"
+#include "mooncake-transfer-engine/common/deadline.h"
+#include "mooncake-transfer-engine/common/status.h"
+
+namespace mooncake::pg::coll {
+
+constexpr size_t kLineBytes = 64;
+constexpr int kRoundBits = 48;
+constexpr uint64_t kMaxEpoch = (uint64_t{1} << (64 - kRoundBits)) - 1;
+
+// Rounds of an epoch count from 1: a zeroed window (flag 0) then never looks
+// like a message of epoch 0.
+constexpr uint64_t kFirstRound = 1;
+
+inline uint64_t makeToken(uint32_t epoch, uint64_t round) {
+    return (static_cast<uint64_t>(epoch) << kRoundBits) | round;
+}
+// Below every token of `epoch` and above every token of older epochs: what a
+// rank acknowledges to its peers when it leaves older epochs behind.
+inline uint64_t epochFloor(uint32_t epoch) {
+    return (static_cast<uint64_t>(epoch) << kRoundBits) - 1;
+}
+
+// Payload bytes of one slot: CommOptions::chunk_bytes rounded up to whole
+// cache lines (at least one), so slots stay line aligned.
+size_t slotPayloadBytes(const CommOptions& options);
+
+struct Layout {
+    uint64_t base = 0;
+    int size = 0;
+    size_t chunk = 0;
+
+    uint64_t dataFlag(int sender) const { return base + kLineBytes * sender; }
+    uint64_t ackFlag(int receiver) const { return base + kLineBytes * (size + receiver); }
+    uint64_t slot(int sender, int k) const {
+        return base + kLineBytes * 2 * size +
+               (2 * static_cast<uint64_t>(sender) + k) * (kLineBytes + chunk);
+    }
+    static size_t bytes(int size, size_t chunk) {
+        return kLineBytes * 2 * size + 2 * static_cast<size_t>(size) * (kLineBytes + chunk);
+    }
+};
+
+enum class OpKind : uint8_t {
+    kAllReduce = 1,
+    kBroadcast,
+    kReduce,
+    kAllGather,
+    kReduceScatter,
+    kAllToAllV,
+    kGather,
+    kScatter,
+    kBarrier,
+};
+const char* opKindName(OpKind kind);
+
+// What a rank says about its call in round 0.
+struct CallDesc {
+    OpKind kind = OpKind::kBarrier;
+    DataType dtype = DataType::kUInt8;
+    ReduceOp op = ReduceOp::kSum;
+    int32_t root = -1;
+    // Element count, or bytes for byte-oriented calls; unused by all-to-all-v.
+    uint64_t count = 0;
+    // all-to-all-v only: this rank's send/recv byte counts per rank.
+    const std::vector<size_t>* send_bytes = nullptr;
+    const std::vector<size_t>* recv_bytes = nullptr;
+};
+
+// Round 0 header. Exactly one cache line.
+struct MsgHeader {
+    uint64_t token;
+    uint32_t payload_bytes;
+    uint32_t seq;
+    uint8_t kind;
+    uint8_t dtype;
+    uint8_t op;
+    uint8_t reserved;
+    int32_t root;
+    uint32_t chunk_bytes;
+    uint32_t one_shot_max;
+    uint64_t count;       // all-to-all-v: bytes the sender expects from the receiver
+    uint64_t pair_bytes;  // all-to-all-v: bytes the sender sends to the receiver
+    uint64_t max_bytes;   // all-to-all-v: most bytes the sender sends to any peer
+    uint64_t digest;      // all-to-all-v: see checkSendRecvDigest
+};
+static_assert(sizeof(MsgHeader) == kLineBytes);
+
+// Per-Communicator protocol state that outlives one call.
+struct CommState {
+    Fabric* fabric = nullptr;
+    int rank = 0;
+    int size = 0;
+    Layout layout;
+    size_t one_shot_max = 0;
+    std::vector<uint8_t> active;
+    std::vector<int> members;  // active ranks, ascending
+    int index = -1;            // this rank's position in `members`, -1 if inactive
+    uint32_t epoch = 0;
+    uint64_t round = kFirstRound;  // the next round of this epoch
+    uint32_t seq = 0;              // calls started in this epoch
+    // Set when a call failed mid-way: the ranks are out of step until the
+    // next epoch.
+    std::string broken;
+    CollectiveFailure failure;
+    // Working storage of the current call, kept between calls so that small
+    // calls allocate nothing.
+    struct Scratch {
+        std::vector<uint8_t> sent;
+        std::vector<const uint8_t*> payload;
+        std::vector<size_t> payload_bytes;
+        std::vector<MsgHeader> headers;
+        std::vector<const void*> inputs;
+    } scratch;
+};
+
+// One call's sequence of rounds. Usage per round: send() to the peers that
+// get payload, receiveAll() (header-only messages go to the rest), read
+// payload(), finishRound(). Any error other than kInvalidArgument from round
+// 0 leaves the ranks out of step and marks the state broken.
+class Rounds {
+public:
+    Rounds(CommState& state, const CallDesc& call, Deadline deadline);
+    ~Rounds();
+
+    int rank() const { return state_.rank; }
+    int size() const { return state_.size; }
+    const std::vector<int>& members() const { return state_.members; }
+    int memberCount() const { return static_cast<int>(state_.members.size()); }
+    int index() const { return state_.index; }
+    size_t chunk() const { return state_.layout.chunk; }
+    size_t oneShotMax() const { return state_.one_shot_max; }
+
+    // Queues this round's message to `peer`: a then b, together <= chunk().
+    Status send(int peer, const void* a, size_t a_len, const void* b = nullptr, size_t b_len = 0);
+    // Completes the sends of the round and waits for every member's message.
+    // In round 0 every header is checked first; a mismatch finishes the round
+    // and returns kInvalidArgument on every rank.
+    Status receiveAll();
+    const uint8_t* payload(int peer) const { return payload_[peer]; }
+    size_t payloadBytes(int peer) const { return payload_bytes_[peer]; }
+    // kInternal unless `peer` sent exactly `bytes` this round.
+    Status expectBytes(int peer, size_t bytes);
+    // Acknowledges every message of the round and moves to the next one.
+    Status finishRound();
+
+    // Room for one input pointer per member (for reduceInto).
+    std::vector<const void*>& inputs() { return inputs_; }
+
+    // Largest MsgHeader::max_bytes announced in round 0 (all-to-all-v).
+    uint64_t maxAnnouncedBytes() const { return max_announced_; }
+    // Payload area of slot k of this rank's own sender area in its own
+    // window: peers never write there, so it is free scratch of chunk() bytes.
+    uint8_t* scratch(int k);
+
+private:
+    MsgHeader headerFor(int peer, size_t payload_bytes) const;
+    Status waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* seen);
+    Status fail(int peer, const Status& status);
+    Status checkCalls();
+
+    CommState& state_;
+    CallDesc call_;
+    Deadline deadline_;
+    uint32_t seq_ = 0;
+    int call_round_ = 0;
+    // All indexed by rank; they live in state_.scratch.
+    std::vector<uint8_t>& sent_;
+    std::vector<const uint8_t*>& payload_;
+    std::vector<size_t>& payload_bytes_;
+    std::vector<MsgHeader>& headers_;  // round 0
+    std::vector<const void*>& inputs_;
+    uint64_t max_announced_ = 0;
+};
+
+}  // namespace mooncake::pg::coll

@@ -1,0 +1,335 @@
+// Communicator: argument checks, membership and epochs; the algorithms live
+// in core/collectives/, one per file.
+#include "mooncake-pg/core/communicator.h"
+
+#include <limits>
+#include <string>
+
+#include "mooncake-pg/core/collectives/collectives.h"
+#include "mooncake-pg/core/collectives/rounds.h"
+
+namespace mooncake::pg {
+
+using coll::CallDesc;
+using coll::OpKind;
+using coll::Rounds;
+
+class Communicator::Impl {
+public:
+    Impl(std::shared_ptr<Fabric> fabric, CommOptions options)
+        : fabric_(std::move(fabric)), options_(options) {
+        coll::CommState& s = state_;
+        s.fabric = fabric_.get();
+        if (s.fabric == nullptr) {
+            init_ = InvalidArgument("communicator: null fabric");
+            return;
+        }
+        s.rank = s.fabric->rank();
+        s.size = s.fabric->size();
+        s.layout = coll::Layout{options.window_offset, s.size, coll::slotPayloadBytes(options)};
+        s.one_shot_max = options.one_shot_max_bytes;
+        s.active.assign(s.size, 1);
+        setMembers();
+        const size_t need = windowBytesFor(s.size, options);
+        if (options.window_offset % coll::kLineBytes != 0) {
+            init_ =
+                InvalidArgument("communicator: window_offset " +
+                                std::to_string(options.window_offset) + " is not a multiple of 64");
+        } else if (s.fabric->windowBytes() < options.window_offset ||
+                   s.fabric->windowBytes() - options.window_offset < need) {
+            init_ = InvalidArgument("communicator: the collective area needs " +
+                                    std::to_string(need) + " bytes at offset " +
+                                    std::to_string(options.window_offset) + " of a " +
+                                    std::to_string(s.fabric->windowBytes()) + "-byte window");
+        } else if (s.layout.chunk > std::numeric_limits<uint32_t>::max()) {
+            init_ = InvalidArgument("communicator: chunk_bytes must be below 4 GiB");
+        }
+    }
+
+    void setMembers() {
+        coll::CommState& s = state_;
+        s.members.clear();
+        s.index = -1;
+        for (int r = 0; r < s.size; ++r) {
+            if (s.active[r] == 0)
+                continue;
+            if (r == s.rank)
+                s.index = static_cast<int>(s.members.size());
+            s.members.push_back(r);
+        }
+    }
+
+    // Common preconditions of every call; clears the previous failure.
+    Status begin(OpKind kind) {
+        state_.failure.failed_ranks.clear();
+        if (!init_.ok())
+            return init_;
+        const std::string name = coll::opKindName(kind);
+        if (!state_.broken.empty()) {
+            return Aborted(name + ": a previous call left the ranks out of step (" + state_.broken +
+                           "); setMembership with a new epoch first");
+        }
+        if (state_.index < 0) {
+            return InvalidArgument(name + ": rank " + std::to_string(state_.rank) +
+                                   " is not active in epoch " + std::to_string(state_.epoch));
+        }
+        return Status::OK();
+    }
+
+    Status checkRoot(OpKind kind, int root) const {
+        if (root < 0 || root >= state_.size || state_.active[root] == 0) {
+            return InvalidArgument(std::string(coll::opKindName(kind)) + ": root " +
+                                   std::to_string(root) + " is not an active rank");
+        }
+        return Status::OK();
+    }
+
+    static Status checkReduction(OpKind kind, DataType dtype, ReduceOp op) {
+        std::string why;
+        if (!reduceOpSupported(op, dtype, &why)) {
+            return InvalidArgument(std::string(coll::opKindName(kind)) + ": " + why);
+        }
+        return Status::OK();
+    }
+
+    static Status checkBuffer(OpKind kind, const char* name, const void* p, size_t bytes) {
+        if (p == nullptr && bytes != 0) {
+            return InvalidArgument(std::string(coll::opKindName(kind)) + ": " + name +
+                                   " is null for " + std::to_string(bytes) + " bytes");
+        }
+        return Status::OK();
+    }
+
+    // bytes = count * element size, refusing overflow.
+    static Status byteSize(OpKind kind, size_t count, size_t element, size_t* bytes) {
+        if (element != 0 && count > std::numeric_limits<size_t>::max() / element) {
+            return InvalidArgument(std::string(coll::opKindName(kind)) + ": count " +
+                                   std::to_string(count) + " overflows");
+        }
+        *bytes = count * element;
+        return Status::OK();
+    }
+
+    std::shared_ptr<Fabric> fabric_;
+    CommOptions options_;
+    coll::CommState state_;
+    Status init_;
+};
+
+size_t Communicator::windowBytesFor(int size, const CommOptions& options) {
+    return coll::Layout::bytes(size, coll::slotPayloadBytes(options));
+}
+
+Communicator::Communicator(std::shared_ptr<Fabric> fabric, CommOptions options)
+    : impl_(std::make_unique<Impl>(std::move(fabric), options)) {}
+
+Communicator::~Communicator() = default;
+
+int Communicator::rank() const {
+    return impl_->state_.rank;
+}
+int Communicator::size() const {
+    return impl_->state_.size;
+}
+const std::vector<uint8_t>& Communicator::active() const {
+    return impl_->state_.active;
+}
+const CollectiveFailure& Communicator::lastFailure() const {
+    return impl_->state_.failure;
+}
+
+Status Communicator::setMembership(const std::vector<uint8_t>& active, uint32_t epoch) {
+    coll::CommState& s = impl_->state_;
+    MC_RETURN_IF_ERROR(impl_->init_);
+    if (static_cast<int>(active.size()) != s.size) {
+        return InvalidArgument("setMembership: mask has " + std::to_string(active.size()) +
+                               " entries for " + std::to_string(s.size) + " ranks");
+    }
+    if (epoch > coll::kMaxEpoch) {
+        return InvalidArgument("setMembership: epoch " + std::to_string(epoch) + " exceeds " +
+                               std::to_string(coll::kMaxEpoch));
+    }
+    if (epoch < s.epoch) {
+        return InvalidArgument("setMembership: epoch " + std::to_string(epoch) +
+                               " is older than the current epoch " + std::to_string(s.epoch));
+    }
+    std::vector<uint8_t> mask(active.size());
+    for (size_t r = 0; r < active.size(); ++r)
+        mask[r] = active[r] != 0 ? 1 : 0;
+    if (epoch == s.epoch) {
+        if (mask == s.active)
+            return Status::OK();
+        // Ranks joining mid-epoch would not share the round counter.
+        if (s.round != coll::kFirstRound) {
+            return InvalidArgument(
+                "setMembership: changing the active ranks after calls in "
+                "epoch " +
+                std::to_string(epoch) + " needs a new epoch");
+        }
+        s.active = std::move(mask);
+        impl_->setMembers();
+        return Status::OK();
+    }
+    s.active = std::move(mask);
+    impl_->setMembers();
+    s.epoch = epoch;
+    s.round = coll::kFirstRound;
+    s.seq = 0;
+    s.broken.clear();
+    if (s.index < 0)
+        return Status::OK();
+    // Tell every member that this rank will never read a message of an older
+    // epoch again, so the slots those messages occupy are free. A member that
+    // cannot be reached fails the next call instead.
+    for (int m : s.members) {
+        if (m == s.rank)
+            continue;
+        (void)s.fabric->putFlag(m, s.layout.ackFlag(s.rank), coll::epochFloor(epoch));
+    }
+    return Status::OK();
+}
+
+Status Communicator::allReduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                               Deadline deadline) {
+    constexpr OpKind kind = OpKind::kAllReduce;
+    MC_RETURN_IF_ERROR(impl_->begin(kind));
+    MC_RETURN_IF_ERROR(Impl::checkReduction(kind, dtype, op));
+    size_t bytes = 0;
+    MC_RETURN_IF_ERROR(Impl::byteSize(kind, count, dataTypeSize(dtype), &bytes));
+    MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "in", in, bytes));
+    MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "out", out, bytes));
+    CallDesc call{kind, dtype, op, -1, count};
+    Rounds rounds(impl_->state_, call, deadline);
+    return coll::allReduce(rounds, in, out, count, dtype, op);
+}
+
+Status Communicator::broadcast(void* buf, size_t bytes, int root, Deadline deadline) {
+    constexpr OpKind kind = OpKind::kBroadcast;
+    MC_RETURN_IF_ERROR(impl_->begin(kind));
+    MC_RETURN_IF_ERROR(impl_->checkRoot(kind, root));
+    MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "buf", buf, bytes));
+    CallDesc call{kind, DataType::kUInt8, ReduceOp::kSum, root, bytes};
+    Rounds rounds(impl_->state_, call, deadline);
+    return coll::broadcast(rounds, buf, bytes, root);
+}
+
+Status Communicator::reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                            int root, Deadline deadline) {
+    constexpr OpKind kind = OpKind::kReduce;
+    MC_RETURN_IF_ERROR(impl_->begin(kind));
+    MC_RETURN_IF_ERROR(impl_->checkRoot(kind, root));
+    MC_RETURN_IF_ERROR(Impl::checkReduction(kind, dtype, op));
+    size_t bytes = 0;
+    MC_RETURN_IF_ERROR(Impl::byteSize(kind, count, dataTypeSize(dtype), &bytes));
+    MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "in", in, bytes));
+    if (rank() == root)
+        MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "out", out, bytes));
+    CallDesc call{kind, dtype, op, root, count};
+    Rounds rounds(impl_->state_, call, deadline);
+    return coll::reduce(rounds, in, out, count, dtype, op, root);
+}
+
+Status Communicator::allGather(const void* in, void* out, size_t bytes_per_rank,
+                               Deadline deadline) {
+    constexpr OpKind kind = OpKind::kAllGather;
+    MC_RETURN_IF_ERROR(impl_->begin(kind));
+    size_t total = 0;
+    MC_RETURN_IF_ERROR(Impl::byteSize(kind, bytes_per_rank, size(), &total));
+    MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "in", in, bytes_per_rank));
+    MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "out", out, total));
+    CallDesc call{kind, DataType::kUInt8, ReduceOp::kSum, -1, bytes_per_rank};
+    Rounds rounds(impl_->state_, call, deadline);
+    return coll::allGather(rounds, in, out, bytes_per_rank);
+}
+
+Status Communicator::reduceScatter(const void* in, void* out, size_t count_per_rank, DataType dtype,
+                                   ReduceOp op, Deadline deadline) {
+    constexpr OpKind kind = OpKind::kReduceScatter;
+    MC_RETURN_IF_ERROR(impl_->begin(kind));
+    MC_RETURN_IF_ERROR(Impl::checkReduction(kind, dtype, op));
+    size_t block = 0;
+    size_t total = 0;
+    MC_RETURN_IF_ERROR(Impl::byteSize(kind, count_per_rank, dataTypeSize(dtype), &block));
+    MC_RETURN_IF_ERROR(Impl::byteSize(kind, block, size(), &total));
+    MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "in", in, total));
+    MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "out", out, block));
+    CallDesc call{kind, dtype, op, -1, count_per_rank};
+    Rounds rounds(impl_->state_, call, deadline);
+    return coll::reduceScatter(rounds, in, out, count_per_rank, dtype, op);
+}
+
+Status Communicator::allToAllV(const void* in, const std::vector<size_t>& send_bytes,
+                               const std::vector<size_t>& send_offsets, void* out,
+                               const std::vector<size_t>& recv_bytes,
+                               const std::vector<size_t>& recv_offsets, Deadline deadline) {
+    constexpr OpKind kind = OpKind::kAllToAllV;
+    MC_RETURN_IF_ERROR(impl_->begin(kind));
+    const size_t n = static_cast<size_t>(size());
+    if (send_bytes.size() != n || send_offsets.size() != n || recv_bytes.size() != n ||
+        recv_offsets.size() != n) {
+        return InvalidArgument("all_to_all_v: byte and offset vectors need " + std::to_string(n) +
+                               " entries each");
+    }
+    const int me = rank();
+    if (send_bytes[me] != recv_bytes[me]) {
+        return InvalidArgument("all_to_all_v: rank " + std::to_string(me) + " passed send_bytes[" +
+                               std::to_string(me) + "]=" + std::to_string(send_bytes[me]) +
+                               " but recv_bytes[" + std::to_string(me) +
+                               "]=" + std::to_string(recv_bytes[me]));
+    }
+    size_t send_total = 0;
+    size_t recv_total = 0;
+    for (int m : impl_->state_.members) {
+        send_total |= send_bytes[m];
+        recv_total |= recv_bytes[m];
+    }
+    MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "in", in, send_total));
+    MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "out", out, recv_total));
+    if (in == out && (send_total | recv_total) != 0) {
+        // Pieces received early would overwrite bytes still to be sent.
+        return InvalidArgument("all_to_all_v: in and out must not be the same buffer");
+    }
+    CallDesc call{kind, DataType::kUInt8, ReduceOp::kSum, -1, 0, &send_bytes, &recv_bytes};
+    Rounds rounds(impl_->state_, call, deadline);
+    return coll::allToAllV(rounds, in, send_bytes, send_offsets, out, recv_bytes, recv_offsets);
+}
+
+Status Communicator::gather(const void* in, void* out, size_t bytes_per_rank, int root,
+                            Deadline deadline) {
+    constexpr OpKind kind = OpKind::kGather;
+    MC_RETURN_IF_ERROR(impl_->begin(kind));
+    MC_RETURN_IF_ERROR(impl_->checkRoot(kind, root));
+    size_t total = 0;
+    MC_RETURN_IF_ERROR(Impl::byteSize(kind, bytes_per_rank, size(), &total));
+    MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "in", in, bytes_per_rank));
+    if (rank() == root)
+        MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "out", out, total));
+    CallDesc call{kind, DataType::kUInt8, ReduceOp::kSum, root, bytes_per_rank};
+    Rounds rounds(impl_->state_, call, deadline);
+    return coll::gather(rounds, in, out, bytes_per_rank, root);
+}
+
+Status Communicator::scatter(const void* in, void* out, size_t bytes_per_rank, int root,
+                             Deadline deadline) {
+    constexpr OpKind kind = OpKind::kScatter;
+    MC_RETURN_IF_ERROR(impl_->begin(kind));
+    MC_RETURN_IF_ERROR(impl_->checkRoot(kind, root));
+    size_t total = 0;
+    MC_RETURN_IF_ERROR(Impl::byteSize(kind, bytes_per_rank, size(), &total));
+    if (rank() == root)
+        MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "in", in, total));
+    MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "out", out, bytes_per_rank));
+    CallDesc call{kind, DataType::kUInt8, ReduceOp::kSum, root, bytes_per_rank};
+    Rounds rounds(impl_->state_, call, deadline);
+    return coll::scatter(rounds, in, out, bytes_per_rank, root);
+}
+
+Status Communicator::barrier(Deadline deadline) {
+    constexpr OpKind kind = OpKind::kBarrier;
+    MC_RETURN_IF_ERROR(impl_->begin(kind));
+    CallDesc call{kind};
+    Rounds rounds(impl_->state_, call, deadline);
+    return coll::barrier(rounds);
+}
+
+}  // namespace mooncake::pg

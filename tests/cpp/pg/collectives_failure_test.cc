@@ -1,0 +1,346 @@
+// Disagreeing calls, bad arguments, membership holes, epochs, dead and
+// missing ranks: every rank must get an error (never a hang), and the
+// communicator must keep working when the ranks are still in step.
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "tests/cpp/pg/collectives_test_util.h"
+
+namespace mooncake::pg {
+namespace {
+
+using testutil::Cluster;
+using Clock = std::chrono::steady_clock;
+
+// A correct all_reduce on every rank: the ranks are still in step.
+void expectWorkingAllReduce(Cluster& cluster, int r, size_t count = 3) {
+    std::vector<int32_t> v(count, r + 1);
+    Status st = cluster.comm(r).allReduce(v.data(), v.data(), count, DataType::kInt32,
+                                          ReduceOp::kSum, testutil::generous());
+    ASSERT_TRUE(st.ok()) << st.toString();
+    const int n = cluster.size();
+    for (size_t i = 0; i < count; ++i)
+        ASSERT_EQ(v[i], n * (n + 1) / 2);
+}
+
+TEST(CollectivesMismatch, CountDifferenceFailsEveryRankWithTheSameMessage) {
+    Cluster cluster(3);
+    std::vector<Status> results(3);
+    cluster.run([&](int r) {
+        std::vector<float> in(5, 1.0f);
+        std::vector<float> out(5, -1.0f);
+        const size_t count = r == 2 ? 5 : 4;
+        results[r] = cluster.comm(r).allReduce(in.data(), out.data(), count, DataType::kFloat32,
+                                               ReduceOp::kSum, testutil::generous());
+        // The failed call wrote nothing.
+        EXPECT_EQ(out, std::vector<float>(5, -1.0f));
+        expectWorkingAllReduce(cluster, r);
+    });
+    for (int r = 0; r < 3; ++r) {
+        EXPECT_EQ(results[r].code(), StatusCode::kInvalidArgument) << results[r].toString();
+        EXPECT_EQ(results[r].message(), "all_reduce: rank 2 passed count=5, rank 0 passed count=4");
+    }
+}
+
+TEST(CollectivesMismatch, DtypeRootAndCollectiveDifferences) {
+    Cluster cluster(4);
+    cluster.run([&](int r) {
+        Communicator& comm = cluster.comm(r);
+        std::vector<uint8_t> buf(64, 0);
+
+        Status st = comm.allReduce(buf.data(), buf.data(), 4,
+                                   r == 1 ? DataType::kFloat32 : DataType::kInt32, ReduceOp::kMax,
+                                   testutil::generous());
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+        EXPECT_EQ(st.message(),
+                  "all_reduce: rank 1 passed dtype=float32, rank 0 passed dtype=int32");
+
+        st = comm.broadcast(buf.data(), 16, r == 3 ? 2 : 1, testutil::generous());
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+        EXPECT_EQ(st.message(), "broadcast: rank 3 passed root=2, rank 0 passed root=1");
+
+        st = comm.reduce(buf.data(), buf.data(), 2, DataType::kInt8,
+                         r == 2 ? ReduceOp::kMin : ReduceOp::kSum, 0, testutil::generous());
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(st.message().find("rank 2 passed op=min, rank 0 passed op=sum"),
+                  std::string::npos)
+            << st.message();
+
+        // Different collectives on different ranks.
+        if (r == 0) {
+            st = comm.barrier(testutil::generous());
+        } else {
+            st = comm.allGather(buf.data(), buf.data(), 8, testutil::generous());
+        }
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(st.message().find("rank 1 passed collective=all_gather, rank 0 passed "
+                                    "collective=barrier"),
+                  std::string::npos)
+            << st.message();
+
+        // Zero-sized calls are checked too.
+        st = comm.allGather(buf.data(), buf.data(), r == 3 ? 1 : 0, testutil::generous());
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+
+        expectWorkingAllReduce(cluster, r);
+    });
+}
+
+TEST(CollectivesMismatch, LargeCallsFailInRoundZeroAndStayInStep) {
+    Cluster cluster(3);
+    cluster.run([&](int r) {
+        // Many rounds' worth of data; the extra element on rank 1 changes
+        // nothing about the verdict: all fail after round 0.
+        constexpr size_t kCount = 50000;
+        std::vector<float> v(kCount + 1, 1.0f);
+        Status st =
+            cluster.comm(r).allReduce(v.data(), v.data(), r == 1 ? kCount + 1 : kCount,
+                                      DataType::kFloat32, ReduceOp::kSum, testutil::generous());
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+        EXPECT_EQ(v, std::vector<float>(kCount + 1, 1.0f));
+        st = cluster.comm(r).reduceScatter(v.data(), v.data(), kCount / 3, DataType::kFloat32,
+                                           r == 0 ? ReduceOp::kSum : ReduceOp::kProduct,
+                                           testutil::generous());
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+        expectWorkingAllReduce(cluster, r, 20000);
+    });
+}
+
+TEST(CollectivesMismatch, AllToAllVRecvBytesDifferFromSendBytes) {
+    Cluster cluster(4);
+    std::vector<Status> results(4);
+    cluster.run([&](int r) {
+        std::vector<size_t> bytes(4, 10), offsets = {0, 10, 20, 30};
+        std::vector<size_t> recv = bytes;
+        if (r == 2)
+            recv[0] = 11;  // rank 0 sends 10 to rank 2
+        std::vector<uint8_t> in(64, static_cast<uint8_t>(r)), out(64, 0xEE);
+        results[r] = cluster.comm(r).allToAllV(in.data(), bytes, offsets, out.data(), recv, offsets,
+                                               testutil::generous());
+        EXPECT_EQ(out, std::vector<uint8_t>(64, 0xEE));
+        // The same call with matching sizes works.
+        Status st = cluster.comm(r).allToAllV(in.data(), bytes, offsets, out.data(), bytes, offsets,
+                                              testutil::generous());
+        ASSERT_TRUE(st.ok()) << st.toString();
+        for (int p = 0; p < 4; ++p)
+            ASSERT_EQ(out[offsets[p]], p);
+    });
+    for (int r = 0; r < 4; ++r) {
+        EXPECT_EQ(results[r].code(), StatusCode::kInvalidArgument) << results[r].toString();
+    }
+    // The two ends of the pair name it exactly.
+    const std::string pair =
+        "all_to_all_v: rank 0 passed send_bytes[2]=10, rank 2 passed "
+        "recv_bytes[0]=11";
+    EXPECT_EQ(results[0].message(), pair);
+    EXPECT_EQ(results[2].message(), pair);
+}
+
+TEST(CollectivesArguments, UnsupportedReductionsFailBeforeAnyTransfer) {
+    Cluster cluster(2);
+    // Only rank 0 calls: a local rejection must not wait for anyone.
+    std::vector<int32_t> i32(4);
+    std::vector<float> f32(4);
+    Communicator& comm = cluster.comm(0);
+    Status st = comm.allReduce(i32.data(), i32.data(), 4, DataType::kInt32, ReduceOp::kAvg,
+                               testutil::generous());
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("avg"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("int32"), std::string::npos) << st.message();
+    st = comm.reduceScatter(f32.data(), f32.data(), 2, DataType::kFloat32, ReduceOp::kBxor,
+                            testutil::generous());
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("bxor"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("float32"), std::string::npos) << st.message();
+    st = comm.reduce(f32.data(), f32.data(), 4, DataType::kBFloat16, ReduceOp::kBand, 1,
+                     testutil::generous());
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    st = comm.broadcast(f32.data(), 4, 2, testutil::generous());  // no rank 2
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    std::vector<size_t> two(2, 0), three(3, 0);
+    st = comm.allToAllV(f32.data(), three, three, f32.data(), two, two, testutil::generous());
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+
+    std::string why;
+    EXPECT_FALSE(reduceOpSupported(ReduceOp::kAvg, DataType::kBool, &why));
+    EXPECT_NE(why.find("bool"), std::string::npos);
+    EXPECT_TRUE(reduceOpSupported(ReduceOp::kBxor, DataType::kBool, nullptr));
+    EXPECT_TRUE(reduceOpSupported(ReduceOp::kAvg, DataType::kBFloat16, nullptr));
+
+    // Nothing was sent, so the two ranks are still in step.
+    cluster.run([&](int r) { expectWorkingAllReduce(cluster, r); });
+}
+
+TEST(CollectivesArguments, WindowTooSmall) {
+    CommOptions options = testutil::smallOptions();
+    ThreadFabricGroup group(2, Communicator::windowBytesFor(2, options) - 64);
+    Communicator comm(group.fabric(0), options);
+    EXPECT_EQ(comm.barrier(testutil::generous()).code(), StatusCode::kInvalidArgument);
+}
+
+// Rank 1 is left out: the others compute over {0, 2, 3}, never touch rank
+// 1's blocks, and a later epoch with everyone back works.
+TEST(CollectivesMembership, HoleInTheMaskThenEveryoneBack) {
+    Cluster cluster(4);
+    const std::vector<uint8_t> hole = {1, 0, 1, 1};
+    const std::vector<int> members = {0, 2, 3};
+    cluster.run([&](int r) {
+        Communicator& comm = cluster.comm(r);
+        expectWorkingAllReduce(cluster, r);
+        ASSERT_TRUE(comm.setMembership(hole, 1).ok());
+        if (r == 1) {
+            // An inactive rank's calls are refused locally.
+            Status st = comm.barrier(testutil::generous());
+            EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+        } else {
+            for (size_t count : {size_t{5}, size_t{10001}}) {
+                std::vector<uint8_t> buf(count * 4);
+                testutil::fillInput(buf.data(), DataType::kFloat32, ReduceOp::kSum, 77, r, 0,
+                                    count);
+                Status st = comm.allReduce(buf.data(), buf.data(), count, DataType::kFloat32,
+                                           ReduceOp::kSum, testutil::generous());
+                ASSERT_TRUE(st.ok()) << st.toString();
+                EXPECT_EQ(testutil::checkReduction(DataType::kFloat32, ReduceOp::kSum, members, 77,
+                                                   0, buf.data(), count),
+                          "");
+            }
+            // Block 1 of all_gather's output stays as it was.
+            constexpr size_t kBytes = 5000;
+            std::vector<uint8_t> mine(kBytes), all(4 * kBytes, 0xEE);
+            testutil::fillPattern(mine.data(), kBytes, 78, r);
+            ASSERT_TRUE(comm.allGather(mine.data(), all.data(), kBytes, testutil::generous()).ok());
+            for (int p : members) {
+                EXPECT_EQ(testutil::firstPatternMismatch(all.data() + p * kBytes, kBytes, 78, p),
+                          -1);
+            }
+            EXPECT_EQ(std::vector<uint8_t>(all.begin() + kBytes, all.begin() + 2 * kBytes),
+                      std::vector<uint8_t>(kBytes, 0xEE));
+
+            // reduce_scatter skips block 1; reduce and broadcast with root 3.
+            constexpr size_t kPer = 1500;
+            std::vector<uint8_t> in(4 * kPer * 4), out(kPer * 4);
+            testutil::fillInput(in.data(), DataType::kInt32, ReduceOp::kMax, 79, r, 0, 4 * kPer);
+            ASSERT_TRUE(comm.reduceScatter(in.data(), out.data(), kPer, DataType::kInt32,
+                                           ReduceOp::kMax, testutil::generous())
+                            .ok());
+            EXPECT_EQ(testutil::checkReduction(DataType::kInt32, ReduceOp::kMax, members, 79,
+                                               r * kPer, out.data(), kPer),
+                      "");
+            ASSERT_TRUE(comm.reduce(in.data(), out.data(), kPer, DataType::kInt32, ReduceOp::kMin,
+                                    3, testutil::generous())
+                            .ok());
+            std::vector<uint8_t> bcast(kBytes);
+            if (r == 3)
+                testutil::fillPattern(bcast.data(), kBytes, 80, 3);
+            ASSERT_TRUE(comm.broadcast(bcast.data(), kBytes, 3, testutil::generous()).ok());
+            EXPECT_EQ(testutil::firstPatternMismatch(bcast.data(), kBytes, 80, 3), -1);
+            // A root that is not active is refused.
+            EXPECT_EQ(comm.gather(mine.data(), all.data(), 8, 1, testutil::generous()).code(),
+                      StatusCode::kInvalidArgument);
+            ASSERT_TRUE(comm.barrier(testutil::generous()).ok());
+        }
+        // Everyone back, in a new epoch: round counters restart, and the
+        // rank that sat out catches up.
+        ASSERT_TRUE(comm.setMembership({1, 1, 1, 1}, 2).ok());
+        expectWorkingAllReduce(cluster, r, 9000);
+        expectWorkingAllReduce(cluster, r);
+    });
+}
+
+TEST(CollectivesMembership, EpochRules) {
+    Cluster cluster(2);
+    Communicator& comm = cluster.comm(0);
+    EXPECT_TRUE(comm.setMembership({1, 1}, 0).ok());  // no change
+    EXPECT_TRUE(comm.setMembership({1, 0}, 0).ok());  // no round ran yet
+    EXPECT_EQ(comm.setMembership({1, 1, 1}, 1).code(), StatusCode::kInvalidArgument);
+    EXPECT_TRUE(comm.setMembership({1, 1}, 3).ok());
+    EXPECT_EQ(comm.setMembership({1, 1}, 2).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(comm.setMembership({1, 1}, 1u << 16).code(), StatusCode::kInvalidArgument);
+    cluster.run([&](int r) {
+        if (r == 1) {
+            ASSERT_TRUE(cluster.comm(1).setMembership({1, 1}, 3).ok());
+        }
+        expectWorkingAllReduce(cluster, r);
+        // Rounds ran in epoch 3: a different mask needs a new epoch.
+        EXPECT_EQ(cluster.comm(r).setMembership({1, 0}, 3).code(), StatusCode::kInvalidArgument);
+    });
+}
+
+TEST(CollectivesFailure, KilledRankFailsTheOthersQuickly) {
+    Cluster cluster(4);
+    std::vector<Status> results(4);
+    std::vector<double> seconds(4);
+    cluster.run([&](int r) { expectWorkingAllReduce(cluster, r); });
+    cluster.group().kill(3);
+    cluster.run(
+        [&](int r) {
+            std::vector<float> v(30000, 1.0f);
+            const auto start = Clock::now();
+            results[r] = cluster.comm(r).allReduce(v.data(), v.data(), v.size(), DataType::kFloat32,
+                                                   ReduceOp::kSum,
+                                                   Deadline::after(std::chrono::seconds(20)));
+            seconds[r] = std::chrono::duration<double>(Clock::now() - start).count();
+        },
+        {0, 1, 2});
+    for (int r = 0; r < 3; ++r) {
+        EXPECT_EQ(results[r].code(), StatusCode::kPeerFailure) << results[r].toString();
+        const auto& failed = cluster.comm(r).lastFailure().failed_ranks;
+        EXPECT_NE(std::find(failed.begin(), failed.end(), 3), failed.end()) << "rank " << r;
+        EXPECT_LT(seconds[r], 10.0);
+    }
+    // The survivors are out of step until they agree on a new membership.
+    EXPECT_EQ(cluster.comm(0).barrier(testutil::generous()).code(), StatusCode::kAborted);
+    cluster.run(
+        [&](int r) {
+            ASSERT_TRUE(cluster.comm(r).setMembership({1, 1, 1, 0}, 1).ok());
+            std::vector<int32_t> v(2000, r + 1);
+            Status st = cluster.comm(r).allReduce(v.data(), v.data(), v.size(), DataType::kInt32,
+                                                  ReduceOp::kSum, testutil::generous());
+            ASSERT_TRUE(st.ok()) << st.toString();
+            ASSERT_EQ(v[1999], 6);
+            EXPECT_TRUE(cluster.comm(r).lastFailure().failed_ranks.empty());
+        },
+        {0, 1, 2});
+}
+
+TEST(CollectivesFailure, MissingRankTimesOutThenEveryoneRecovers) {
+    Cluster cluster(3);
+    std::vector<Status> results(3);
+    cluster.run(
+        [&](int r) {
+            results[r] = cluster.comm(r).barrier(Deadline::after(std::chrono::milliseconds(200)));
+        },
+        {0, 1});
+    for (int r = 0; r < 2; ++r) {
+        EXPECT_EQ(results[r].code(), StatusCode::kTimeout) << results[r].toString();
+        const auto& failed = cluster.comm(r).lastFailure().failed_ranks;
+        EXPECT_EQ(failed, std::vector<int>{2}) << "rank " << r;
+    }
+    // Rank 0 and 1 left messages in rank 2's slots and each other's; the
+    // new epoch must not trip over them.
+    cluster.run([&](int r) {
+        ASSERT_TRUE(cluster.comm(r).setMembership({1, 1, 1}, 1).ok());
+        expectWorkingAllReduce(cluster, r, 5000);
+        expectWorkingAllReduce(cluster, r);
+    });
+}
+
+TEST(CollectivesFailure, LargeCallTimesOutWhenAPeerNeverCalls) {
+    Cluster cluster(2);
+    Status result;
+    cluster.run(
+        [&](int r) {
+            std::vector<float> v(40000, 1.0f);
+            result = cluster.comm(r).allReduce(v.data(), v.data(), v.size(), DataType::kFloat32,
+                                               ReduceOp::kSum,
+                                               Deadline::after(std::chrono::milliseconds(100)));
+        },
+        {0});
+    EXPECT_EQ(result.code(), StatusCode::kTimeout) << result.toString();
+    EXPECT_EQ(cluster.comm(0).lastFailure().failed_ranks, std::vector<int>{1});
+}
+
+}  // namespace
+}  // namespace mooncake::pg
