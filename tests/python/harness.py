@@ -1,0 +1,448 @@
+"""Multi-process harness for torch.distributed backend tests.
+
+    from harness import run_ranks
+
+    def worker(ctx, n):                       # module level, so `spawn` can pickle it
+        t = torch.full((n,), float(ctx.rank))
+        dist.all_reduce(t)                    # default group: the backend under test
+        ref = torch.full((n,), float(ctx.rank))
+        dist.all_reduce(ref, group=ctx.ref)   # the same inputs through gloo
+        return t.equal(ref)
+
+    assert run_ranks(worker, 3, "mooncake-cpu", timeout_s=60, args=(8,)) == [True] * 3
+
+`run_ranks` starts `world_size` processes with the `spawn` start method, gives
+them a free port for env:// rendezvous, initialises the default group with the
+backend under test and a gloo group on the same ranks (`ctx.ref`), calls
+`fn(ctx, *args)` on every rank and returns the per-rank results in rank order.
+
+A watchdog kills every worker after `timeout_s` and fails with the ranks that
+hung, their Python stacks (faulthandler) and their last progress notes
+(`ctx.note`). An exception on a rank is re-raised in the parent as an
+AssertionError carrying the rank and the worker's traceback; once one rank has
+failed unexpectedly the others get `grace_s` more seconds before they are
+killed (they are usually stuck waiting for the failed rank).
+
+Ranks may be expected to fail: `expect_fail` maps rank -> regex (or one regex
+for every rank); the worker's "ExceptionType: message" must match (re.search,
+re.S). Those ranks then appear in the result list as `RankError` objects.
+
+The backend under test comes from $MC_TEST_BACKEND (default "mooncake-cpu"; a
+comma-separated list runs the tests once per backend). MC_TEST_BACKEND=gloo runs
+the suites against gloo, which validates the tests themselves.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+BACKEND_ENV = "MC_TEST_BACKEND"
+DEFAULT_BACKEND = "mooncake-cpu"
+BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc")
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PYTHON_DIR = os.path.join(REPO_ROOT, "python")
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+# --------------------------------------------------------------------------- backends
+
+def backends_under_test() -> list:
+    """Backends named by $MC_TEST_BACKEND (comma-separated), default mooncake-cpu."""
+    raw = os.environ.get(BACKEND_ENV, "") or DEFAULT_BACKEND
+    return [b.strip() for b in raw.split(",") if b.strip()]
+
+
+def backend_under_test() -> str:
+    return backends_under_test()[0]
+
+
+def is_builtin(backend: str) -> bool:
+    return backend in BUILTIN_BACKENDS
+
+
+def is_mooncake(backend: str) -> bool:
+    return backend.startswith("mooncake")
+
+
+def import_backend(backend: str) -> None:
+    """Registers a non-builtin backend with torch.distributed (mooncake: `from mooncake import pg`)."""
+    if is_mooncake(backend):
+        from mooncake import pg  # noqa: F401  (registration is the import's side effect)
+    elif not is_builtin(backend):
+        raise ValueError(f"unknown backend {backend!r}: expected gloo or mooncake-cpu")
+
+
+_import_checked: dict = {}
+
+
+def backend_import_error(backend: str) -> Optional[str]:
+    """None when `backend` can be imported in a fresh interpreter, else the error text.
+
+    Checked in a subprocess (once per backend per session) so that a broken
+    extension cannot take the test runner down with it.
+    """
+    if is_builtin(backend):
+        return None
+    if backend not in _import_checked:
+        code = "import sys; sys.path.insert(0, sys.argv[1]); from mooncake import pg"
+        try:
+            proc = subprocess.run([sys.executable, "-c", code, PYTHON_DIR], capture_output=True,
+                                  text=True, timeout=120, env=child_env({}))
+            err = None if proc.returncode == 0 else (
+                f"`from mooncake import pg` failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        except subprocess.TimeoutExpired:
+            err = "`from mooncake import pg` did not finish within 120 s"
+        _import_checked[backend] = err
+    return _import_checked[backend]
+
+
+# --------------------------------------------------------------------------- ports, env
+
+def free_ports(n: int = 1) -> list:
+    """n distinct TCP ports that were free a moment ago (bound to port 0, then released)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
+
+
+def child_env(extra: Mapping[str, Optional[str]]) -> dict:
+    """os.environ plus what workers need: python/ and tests/python on PYTHONPATH, 1 thread."""
+    env = dict(os.environ)
+    paths = [PYTHON_DIR, TESTS_DIR] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    for k, v in extra.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = str(v)
+    return env
+
+
+@contextmanager
+def _patched_environ(env: Mapping[str, str]):
+    """Spawned children inherit os.environ at start() time: swap it in for the duration."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+# --------------------------------------------------------------------------- results
+
+@dataclass
+class RankError:
+    """An exception raised on one rank, as seen by the parent."""
+    rank: int
+    type: str
+    message: str
+    traceback: str = ""
+
+    def text(self) -> str:
+        return f"{self.type}: {self.message}"
+
+    def matches(self, pattern: str) -> bool:
+        return re.search(pattern, self.text(), re.S) is not None
+
+    def __str__(self) -> str:
+        return f"rank {self.rank}: {self.text()}"
+
+
+@dataclass
+class Ctx:
+    """What a worker function receives as its first argument."""
+    rank: int
+    world_size: int
+    backend: str
+    ref: Any = None            # gloo group over all ranks (None when ref_group=False or init=False)
+    tmpdir: str = ""           # shared by all ranks of this run; removed afterwards
+    port: int = 0              # the MASTER_PORT used for env:// init
+    _notes: Any = field(default=None, repr=False)
+
+    @property
+    def is_mooncake(self) -> bool:
+        return is_mooncake(self.backend)
+
+    def note(self, msg: str) -> None:
+        """Progress line; the tail is shown when this rank hangs or fails."""
+        if self._notes is not None:
+            self._notes.write(f"{time.monotonic():.3f} {msg}\n")
+            self._notes.flush()
+
+    def init(self, **kwargs) -> None:
+        """init_process_group with the backend under test over env:// (for init=False runs)."""
+        import torch.distributed as dist
+        kwargs.setdefault("backend", self.backend)
+        kwargs.setdefault("rank", self.rank)
+        kwargs.setdefault("world_size", self.world_size)
+        if "store" not in kwargs:
+            kwargs.setdefault("init_method", "env://")
+        dist.init_process_group(**kwargs)
+
+
+def _paths(tmpdir: str, rank: int) -> dict:
+    return {k: os.path.join(tmpdir, f"{k}.{rank}") for k in ("result", "notes", "stack")}
+
+
+def _write_result(path: str, payload: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        try:
+            pickle.dump(payload, f)
+        except Exception as e:  # an unpicklable return value
+            f.seek(0)
+            f.truncate()
+            pickle.dump({"status": "error", "type": "PicklingError",
+                         "message": f"worker result is not picklable: {e!r}",
+                         "traceback": traceback.format_exc()}, f)
+    os.replace(tmp, path)
+
+
+def _worker_main(rank, world_size, backend, fn, args, tmpdir, port, init, ref_group,
+                 pg_options, pg_timeout_s):
+    paths = _paths(tmpdir, rank)
+    stack_file = open(paths["stack"], "w")
+    faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
+    notes = open(paths["notes"], "w")
+    ctx = Ctx(rank=rank, world_size=world_size, backend=backend, tmpdir=tmpdir, port=port, _notes=notes)
+    code = 0
+    try:
+        import torch
+        torch.set_num_threads(1)
+        import torch.distributed as dist
+        import_backend(backend)
+        if init:
+            kwargs = {}
+            if pg_options is not None:
+                kwargs["pg_options"] = pg_options(world_size)
+            if pg_timeout_s is not None:
+                import datetime
+                kwargs["timeout"] = datetime.timedelta(seconds=pg_timeout_s)
+            ctx.note(f"init_process_group({backend!r}, rank={rank}, world_size={world_size})")
+            dist.init_process_group(backend=backend, init_method="env://", rank=rank,
+                                    world_size=world_size, **kwargs)
+            if ref_group:
+                ctx.ref = dist.new_group(backend="gloo")
+        ctx.note("calling test function")
+        value = fn(ctx, *args)
+        _write_result(paths["result"], {"status": "ok", "value": value})
+    except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
+        _write_result(paths["result"], {"status": "error", "type": type(e).__qualname__,
+                                        "message": str(e), "traceback": traceback.format_exc()})
+        code = 1
+    try:
+        import torch.distributed as dist
+        if dist.is_initialized():
+            ctx.note("destroy_process_group")
+            dist.destroy_process_group()
+        ctx.note("done")
+    except BaseException as e:  # noqa: BLE001
+        ctx.note(f"destroy_process_group raised {type(e).__name__}: {e}")
+        code = code or 2
+    notes.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: a test is about the code above, not about atexit order.
+    os._exit(code)
+
+
+class WorkersFailed(AssertionError):
+    """Raised in the parent when ranks fail unexpectedly, hang, or die."""
+
+
+def _tail(path: str, limit: int) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    return text if len(text) <= limit else "...\n" + text[-limit:]
+
+
+def _describe_exit(code: Optional[int]) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _normalise_expect(expect_fail, world_size) -> dict:
+    if expect_fail is None:
+        return {}
+    if isinstance(expect_fail, (str, bool)):
+        return {r: expect_fail for r in range(world_size)}
+    return dict(expect_fail)
+
+
+def run_ranks(fn: Callable, world_size: int, backend: str, timeout_s: float,
+              env: Optional[Mapping[str, Optional[str]]] = None, args: Sequence = (), *,
+              expect_fail: Union[None, str, bool, Mapping[int, Union[str, bool]]] = None,
+              init: bool = True, ref_group: bool = True,
+              pg_options: Optional[Callable[[int], Any]] = None,
+              pg_timeout_s: Optional[float] = None, grace_s: float = 10.0) -> list:
+    """Runs fn(ctx, *args) on `world_size` spawned ranks; returns results in rank order.
+
+    env:        extra environment for the workers (None values unset a variable).
+    init:       init the default group with `backend` (env://) and, with ref_group,
+                a gloo group over all ranks as ctx.ref. With init=False the worker
+                does its own init (ctx.init(), ctx.port, MASTER_ADDR/PORT are set).
+    pg_options: module-level callable world_size -> pg_options for init_process_group.
+    expect_fail: see module docstring; matching ranks return RankError objects.
+    """
+    expected = _normalise_expect(expect_fail, world_size)
+    tmpdir = tempfile.mkdtemp(prefix="mc_ranks_")
+    port = free_port()
+    base_env = child_env({
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(world_size), **(env or {}),
+    })
+    spawn = multiprocessing.get_context("spawn")
+    procs = []
+    try:
+        for rank in range(world_size):
+            with _patched_environ({**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank)}):
+                p = spawn.Process(
+                    target=_worker_main, name=f"rank{rank}",
+                    args=(rank, world_size, backend, fn, tuple(args), tmpdir, port, init,
+                          ref_group, pg_options, pg_timeout_s))
+                p.start()
+            procs.append(p)
+        return _supervise(procs, tmpdir, timeout_s, grace_s, expected)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(5)
+        shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _read_result(tmpdir, rank):
+    try:
+        with open(_paths(tmpdir, rank)["result"], "rb") as f:
+            return pickle.load(f)
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None
+
+
+def _supervise(procs, tmpdir, timeout_s, grace_s, expected) -> list:
+    world_size = len(procs)
+    start = time.monotonic()
+    deadline = start + timeout_s
+    shortened_by = None
+    while True:
+        alive = [p for p in procs if p.exitcode is None]
+        if not alive:
+            break
+        now = time.monotonic()
+        if shortened_by is None:
+            for rank, p in enumerate(procs):
+                if p.exitcode is None or rank in expected:
+                    continue
+                res = _read_result(tmpdir, rank)
+                if res is None or res.get("status") != "ok":
+                    shortened_by = rank
+                    deadline = min(deadline, now + grace_s)
+                    break
+        if now >= deadline:
+            break
+        multiprocessing.connection.wait([p.sentinel for p in alive], timeout=min(0.2, deadline - now))
+
+    hung = [rank for rank, p in enumerate(procs) if p.exitcode is None]
+    stacks = {}
+    if hung:
+        for rank in hung:
+            try:
+                os.kill(procs[rank].pid, signal.SIGUSR1)
+            except OSError:
+                pass
+        time.sleep(1.0)
+        for rank in hung:
+            stacks[rank] = _tail(_paths(tmpdir, rank)["stack"], 4000)
+            procs[rank].kill()
+        for rank in hung:
+            procs[rank].join(5)
+    elapsed = time.monotonic() - start
+
+    results, problems = [], []
+    for rank, p in enumerate(procs):
+        res = _read_result(tmpdir, rank)
+        notes = _tail(_paths(tmpdir, rank)["notes"], 1500)
+        if res is None:
+            results.append(None)
+            if rank in hung:
+                problems.append(
+                    f"rank {rank} HUNG: no result after {elapsed:.1f} s (watchdog killed it)"
+                    f"\n  last progress notes:\n{_indent(notes)}\n  python stacks:\n{_indent(stacks.get(rank, ''))}")
+            else:
+                problems.append(f"rank {rank} died without reporting a result ({_describe_exit(p.exitcode)})"
+                                f"\n  last progress notes:\n{_indent(notes)}")
+            continue
+        if res["status"] == "ok":
+            value = res["value"]
+            if rank in expected:
+                problems.append(f"rank {rank} was expected to fail (matching {expected[rank]!r}) "
+                                f"but returned {value!r:.300}")
+            results.append(value)
+        else:
+            err = RankError(rank, res["type"], res["message"], res["traceback"])
+            results.append(err)
+            want = expected.get(rank)
+            if want is None:
+                problems.append(f"rank {rank} raised {err.text()}\n{_indent(err.traceback)}")
+            elif want is not True and not err.matches(want):
+                problems.append(f"rank {rank} failed as expected, but its error does not match "
+                                f"{want!r}:\n  {err.text()}\n{_indent(err.traceback)}")
+        if rank in hung:
+            problems.append(f"rank {rank} HUNG after reporting its result (in destroy_process_group "
+                            f"or exit); last progress notes:\n{_indent(notes)}\n  python stacks:\n"
+                            f"{_indent(stacks.get(rank, ''))}")
+        elif p.exitcode not in (0, 1) and res is not None:
+            problems.append(f"rank {rank} ended with {_describe_exit(p.exitcode)} after its result"
+                            f"\n  last progress notes:\n{_indent(notes)}")
+
+    if problems:
+        head = f"{len(problems)} problem(s) in a {world_size}-rank run ({elapsed:.1f} s"
+        head += f", watchdog {timeout_s:g} s" + (f", rank {shortened_by} failed first" if shortened_by is not None else "") + ")"
+        raise WorkersFailed(head + ":\n\n" + "\n\n".join(problems))
+    return results
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line for line in text.rstrip().splitlines()) if text else prefix + "(none)"
