@@ -1,0 +1,426 @@
+#!/usr/bin/env python3
+"""pgbench: torch.distributed collective benchmark in the style of nccl-tests.
+
+    python benchmarks/pgbench.py --collective all_reduce --backend both --device cpu \\
+        -g 2 -b 8 -e 1M -f 2 --json-output out.json
+
+Starts -g ranks (spawn, env:// on a free port), or runs as one rank when
+launched by torchrun (RANK/WORLD_SIZE set). With --backend both every rank
+initialises the default group with mooncake-cpu and a second group with gloo
+over the same ranks, and the two are measured size by size, alternating, in the
+same processes; the ratio table compares them.
+
+Per size: warm-up, then --iters timed iterations back to back. An iteration's
+time is the slowest rank's; the table reports its median and p99. Bandwidths
+follow nccl-tests: algbw = size / time, busbw = algbw * factor, with factor
+2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter, all_to_all,
+gather and scatter, and 1 for broadcast, reduce and sendrecv. "size" is the
+whole buffer: the all_gather output, the reduce_scatter input, one rank's
+all_to_all buffer. Each size is checked for correctness once before timing.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import multiprocessing
+import os
+import socket
+import statistics
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_PYTHON = os.path.join(os.path.dirname(HERE), "python")
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
+               "gather", "scatter", "sendrecv")
+MOONCAKE = "mooncake-cpu"
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64")
+OPS = ("sum", "avg", "prod", "min", "max")
+TYPE_NAMES = {"float32": "float", "float64": "double", "float16": "half", "bfloat16": "bfloat16",
+              "int8": "int8", "uint8": "uint8", "int32": "int32", "int64": "int64"}
+
+
+def parse_size(text):
+    t = text.strip().upper().replace("IB", "").rstrip("B")
+    mult = 1
+    for suffix, m in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+        if t.endswith(suffix):
+            t, mult = t[:-1], m
+            break
+    return int(float(t) * mult)
+
+
+def bus_factor(coll, n):
+    if coll == "all_reduce":
+        return 2 * (n - 1) / n
+    if coll in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        return (n - 1) / n
+    return 1.0
+
+
+def sizes(args):
+    out, s = [], args.minbytes
+    while s <= args.maxbytes:
+        out.append(s)
+        nxt = int(s * args.stepfactor)
+        s = nxt if nxt > s else s + 1
+    return out
+
+
+def element_count(coll, nbytes, elt, n):
+    count = max(1, nbytes // elt)
+    if coll in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+        count = max(n, count // n * n)  # whole buffer split evenly over the ranks
+    return count
+
+
+# --------------------------------------------------------------------------- one rank
+
+class Bench:
+    """Buffers and the operation for one (collective, size, group) on this rank."""
+
+    def __init__(self, torch, dist, coll, count, dtype, op, group, rank, n):
+        self.torch, self.dist = torch, dist
+        self.coll, self.count, self.dtype, self.group, self.rank, self.n = coll, count, dtype, group, rank, n
+        self.op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "prod": dist.ReduceOp.PRODUCT,
+                   "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op]
+        self.op_name = op
+        z = lambda k: torch.zeros(k, dtype=dtype)  # noqa: E731
+        per = count // n
+        if coll in ("all_reduce", "broadcast", "reduce"):
+            self.buf = z(count)
+        elif coll == "all_gather":
+            self.inp, self.out = z(per), z(count)
+        elif coll == "reduce_scatter":
+            self.inp, self.out = z(count), z(per)
+        elif coll == "all_to_all":
+            self.inp, self.out = z(count), z(count)
+        elif coll == "gather":
+            self.inp = z(per)
+            self.lst = [z(per) for _ in range(n)] if rank == 0 else None
+        elif coll == "scatter":
+            self.out = z(per)
+            self.lst = [z(per) for _ in range(n)] if rank == 0 else None
+        elif coll == "sendrecv":
+            self.inp, self.out = z(count), z(count)
+
+    def run(self):
+        d, g = self.dist, self.group
+        c = self.coll
+        if c == "all_reduce":
+            d.all_reduce(self.buf, op=self.op, group=g)
+        elif c == "broadcast":
+            d.broadcast(self.buf, src=0, group=g)
+        elif c == "reduce":
+            d.reduce(self.buf, dst=0, op=self.op, group=g)
+        elif c == "all_gather":
+            d.all_gather_into_tensor(self.out, self.inp, group=g)
+        elif c == "reduce_scatter":
+            d.reduce_scatter_tensor(self.out, self.inp, op=self.op, group=g)
+        elif c == "all_to_all":
+            d.all_to_all_single(self.out, self.inp, group=g)
+        elif c == "gather":
+            d.gather(self.inp, gather_list=self.lst, dst=0, group=g)
+        elif c == "scatter":
+            d.scatter(self.out, scatter_list=self.lst, src=0, group=g)
+        elif c == "sendrecv":
+            nxt, prv = (self.rank + 1) % self.n, (self.rank - 1) % self.n
+            works = [d.isend(self.inp, nxt, group=g), d.irecv(self.out, prv, group=g)]
+            for w in works:
+                w.wait()
+
+    def check(self):
+        """One run with known data; returns None if the result is right, else a message."""
+        torch, r, n, c = self.torch, self.rank, self.n, self.coll
+        val = lambda q: float(q + 1)  # noqa: E731
+        if c in ("all_reduce", "reduce"):
+            self.buf.fill_(val(r))
+            self.run()
+            if c == "reduce" and r != 0:
+                return None
+            vals = [val(q) for q in range(n)]
+            want = {"sum": sum(vals), "avg": sum(vals) / n, "prod": math.prod(vals),
+                    "min": min(vals), "max": max(vals)}[self.op_name]
+            return _expect(torch, self.buf, torch.full_like(self.buf, want))
+        if c == "broadcast":
+            self.buf.fill_(val(r))
+            self.run()
+            return _expect(torch, self.buf, torch.full_like(self.buf, val(0)))
+        if c == "all_gather":
+            self.inp.fill_(val(r))
+            self.run()
+            want = torch.cat([torch.full_like(self.inp, val(q)) for q in range(n)])
+            return _expect(torch, self.out, want)
+        if c == "reduce_scatter":
+            if self.op_name != "sum":
+                return None
+            self.inp.copy_(torch.arange(self.count).remainder(7).to(self.inp.dtype))
+            self.run()
+            per = self.count // n
+            want = torch.arange(self.count).remainder(7)[r * per:(r + 1) * per].to(torch.float64) * n
+            return _expect(torch, self.out, want.to(self.out.dtype))
+        if c == "all_to_all":
+            per = self.count // n
+            for d in range(n):
+                self.inp[d * per:(d + 1) * per].fill_(float((r * n + d) % 100))
+            self.run()
+            want = torch.cat([torch.full((per,), float((s * n + r) % 100), dtype=self.out.dtype) for s in range(n)])
+            return _expect(torch, self.out, want)
+        if c == "gather":
+            self.inp.fill_(val(r))
+            self.run()
+            if r != 0:
+                return None
+            return _expect(torch, torch.cat(self.lst), torch.cat([torch.full_like(self.inp, val(q)) for q in range(n)]))
+        if c == "scatter":
+            if r == 0:
+                for q, t in enumerate(self.lst):
+                    t.fill_(val(q))
+            self.run()
+            return _expect(torch, self.out, torch.full_like(self.out, val(r)))
+        if c == "sendrecv":
+            self.inp.fill_(val(r))
+            self.run()
+            return _expect(torch, self.out, torch.full_like(self.out, val((r - 1) % n)))
+        return None
+
+
+def _expect(torch, got, want):
+    if torch.equal(got, want):
+        return None
+    bad = (got != want).reshape(-1).nonzero().reshape(-1)
+    i = int(bad[0])
+    return (f"{len(bad)} of {got.numel()} elements wrong, first at {i}: got {got.reshape(-1)[i].item()}, "
+            f"expected {want.reshape(-1)[i].item()}")
+
+
+def measure(bench, ctrl, args, dist, torch):
+    """Times bench.run(); returns per-iteration times (slowest rank) in microseconds."""
+    for _ in range(args.warmup):
+        bench.run()
+    # iteration count: all ranks agree, bounded by --time-budget seconds per size
+    iters = args.iters
+    if args.time_budget > 0:
+        t0 = time.perf_counter()
+        bench.run()
+        one = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        dist.all_reduce(one, op=dist.ReduceOp.MAX, group=ctrl)
+        iters = max(min(args.iters, args.min_iters), min(args.iters, int(args.time_budget / max(one.item(), 1e-9))))
+    dist.barrier(group=bench.group)
+    times = torch.zeros(iters, dtype=torch.float64)
+    for i in range(iters):
+        t0 = time.perf_counter()
+        bench.run()
+        times[i] = time.perf_counter() - t0
+    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=ctrl)
+    return (times * 1e6).tolist()
+
+
+def percentile(values, p):
+    s = sorted(values)
+    k = min(len(s) - 1, max(0, int(math.ceil(p / 100 * len(s))) - 1))
+    return s[k]
+
+
+def rank_main(rank, n, args, result_path):
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    backends = [MOONCAKE, "gloo"] if args.backend == "both" else [args.backend]
+    if MOONCAKE in backends:
+        if os.path.isdir(REPO_PYTHON) and REPO_PYTHON not in sys.path:
+            sys.path.insert(0, REPO_PYTHON)
+        from mooncake import pg  # noqa: F401  (registers mooncake-cpu)
+    dist.init_process_group(backend=backends[0], rank=rank, world_size=n,
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    groups = {backends[0]: None}
+    for b in backends[1:]:
+        groups[b] = dist.new_group(backend=b)
+    ctrl = dist.new_group(backend="gloo")  # statistics travel here, never through a measured group
+    dtype = getattr(torch, args.dtype)
+    elt = torch.tensor([], dtype=dtype).element_size()
+    colls = list(COLLECTIVES) if args.collective == "all" else [args.collective]
+    rows = []
+    for coll in colls:
+        for nbytes in sizes(args):
+            count = element_count(coll, nbytes, elt, n)
+            for b in backends:  # alternate backends size by size
+                bench = Bench(torch, dist, coll, count, dtype, args.op, groups[b], rank, n)
+                check = "skipped"
+                if args.check:
+                    err = bench.check()
+                    flags = torch.tensor([0 if err is None else 1])
+                    dist.all_reduce(flags, group=ctrl)
+                    check = "ok" if flags.item() == 0 else "FAILED"
+                    if err and args.verbose:
+                        print(f"[rank {rank}] {b} {coll} {count * elt} B check failed: {err}", flush=True)
+                times = measure(bench, ctrl, args, dist, torch)
+                med, p99 = statistics.median(times), percentile(times, 99)
+                size = count * elt
+                algbw = size / (med * 1e-6) / 1e9
+                rows.append({"backend": b, "collective": coll, "size": size, "count": count,
+                             "type": TYPE_NAMES[args.dtype], "op": args.op if coll in ("all_reduce", "reduce", "reduce_scatter") else None,
+                             "nranks": n, "iters": len(times), "time_us_median": med, "time_us_p99": p99,
+                             "time_us_mean": statistics.fmean(times), "algbw_GBps": algbw,
+                             "busbw_GBps": algbw * bus_factor(coll, n), "check": check})
+                if rank == 0 and args.verbose:
+                    print(f"  {b:>12} {coll:>14} {size:>12} B  {med:10.1f} us", flush=True)
+    dist.barrier(group=ctrl)
+    dist.destroy_process_group()
+    if rank == 0:
+        with open(result_path, "w") as f:
+            json.dump(rows, f)
+
+
+def _spawn_entry(rank, n, args, result_path, port, err_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(n), LOCAL_RANK=str(rank))
+    try:
+        rank_main(rank, n, args, result_path)
+    except BaseException:  # noqa: BLE001
+        with open(os.path.join(err_dir, f"rank{rank}.err"), "w") as f:
+            f.write(f"[rank {rank}] " + traceback.format_exc())
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def launch(args):
+    """Spawns -g ranks; returns rank 0's rows. Kills every rank after --timeout seconds."""
+    import tempfile
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    tmp = tempfile.mkdtemp(prefix="pgbench_")
+    result_path = os.path.join(tmp, "rows.json")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_spawn_entry, args=(r, args.nranks, args, result_path, port, tmp))
+             for r in range(args.nranks)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + args.timeout
+    failed = None
+    while any(p.exitcode is None for p in procs):
+        if time.monotonic() > deadline:
+            failed = f"timed out after {args.timeout} s; ranks still running: " + \
+                     str([r for r, p in enumerate(procs) if p.exitcode is None])
+            break
+        bad = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+        if bad and failed is None:
+            failed = f"ranks {bad} failed"
+            deadline = min(deadline, time.monotonic() + 10)
+        time.sleep(0.1)
+    for p in procs:
+        if p.exitcode is None:
+            p.kill()
+        p.join()
+    bad = [r for r, p in enumerate(procs) if p.exitcode != 0]
+    if failed or bad:
+        errs = "".join(open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.endswith(".err"))
+        sys.exit(f"pgbench: {failed or f'ranks {bad} failed'}\n{errs}")
+    with open(result_path) as f:
+        return json.load(f)
+
+
+# --------------------------------------------------------------------------- output
+
+def ratios(rows):
+    by = {}
+    for row in rows:
+        by[(row["collective"], row["size"], row["backend"])] = row
+    out = []
+    for (coll, size, b), row in by.items():
+        if b != MOONCAKE or (coll, size, "gloo") not in by:
+            continue
+        g = by[(coll, size, "gloo")]
+        out.append({"collective": coll, "size": size,
+                    "busbw_ratio": row["busbw_GBps"] / g["busbw_GBps"] if g["busbw_GBps"] else None,
+                    "latency_ratio": row["time_us_median"] / g["time_us_median"] if g["time_us_median"] else None,
+                    "latency_ratio_p99": row["time_us_p99"] / g["time_us_p99"] if g["time_us_p99"] else None})
+    return out
+
+
+def print_tables(rows, rats, args, n):
+    print(f"# pgbench  nranks={n} device={args.device} dtype={args.dtype} op={args.op} "
+          f"iters<={args.iters} warmup={args.warmup} sizes={args.minbytes}..{args.maxbytes} x{args.stepfactor}")
+    for coll in dict.fromkeys(r["collective"] for r in rows):
+        for b in dict.fromkeys(r["backend"] for r in rows):
+            sel = [r for r in rows if r["collective"] == coll and r["backend"] == b]
+            if not sel:
+                continue
+            print(f"#\n# collective={coll} backend={b}  (busbw factor {bus_factor(coll, n):.3f})")
+            print(f"# {'size':>12} {'count':>12} {'type':>8} {'time_us':>11} {'p99_us':>11} "
+                  f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'iters':>6} {'check':>7}")
+            for r in sel:
+                print(f"  {r['size']:>12} {r['count']:>12} {r['type']:>8} {r['time_us_median']:>11.2f} "
+                      f"{r['time_us_p99']:>11.2f} {r['algbw_GBps']:>12.3f} {r['busbw_GBps']:>12.3f} "
+                      f"{r['iters']:>6} {r['check']:>7}")
+        sel = [x for x in rats if x["collective"] == coll]
+        if sel:
+            print(f"#\n# collective={coll} ratio {MOONCAKE} / gloo  (busbw: higher is better; latency: lower is better)")
+            print(f"# {'size':>12} {'busbw_ratio':>12} {'lat_ratio':>10} {'p99_ratio':>10}")
+            for x in sel:
+                f = lambda v: f"{v:.2f}" if v is not None else "n/a"  # noqa: E731
+                print(f"  {x['size']:>12} {f(x['busbw_ratio']):>12} {f(x['latency_ratio']):>10} "
+                      f"{f(x['latency_ratio_p99']):>10}")
+    bad = [r for r in rows if r["check"] == "FAILED"]
+    if bad:
+        print(f"# WARNING: {len(bad)} row(s) failed the correctness check: "
+              + ", ".join(f"{r['backend']} {r['collective']} {r['size']} B" for r in bad))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--collective", default="all_reduce", choices=COLLECTIVES + ("all",))
+    ap.add_argument("--backend", default="both", choices=(MOONCAKE, "gloo", "both"))
+    ap.add_argument("--device", default="cpu", choices=("cpu",))
+    ap.add_argument("-g", "--nranks", type=int, default=2, help="ranks to spawn (ignored under torchrun)")
+    ap.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"))
+    ap.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("1M"))
+    ap.add_argument("-f", "--stepfactor", type=float, default=2.0)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--min-iters", type=int, default=10, help="floor when --time-budget cuts iterations")
+    ap.add_argument("--time-budget", type=float, default=2.0,
+                    help="seconds per size and backend that bound the iterations (0: always --iters)")
+    ap.add_argument("--dtype", default="float32", choices=DTYPES)
+    ap.add_argument("--op", default="sum", choices=OPS)
+    ap.add_argument("--no-check", dest="check", action="store_false", help="skip the correctness check")
+    ap.add_argument("--json-output", help="write config, rows and ratios as JSON to this file")
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds before every rank is killed")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    if args.stepfactor <= 1:
+        ap.error("-f must be > 1")
+
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ:
+        import tempfile
+        n = int(os.environ["WORLD_SIZE"])
+        rank = int(os.environ["RANK"])
+        path = os.path.join(tempfile.gettempdir(), f"pgbench_{os.environ['TORCHELASTIC_RUN_ID']}.json")
+        rank_main(rank, n, args, path)
+        if rank != 0:
+            return 0
+        with open(path) as f:
+            rows = json.load(f)
+    else:
+        n = args.nranks
+        rows = launch(args)
+    rats = ratios(rows)
+    print_tables(rows, rats, args, n)
+    if args.json_output:
+        cfg = {k: v for k, v in vars(args).items() if k != "json_output"}
+        cfg["nranks"] = n
+        with open(args.json_output, "w") as f:
+            json.dump({"config": cfg, "results": rows, "ratios": rats}, f, indent=1)
+    return 1 if any(r["check"] == "FAILED" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
