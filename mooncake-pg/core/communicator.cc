@@ -2,6 +2,7 @@
 // in core/collectives/, one per file.
 #include "mooncake-pg/core/communicator.h"
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
@@ -27,7 +28,10 @@ public:
         s.rank = s.fabric->rank();
         s.size = s.fabric->size();
         s.layout = coll::Layout{options.window_offset, s.size, coll::slotPayloadBytes(options)};
-        s.one_shot_max = options.one_shot_max_bytes;
+        // Round 0 compares the value as 32 bits; clamping here keeps the
+        // algorithm choice consistent with what was compared.
+        s.one_shot_max =
+            std::min<size_t>(options.one_shot_max_bytes, std::numeric_limits<uint32_t>::max());
         s.active.assign(s.size, 1);
         setMembers();
         const size_t need = windowBytesFor(s.size, options);
@@ -64,14 +68,15 @@ public:
         state_.failure.failed_ranks.clear();
         if (!init_.ok())
             return init_;
-        const std::string name = coll::opKindName(kind);
         if (!state_.broken.empty()) {
-            return Aborted(name + ": a previous call left the ranks out of step (" + state_.broken +
+            return Aborted(std::string(coll::opKindName(kind)) +
+                           ": a previous call left the ranks out of step (" + state_.broken +
                            "); setMembership with a new epoch first");
         }
         if (state_.index < 0) {
-            return InvalidArgument(name + ": rank " + std::to_string(state_.rank) +
-                                   " is not active in epoch " + std::to_string(state_.epoch));
+            return InvalidArgument(std::string(coll::opKindName(kind)) + ": rank " +
+                                   std::to_string(state_.rank) + " is not active in epoch " +
+                                   std::to_string(state_.epoch));
         }
         return Status::OK();
     }

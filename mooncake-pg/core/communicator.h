@@ -12,6 +12,21 @@
 // Calls on one Communicator must be issued in the same order on every active
 // rank, from one thread at a time (the torch layer serialises them on a
 // worker thread). Thread-compatible, not thread-safe.
+//
+// Errors: kInvalidArgument from a local check means nothing was sent; from
+// the round-0 check it means every active rank failed the same call and the
+// ranks are still in step. Any other error (kTimeout, kPeerFailure, ...)
+// leaves the ranks out of step: later calls return kAborted until
+// setMembership() starts a new epoch.
+//
+// The collective area of every window must be zero before its
+// Communicator's first call (a freshly created window is).
+//
+// Reductions: AVG needs a floating-point dtype, BAND/BOR/BXOR an integer or
+// bool one. For bool, SUM and MAX are logical or, PRODUCT and MIN logical
+// and. Every element is reduced over the active ranks in rank order, so all
+// ranks get bit-identical results; float16/bfloat16 are rounded after every
+// step, integers wrap.
 #pragma once
 
 #include <chrono>
@@ -55,26 +70,32 @@ public:
     // Which ranks take part from the next call on (default: all). Every
     // active rank must apply the same mask and epoch between the same two
     // calls. An epoch change resets the round counters, so flags written in
-    // an older epoch are never mistaken for new ones.
+    // an older epoch are never mistaken for new ones. Epochs never decrease
+    // and are at most 65535; the mask may change within an epoch only before
+    // the epoch's first call.
     Status setMembership(const std::vector<uint8_t>& active, uint32_t epoch);
     const std::vector<uint8_t>& active() const;
 
     // in == out is allowed for every call whose in and out have the same size.
+    // Other overlaps of in and out are not supported, except the in-place
+    // forms noted below.
     Status allReduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
                      Deadline deadline);
     Status broadcast(void* buf, size_t bytes, int root, Deadline deadline);
+    // Only the root's `out` is written (others may pass nullptr).
     Status reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op, int root,
                   Deadline deadline);
     // out holds size() blocks of `bytes_per_rank`, in rank order (inactive
-    // ranks' blocks are left untouched).
+    // ranks' blocks are left untouched). `in` may be this rank's block of out.
     Status allGather(const void* in, void* out, size_t bytes_per_rank, Deadline deadline);
     // in holds size() blocks of `count_per_rank` elements; out gets this
-    // rank's reduced block.
+    // rank's reduced block (out may be this rank's block of in).
     Status reduceScatter(const void* in, void* out, size_t count_per_rank, DataType dtype,
                          ReduceOp op, Deadline deadline);
     // send_bytes[p]/send_offsets[p]: what this rank sends to p, from `in`;
     // recv_bytes[p]/recv_offsets[p]: what it receives from p, into `out`.
-    // A receiver's recv_bytes[p] must equal p's send_bytes[receiver].
+    // A receiver's recv_bytes[p] must equal p's send_bytes[receiver]; in and
+    // out must be different buffers.
     Status allToAllV(const void* in, const std::vector<size_t>& send_bytes,
                      const std::vector<size_t>& send_offsets, void* out,
                      const std::vector<size_t>& recv_bytes, const std::vector<size_t>& recv_offsets,

@@ -305,6 +305,40 @@ TEST(CollectivesFailure, KilledRankFailsTheOthersQuickly) {
         {0, 1, 2});
 }
 
+// Rank 2 dies between two calls of a stream of large all_reduces, so the
+// others meet its death wherever they are (sending, waiting for rank 2 or
+// waiting for a rank that is itself stuck on rank 2).
+TEST(CollectivesFailure, RankKilledMidStream) {
+    Cluster cluster(4);
+    std::vector<Status> results(4);
+    std::vector<double> seconds(4);
+    cluster.run([&](int r) {
+        std::vector<float> v(20000, 1.0f);
+        if (r == 2) {
+            for (int k = 0; k < 5; ++k) {
+                ASSERT_TRUE(cluster.comm(r)
+                                .allReduce(v.data(), v.data(), v.size(), DataType::kFloat32,
+                                           ReduceOp::kMax, testutil::generous())
+                                .ok());
+            }
+            cluster.group().kill(2);
+            return;
+        }
+        const auto start = Clock::now();
+        for (int k = 0; k < 1000 && results[r].ok(); ++k) {
+            results[r] = cluster.comm(r).allReduce(v.data(), v.data(), v.size(), DataType::kFloat32,
+                                                   ReduceOp::kMax,
+                                                   Deadline::after(std::chrono::seconds(20)));
+        }
+        seconds[r] = std::chrono::duration<double>(Clock::now() - start).count();
+    });
+    for (int r : {0, 1, 3}) {
+        EXPECT_EQ(results[r].code(), StatusCode::kPeerFailure) << results[r].toString();
+        EXPECT_EQ(cluster.comm(r).lastFailure().failed_ranks, std::vector<int>{2}) << "rank " << r;
+        EXPECT_LT(seconds[r], 10.0);
+    }
+}
+
 TEST(CollectivesFailure, MissingRankTimesOutThenEveryoneRecovers) {
     Cluster cluster(3);
     std::vector<Status> results(3);
