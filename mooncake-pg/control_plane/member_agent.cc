@@ -1,0 +1,594 @@
+#include "mooncake-pg/control_plane/member_agent.h"
+
+#include <algorithm>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace mooncake::pg::control_plane {
+namespace {
+
+std::string ms(Millis d) {
+    return std::to_string(d.count()) + " ms";
+}
+
+uint32_t toWireMs(Millis d) {
+    if (d.count() <= 0)
+        return 0;
+    if (d.count() > UINT32_MAX)
+        return UINT32_MAX;
+    return static_cast<uint32_t>(d.count());
+}
+
+// A peer's identity and membership. When any of these change we probe again:
+// a new process or endpoint needs new links, and a peer that starts waiting
+// for activation is about to be judged by the links we report. Health is not
+// part of it, since our own reports change health (that would loop).
+using PeerKey = std::tuple<uint32_t, uint32_t, std::string, GroupMemberState>;
+
+// Peers worth probing: a process sits there and told us where to find it.
+std::vector<PeerKey> probeTargets(const GroupView& v, uint32_t self) {
+    std::vector<PeerKey> peers;
+    for (uint32_t r = 0; r < v.slots.size(); ++r) {
+        const SlotInfo& s = v.slots[r];
+        if (r == self || s.incarnation == 0 || s.endpoint.empty())
+            continue;
+        if (s.member == GroupMemberState::kLeft)
+            continue;
+        peers.emplace_back(r, s.incarnation, s.endpoint, s.member);
+    }
+    return peers;
+}
+
+}  // namespace
+
+const char* opKindName(OpKind k) {
+    switch (k) {
+        case OpKind::kRegister:
+            return "register";
+        case OpKind::kJoin:
+            return "join_group";
+        case OpKind::kActivate:
+            return "activate_ranks";
+        case OpKind::kDeactivate:
+            return "deactivate_ranks";
+        case OpKind::kSync:
+            return "sync_after_failure";
+    }
+    return "unknown";
+}
+
+Status validateMemberAgentConfig(const MemberAgentConfig& c) {
+    if (c.group_id.empty() || c.group_id.size() > kMaxGroupIdBytes) {
+        return InvalidArgument("MemberAgent: group id must be 1.." +
+                               std::to_string(kMaxGroupIdBytes) + " bytes");
+    }
+    if (c.secret.size() > kMaxSecretBytes) {
+        return InvalidArgument("MemberAgent: secret longer than " +
+                               std::to_string(kMaxSecretBytes) + " bytes");
+    }
+    if (c.max_group_size == 0 || c.max_group_size > kMaxGroupSlots) {
+        return InvalidArgument("MemberAgent: max_group_size must be 1.." +
+                               std::to_string(kMaxGroupSlots) + ", got " +
+                               std::to_string(c.max_group_size));
+    }
+    if (c.rank >= c.max_group_size) {
+        return InvalidArgument("MemberAgent: rank " + std::to_string(c.rank) +
+                               " is outside max_group_size " + std::to_string(c.max_group_size));
+    }
+    if (c.nonce == 0)
+        return InvalidArgument("MemberAgent: nonce must be non-zero (random)");
+    if (c.register_timeout.count() <= 0 || c.default_join_timeout.count() <= 0 ||
+        c.default_proposal_timeout.count() <= 0 || c.reply_grace.count() < 0) {
+        return InvalidArgument("MemberAgent: timeouts must be positive");
+    }
+    return validateFailureMode(c.mode);
+}
+
+Result<MemberAgent> MemberAgent::create(MemberAgentConfig config) {
+    MC_RETURN_IF_ERROR(validateMemberAgentConfig(config));
+    return MemberAgent(std::move(config));
+}
+
+MemberAgent::MemberAgent(MemberAgentConfig config)
+    : config_(std::move(config)), active_mask_(config_.max_group_size, 0) {
+    view_.slots.resize(config_.max_group_size);
+}
+
+std::vector<AgentEffect> MemberAgent::handle(const AgentEvent& event) {
+    now_ = std::max(now_, std::visit([](const auto& e) { return e.now; }, event));
+    std::visit(
+        [this](const auto& e) {
+            using T = std::decay_t<decltype(e)>;
+            if constexpr (std::is_same_v<T, Received>) {
+                onMessage(e.message);
+            } else if constexpr (std::is_same_v<T, RegisterCmd>) {
+                doRegister(e);
+            } else if constexpr (std::is_same_v<T, PublishEndpointCmd>) {
+                doPublish(e);
+            } else if constexpr (std::is_same_v<T, JoinGroupCmd>) {
+                doJoin(e);
+            } else if constexpr (std::is_same_v<T, ActivateRanksCmd>) {
+                doPropose(e.request_id, OpKind::kActivate, e.ranks, e.timeout);
+            } else if constexpr (std::is_same_v<T, DeactivateRanksCmd>) {
+                doPropose(e.request_id, OpKind::kDeactivate, e.ranks, Millis{0});
+            } else if constexpr (std::is_same_v<T, SyncAfterFailureCmd>) {
+                doSync(e);
+            } else if constexpr (std::is_same_v<T, LinksProbedCmd>) {
+                doLinksProbed(e);
+            } else if constexpr (std::is_same_v<T, LeaveCmd>) {
+                doLeave();
+            }
+        },
+        event);
+    expire();
+    std::vector<AgentEffect> out;
+    out.swap(out_);
+    return out;
+}
+
+std::vector<AgentEffect> MemberAgent::handleBytes(Millis now, std::string_view bytes) {
+    auto parsed = parseControlMessage(bytes);
+    if (!parsed.ok()) {
+        auto out = handle(Tick{now});
+        out.push_back(
+            Log{LogLevel::kWarn, "dropped undecodable message: " + parsed.status().message()});
+        return out;
+    }
+    return handle(Received{now, std::move(parsed).value()});
+}
+
+std::optional<Millis> MemberAgent::nextDeadline() const {
+    std::optional<Millis> next;
+    for (const auto& [id, op] : ops_) {
+        if (!next || op.deadline < *next)
+            next = op.deadline;
+    }
+    return next;
+}
+
+std::vector<bool> MemberAgent::peerState(const std::vector<uint32_t>& ranks) const {
+    std::vector<bool> ready;
+    ready.reserve(ranks.size());
+    for (uint32_t r : ranks) {
+        bool ok = r < view_.slots.size() &&
+                  view_.slots[r].member == GroupMemberState::kAwaitingActivation &&
+                  view_.slots[r].rank == RankState::kHealthy && !view_.slots[r].endpoint.empty();
+        ready.push_back(ok);
+    }
+    return ready;
+}
+
+int MemberAgent::numSyncedRanks() const {
+    int n = 0;
+    for (const SlotInfo& s : view_.slots) {
+        if (s.incarnation != 0 && s.rank != RankState::kOffline && !s.endpoint.empty() &&
+            s.member != GroupMemberState::kLeft) {
+            ++n;
+        }
+    }
+    return n;
+}
+
+GroupMemberState MemberAgent::selfState() const {
+    if (incarnation_ == 0)
+        return GroupMemberState::kNone;
+    const SlotInfo& s = view_.slots[config_.rank];
+    if (s.incarnation > incarnation_)
+        return GroupMemberState::kLeft;
+    if (s.incarnation < incarnation_) {
+        // The view announcing our registration has not arrived yet.
+        return config_.is_extension ? GroupMemberState::kInactive : GroupMemberState::kNone;
+    }
+    return s.member;
+}
+
+// ---- incoming --------------------------------------------------------------
+
+void MemberAgent::onMessage(const ControlMessage& m) {
+    const MessageType type = messageType(m);
+    const std::string what = std::string("dropped ") + messageTypeName(type) + ": ";
+    if (m.header.group_id != config_.group_id) {
+        return log(LogLevel::kWarn,
+                   what + "group id '" + m.header.group_id + "' is not '" + config_.group_id + "'");
+    }
+    if (m.header.secret != config_.secret) {
+        return log(LogLevel::kWarn, what + "group secret does not match");
+    }
+    if (m.header.sender_rank != kCoordinatorSender) {
+        return log(LogLevel::kWarn, what + "not sent by the Coordinator");
+    }
+    std::visit(
+        [&](const auto& b) {
+            using T = std::decay_t<decltype(b)>;
+            if constexpr (std::is_same_v<T, ViewUpdate>) {
+                onView(m, b);
+            } else if constexpr (std::is_same_v<T, RegisterReply>) {
+                onRegisterReply(b);
+            } else if constexpr (std::is_same_v<T, ProposalResult>) {
+                onProposalResult(m, b);
+            } else if constexpr (std::is_same_v<T, EvidenceAck>) {
+                onEvidenceAck(b);
+            } else if constexpr (std::is_same_v<T, ReconcileStart>) {
+                open_reconcile_ = b.reconcile_id;
+                probe(b.reconcile_id);
+            } else if constexpr (std::is_same_v<T, ReconcileResult>) {
+                onReconcileResult(b);
+            } else if constexpr (std::is_same_v<T, JoinRejected>) {
+                onJoinRejected(b);
+            } else {
+                log(LogLevel::kWarn, what + "the Coordinator does not send this message type");
+            }
+        },
+        m.body);
+}
+
+void MemberAgent::onView(const ControlMessage& m, const ViewUpdate& v) {
+    if (v.slots.size() != config_.max_group_size) {
+        return log(LogLevel::kWarn, "dropped ViewUpdate with " + std::to_string(v.slots.size()) +
+                                        " slots, expected " +
+                                        std::to_string(config_.max_group_size));
+    }
+    // Views are totally ordered by revision; the epoch never goes back.
+    if (v.revision <= view_.revision || m.header.view_epoch < view_.epoch)
+        return;
+
+    const auto old_peers = probeTargets(view_, config_.rank);
+    const bool epoch_changed = m.header.view_epoch != view_.epoch;
+    view_.epoch = m.header.view_epoch;
+    view_.revision = v.revision;
+    view_.bootstrapped = v.bootstrapped;
+    view_.slots = v.slots;
+    active_mask_ = view_.activeMask();
+
+    ViewApplied applied;
+    applied.epoch = view_.epoch;
+    applied.revision = view_.revision;
+    applied.active_mask = active_mask_;
+    applied.group_size = groupSizeFromMask(active_mask_);
+    applied.self_state = selfState();
+    applied.active_set_changed = epoch_changed;
+    out_.emplace_back(std::in_place_type<ViewApplied>, std::move(applied));
+
+    const GroupMemberState self = selfState();
+    if (self == GroupMemberState::kLeft) {
+        log(LogLevel::kError, "rank " + std::to_string(config_.rank) +
+                                  " was taken over by incarnation " +
+                                  std::to_string(view_.slots[config_.rank].incarnation) +
+                                  "; this process (incarnation " + std::to_string(incarnation_) +
+                                  ") is no longer part of the group");
+    }
+    std::vector<std::pair<uint64_t, Status>> done;
+    for (auto& [id, op] : ops_) {
+        if (op.kind == OpKind::kJoin && self == GroupMemberState::kActive) {
+            done.emplace_back(id, Status::OK());
+        } else if (op.kind == OpKind::kJoin && self == GroupMemberState::kLeft) {
+            done.emplace_back(id, Aborted("join_group: another process took over this rank"));
+        } else if (op.wait_epoch != 0 && view_.epoch >= op.wait_epoch) {
+            done.emplace_back(id, Status::OK());
+        }
+    }
+    for (auto& [id, st] : done)
+        complete(id, std::move(st));
+
+    if (incarnation_ != 0 && (epoch_changed || old_peers != probeTargets(view_, config_.rank))) {
+        probe(open_reconcile_);
+    }
+}
+
+void MemberAgent::onRegisterReply(const RegisterReply& b) {
+    if (b.nonce != config_.nonce) {
+        return log(LogLevel::kWarn, "dropped RegisterReply for another process (nonce mismatch)");
+    }
+    Status st = Status::OK();
+    if (b.accepted) {
+        const bool first = incarnation_ == 0;
+        incarnation_ = b.incarnation;
+        if (first) {
+            log(LogLevel::kInfo, "registered as rank " + std::to_string(config_.rank) +
+                                     " incarnation " + std::to_string(incarnation_));
+            if (!endpoint_.empty() && view_.slots[config_.rank].incarnation == incarnation_ &&
+                view_.slots[config_.rank].endpoint != endpoint_) {
+                send(PublishEndpoint{endpoint_});
+            }
+            probe(open_reconcile_);
+        }
+    } else {
+        st = Unavailable("registration rejected by the Coordinator: " + b.reason);
+    }
+    std::vector<uint64_t> ids;
+    for (const auto& [id, op] : ops_) {
+        if (op.kind == OpKind::kRegister)
+            ids.push_back(id);
+    }
+    for (uint64_t id : ids)
+        complete(id, st);
+}
+
+void MemberAgent::onProposalResult(const ControlMessage& m, const ProposalResult& b) {
+    auto it = ops_.find(b.request_id);
+    if (it == ops_.end() ||
+        (it->second.kind != OpKind::kActivate && it->second.kind != OpKind::kDeactivate)) {
+        return log(LogLevel::kDebug,
+                   "ignored ProposalResult for unknown request " + std::to_string(b.request_id));
+    }
+    if (b.code != StatusCode::kOk)
+        return complete(b.request_id, Status(b.code, b.reason));
+    if (m.header.view_epoch > view_.epoch) {
+        // Complete only once get_active_ranks shows the committed view.
+        it->second.wait_epoch = m.header.view_epoch;
+        return;
+    }
+    complete(b.request_id, Status::OK());
+}
+
+void MemberAgent::onEvidenceAck(const EvidenceAck& b) {
+    auto it = ops_.find(b.request_id);
+    if (it == ops_.end() || it->second.kind != OpKind::kSync)
+        return;
+    if (b.reconcile_id == 0 || b.reconcile_id <= last_result_) {
+        return complete(b.request_id, Status::OK());
+    }
+    it->second.acked = true;
+    it->second.wait_reconcile = b.reconcile_id;
+    it->second.deadline = now_ + Millis(b.window_remaining_ms) + config_.reply_grace;
+}
+
+void MemberAgent::onReconcileResult(const ReconcileResult& b) {
+    last_result_ = std::max(last_result_, b.reconcile_id);
+    if (open_reconcile_ != 0 && open_reconcile_ <= b.reconcile_id)
+        open_reconcile_ = 0;
+    std::vector<uint64_t> ids;
+    for (const auto& [id, op] : ops_) {
+        if (op.kind == OpKind::kSync && op.acked && op.wait_reconcile <= b.reconcile_id) {
+            ids.push_back(id);
+        }
+    }
+    for (uint64_t id : ids)
+        complete(id, Status::OK());
+}
+
+void MemberAgent::onJoinRejected(const JoinRejected& b) {
+    std::vector<uint64_t> ids;
+    for (const auto& [id, op] : ops_) {
+        if (op.kind == OpKind::kJoin)
+            ids.push_back(id);
+    }
+    for (uint64_t id : ids)
+        complete(id, Status(b.code, b.reason));
+}
+
+// ---- commands --------------------------------------------------------------
+
+bool MemberAgent::reject(uint64_t request_id, OpKind kind, Status status) {
+    out_.push_back(OpCompleted{request_id, kind, std::move(status), view_.epoch});
+    return false;
+}
+
+void MemberAgent::doRegister(const RegisterCmd& c) {
+    if (ops_.count(c.request_id)) {
+        reject(c.request_id, OpKind::kRegister, InvalidArgument("request id already in use"));
+        return;
+    }
+    if (incarnation_ != 0) {
+        reject(c.request_id, OpKind::kRegister, Status::OK());  // already registered
+        return;
+    }
+    if (c.endpoint.size() > kMaxEndpointBytes) {
+        reject(c.request_id, OpKind::kRegister,
+               InvalidArgument("endpoint longer than " + std::to_string(kMaxEndpointBytes)));
+        return;
+    }
+    endpoint_ = c.endpoint;
+    ops_[c.request_id] = PendingOp{OpKind::kRegister, now_ + config_.register_timeout};
+    send(RegisterRequest{config_.nonce, config_.is_extension, c.endpoint});
+}
+
+void MemberAgent::doPublish(const PublishEndpointCmd& c) {
+    if (c.endpoint.size() > kMaxEndpointBytes) {
+        return log(LogLevel::kError, "endpoint longer than " + std::to_string(kMaxEndpointBytes));
+    }
+    endpoint_ = c.endpoint;
+    // Before registration completes the reply handler publishes it.
+    if (incarnation_ != 0)
+        send(PublishEndpoint{c.endpoint});
+}
+
+void MemberAgent::doJoin(const JoinGroupCmd& c) {
+    if (ops_.count(c.request_id)) {
+        reject(c.request_id, OpKind::kJoin, InvalidArgument("request id already in use"));
+        return;
+    }
+    if (incarnation_ == 0) {
+        reject(c.request_id, OpKind::kJoin,
+               InvalidArgument("join_group called before this process registered with the "
+                               "Coordinator"));
+        return;
+    }
+    switch (selfState()) {
+        case GroupMemberState::kActive:
+            reject(c.request_id, OpKind::kJoin, Status::OK());
+            return;
+        case GroupMemberState::kInactive:
+        case GroupMemberState::kAwaitingActivation:
+            break;
+        case GroupMemberState::kLeft:
+            reject(c.request_id, OpKind::kJoin,
+                   Aborted("join_group: another process took over this rank"));
+            return;
+        default:
+            reject(c.request_id, OpKind::kJoin,
+                   InvalidArgument("join_group: founding members become Active at bootstrap; "
+                                   "only processes created with is_extension=True (or "
+                                   "deactivated ones) join"));
+            return;
+    }
+    const Millis timeout = c.timeout.count() > 0 ? c.timeout : config_.default_join_timeout;
+    ops_[c.request_id] = PendingOp{OpKind::kJoin, now_ + timeout + config_.reply_grace};
+    send(JoinRequest{toWireMs(timeout)});
+}
+
+void MemberAgent::doPropose(uint64_t request_id, OpKind kind, const std::vector<uint32_t>& ranks,
+                            Millis timeout) {
+    const char* name = opKindName(kind);
+    if (ops_.count(request_id)) {
+        reject(request_id, kind, InvalidArgument("request id already in use"));
+        return;
+    }
+    if (incarnation_ == 0) {
+        reject(request_id, kind,
+               InvalidArgument(std::string(name) + " called before this process registered"));
+        return;
+    }
+    if (ranks.empty()) {
+        reject(request_id, kind, InvalidArgument(std::string(name) + " needs at least one rank"));
+        return;
+    }
+    std::vector<RankRef> refs;
+    for (uint32_t r : ranks) {
+        if (r >= config_.max_group_size) {
+            reject(request_id, kind,
+                   InvalidArgument(std::string(name) + ": rank " + std::to_string(r) +
+                                   " is outside max_group_size " +
+                                   std::to_string(config_.max_group_size)));
+            return;
+        }
+        // Pin the process we saw, so the decision is not applied to a
+        // replacement that registers in between.
+        refs.push_back(RankRef{r, view_.slots[r].incarnation});
+    }
+    if (selfState() != GroupMemberState::kActive) {
+        reject(request_id, kind,
+               InvalidArgument(std::string(name) + " must be called on an Active member; rank " +
+                               std::to_string(config_.rank) + " is " +
+                               groupMemberStateName(selfState())));
+        return;
+    }
+    const Millis t = timeout.count() > 0 ? timeout : config_.default_proposal_timeout;
+    ops_[request_id] = PendingOp{kind, now_ + t + config_.reply_grace};
+    if (kind == OpKind::kActivate) {
+        send(ActivateProposal{request_id, std::move(refs), toWireMs(t)});
+    } else {
+        send(DeactivateProposal{request_id, std::move(refs)});
+    }
+}
+
+void MemberAgent::doSync(const SyncAfterFailureCmd& c) {
+    if (ops_.count(c.request_id)) {
+        reject(c.request_id, OpKind::kSync, InvalidArgument("request id already in use"));
+        return;
+    }
+    if (incarnation_ == 0) {
+        reject(c.request_id, OpKind::kSync,
+               InvalidArgument("sync_after_failure called before this process registered"));
+        return;
+    }
+    if (!c.failed_ranks_hint.empty() && c.failed_ranks_hint.size() != config_.max_group_size) {
+        reject(c.request_id, OpKind::kSync,
+               InvalidArgument(
+                   "failed_ranks_hint has " + std::to_string(c.failed_ranks_hint.size()) +
+                   " entries, expected max_group_size " + std::to_string(config_.max_group_size)));
+        return;
+    }
+    FailureEvidence ev;
+    ev.request_id = c.request_id;
+    ev.local_success = c.local_success;
+    ev.failed_ranks_hint.reserve(c.failed_ranks_hint.size());
+    for (uint8_t b : c.failed_ranks_hint)
+        ev.failed_ranks_hint.push_back(b ? 1 : 0);
+    ops_[c.request_id] = PendingOp{OpKind::kSync, now_ + config_.reply_grace};
+    send(std::move(ev));
+    // "Report my observations": fresh links follow the evidence.
+    probe(open_reconcile_);
+}
+
+void MemberAgent::doLinksProbed(const LinksProbedCmd& c) {
+    if (incarnation_ == 0)
+        return log(LogLevel::kDebug, "link probe result before registration");
+    if (c.reached.size() != config_.max_group_size) {
+        return log(LogLevel::kError, "link probe result has " + std::to_string(c.reached.size()) +
+                                         " entries, expected " +
+                                         std::to_string(config_.max_group_size));
+    }
+    send(LinkReport{open_reconcile_, c.reached});
+}
+
+void MemberAgent::doLeave() {
+    if (incarnation_ != 0)
+        send(Leave{});
+    std::vector<uint64_t> ids;
+    for (const auto& [id, op] : ops_)
+        ids.push_back(id);
+    for (uint64_t id : ids)
+        complete(id, Aborted("this process left the group"));
+    incarnation_ = 0;
+}
+
+// ---- helpers ---------------------------------------------------------------
+
+void MemberAgent::expire() {
+    std::vector<std::pair<uint64_t, Status>> done;
+    for (const auto& [id, op] : ops_) {
+        if (now_ < op.deadline)
+            continue;
+        std::string why;
+        switch (op.kind) {
+            case OpKind::kRegister:
+                why =
+                    "no RegisterReply from the Coordinator within " + ms(config_.register_timeout);
+                break;
+            case OpKind::kJoin:
+                why =
+                    "join_group timed out: not activated and no answer from the Coordinator "
+                    "(is any online member calling activate_ranks/recover_ranks?)";
+                break;
+            case OpKind::kActivate:
+            case OpKind::kDeactivate:
+                why = op.wait_epoch != 0
+                          ? std::string(opKindName(op.kind)) + " committed epoch " +
+                                std::to_string(op.wait_epoch) + " but that view never arrived"
+                          : std::string(opKindName(op.kind)) +
+                                ": no ProposalResult from the Coordinator";
+                break;
+            case OpKind::kSync:
+                why = op.acked ? "sync_after_failure: reconciliation #" +
+                                     std::to_string(op.wait_reconcile) + " reported no result"
+                               : "sync_after_failure: the Coordinator did not acknowledge the "
+                                 "evidence";
+                break;
+        }
+        done.emplace_back(id, Timeout(why));
+    }
+    for (auto& [id, st] : done)
+        complete(id, std::move(st));
+}
+
+void MemberAgent::complete(uint64_t request_id, Status status) {
+    auto it = ops_.find(request_id);
+    if (it == ops_.end())
+        return;
+    out_.push_back(OpCompleted{request_id, it->second.kind, std::move(status), view_.epoch});
+    ops_.erase(it);
+}
+
+void MemberAgent::probe(uint64_t reconcile_id) {
+    ProbeLinks p;
+    p.reconcile_id = reconcile_id;
+    for (auto& [rank, inc, endpoint, member] : probeTargets(view_, config_.rank)) {
+        p.peers.push_back(PeerToProbe{rank, inc, endpoint});
+    }
+    out_.emplace_back(std::in_place_type<ProbeLinks>, std::move(p));
+}
+
+void MemberAgent::send(MessageBody body) {
+    ControlMessage m;
+    m.header.group_id = config_.group_id;
+    m.header.sender_rank = config_.rank;
+    m.header.sender_incarnation = incarnation_;
+    m.header.view_epoch = view_.epoch;
+    m.header.secret = config_.secret;
+    m.body = std::move(body);
+    out_.push_back(SendToCoordinator{std::move(m)});
+}
+
+}  // namespace mooncake::pg::control_plane
