@@ -193,7 +193,7 @@ Result<Sample> measure(const std::string& transport, uint64_t size, const Option
 // ---- the control channel between the two processes ----------------------------------
 
 class Control {
-  public:
+public:
     explicit Control(int fd) : fd_(fd) {}
     bool send(const std::string& line) {
         std::string msg = line + "\n";
@@ -228,7 +228,7 @@ class Control {
         }
     }
 
-  private:
+private:
     int fd_;
     std::string buf_;
 };

@@ -16,7 +16,7 @@ namespace mooncake::te {
 
 // Owns one file descriptor; closes it on destruction.
 class UniqueFd {
-  public:
+public:
     UniqueFd() = default;
     explicit UniqueFd(int fd) : fd_(fd) {}
     ~UniqueFd() { reset(); }
@@ -38,7 +38,7 @@ class UniqueFd {
     }
     void reset(int fd = -1);
 
-  private:
+private:
     int fd_ = -1;
 };
 

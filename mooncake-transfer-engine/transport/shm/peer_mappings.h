@@ -23,7 +23,7 @@ namespace mooncake::te {
 // One peer allocation mapped read/write. Unmapped on destruction, so a
 // transfer that holds the shared_ptr can finish even if the cache is cleared.
 class PeerMapping {
-  public:
+public:
     // Maps the whole memfd `fd`, which must be at least `alloc.length` bytes.
     static Result<std::shared_ptr<PeerMapping>> map(const UniqueFd& fd, const ShmExport& alloc);
 
@@ -36,14 +36,14 @@ class PeerMapping {
     // when the range is not inside the mapped allocation.
     char* translate(uint64_t addr, uint64_t len) const;
 
-  private:
+private:
     PeerMapping(char* local, const ShmExport& alloc) : local_(local), alloc_(alloc) {}
     char* local_;
     ShmExport alloc_;
 };
 
 class PeerMappings {
-  public:
+public:
     using Opener = std::function<Result<std::shared_ptr<PeerMapping>>()>;
 
     // The cached mapping for `key`, or the one `open` produces (then cached).
@@ -54,7 +54,7 @@ class PeerMappings {
     // Drops every mapping; later get() calls fail with kAborted.
     void clear();
 
-  private:
+private:
     struct Slot {
         std::mutex mu;  // held while opening, so one open per key runs at a time
         std::shared_ptr<PeerMapping> mapping;

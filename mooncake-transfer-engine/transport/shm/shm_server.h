@@ -19,7 +19,7 @@
 namespace mooncake::te {
 
 class ShmServer {
-  public:
+public:
     // Listens on the abstract socket @`name` and starts serving.
     static Result<std::unique_ptr<ShmServer>> start(TransportHost* host, const std::string& name);
 
@@ -31,7 +31,7 @@ class ShmServer {
     // name. Idempotent.
     void stop();
 
-  private:
+private:
     struct Client;
 
     ShmServer(TransportHost* host, UniqueFd listener, UniqueFd wake);

@@ -28,7 +28,7 @@ namespace {
 MC_ENV_INT(ShmOpenTimeoutMs, "MC_SHM_OPEN_TIMEOUT_MS", 5000)
 
 class ShmTransport final : public Transport {
-  public:
+public:
     ~ShmTransport() override { shutdown(); }
 
     const char* name() const override { return "shm"; }
@@ -41,7 +41,7 @@ class ShmTransport final : public Transport {
     Status probe(const SegmentDesc& peer, Deadline deadline) override;
     void shutdown() override;
 
-  private:
+private:
     struct Target {
         std::shared_ptr<PeerMapping> mapping;  // keeps `ptr` mapped while in use
         char* ptr = nullptr;

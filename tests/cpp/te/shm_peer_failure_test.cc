@@ -29,7 +29,7 @@ using namespace shm_test;  // NOLINT(build/namespaces): test helpers only
 // engine's validation; drive it directly with descriptors the engine would
 // never produce.
 class FakeHost : public TransportHost {
-  public:
+public:
     FakeHost(std::string name, std::string secret)
         : name_(std::move(name)), secret_(std::move(secret)) {}
     MemoryRegistry& memory() override { return memory_; }
@@ -37,7 +37,7 @@ class FakeHost : public TransportHost {
     const std::string& hostIp() const override { return ip_; }
     const std::string& segmentName() const override { return name_; }
 
-  private:
+private:
     MemoryRegistry memory_;
     std::string name_, secret_, ip_ = "127.0.0.1";
 };

@@ -25,7 +25,7 @@ inline constexpr const char* kSecret = "shm-test-secret";
 inline constexpr int64_t kWaitMs = 30000;  // generous: only hit when something is broken
 
 class TempDir {
-  public:
+public:
     TempDir() {
         std::string tmpl = (std::filesystem::temp_directory_path() / "shm_test.XXXXXX").string();
         path_ = ::mkdtemp(tmpl.data()) ? tmpl : "";
@@ -37,7 +37,7 @@ class TempDir {
     }
     const std::string& path() const { return path_; }
 
-  private:
+private:
     std::string path_;
 };
 
@@ -110,7 +110,7 @@ inline int pidfdOpen(pid_t pid) {
 
 // A forked child. Reaped (killed first if needed) on destruction.
 class Child {
-  public:
+public:
     explicit Child(const std::function<int()>& body) {
         std::fflush(nullptr);
         pid_ = ::fork();
@@ -159,7 +159,7 @@ class Child {
         return WEXITSTATUS(status);
     }
 
-  private:
+private:
     pid_t pid_ = -1;
     int pidfd_ = -1;
     bool reaped_ = false;
