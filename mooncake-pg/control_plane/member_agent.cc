@@ -12,14 +12,6 @@ std::string ms(Millis d) {
     return std::to_string(d.count()) + " ms";
 }
 
-uint32_t toWireMs(Millis d) {
-    if (d.count() <= 0)
-        return 0;
-    if (d.count() > UINT32_MAX)
-        return UINT32_MAX;
-    return static_cast<uint32_t>(d.count());
-}
-
 // A peer's identity and membership. When any of these change we probe again:
 // a new process or endpoint needs new links, and a peer that starts waiting
 // for activation is about to be judged by the links we report. Health is not
@@ -258,6 +250,7 @@ void MemberAgent::onView(const ControlMessage& m, const ViewUpdate& v) {
                                   "; this process (incarnation " + std::to_string(incarnation_) +
                                   ") is no longer part of the group");
     }
+    completeRegistrationsIfReady();
     std::vector<std::pair<uint64_t, Status>> done;
     for (auto& [id, op] : ops_) {
         if (op.kind == OpKind::kJoin && self == GroupMemberState::kActive) {
@@ -280,22 +273,23 @@ void MemberAgent::onRegisterReply(const RegisterReply& b) {
     if (b.nonce != config_.nonce) {
         return log(LogLevel::kWarn, "dropped RegisterReply for another process (nonce mismatch)");
     }
-    Status st = Status::OK();
-    if (b.accepted) {
-        const bool first = incarnation_ == 0;
-        incarnation_ = b.incarnation;
-        if (first) {
-            log(LogLevel::kInfo, "registered as rank " + std::to_string(config_.rank) +
-                                     " incarnation " + std::to_string(incarnation_));
-            if (!endpoint_.empty() && view_.slots[config_.rank].incarnation == incarnation_ &&
-                view_.slots[config_.rank].endpoint != endpoint_) {
-                send(PublishEndpoint{endpoint_});
-            }
-            probe(open_reconcile_);
-        }
-    } else {
-        st = Unavailable("registration rejected by the Coordinator: " + b.reason);
+    if (!b.accepted) {
+        failRegistrations(Unavailable("registration rejected by the Coordinator: " + b.reason));
+        return;
     }
+    if (incarnation_ == 0) {
+        incarnation_ = b.incarnation;
+        log(LogLevel::kInfo, "registered as rank " + std::to_string(config_.rank) +
+                                 " incarnation " + std::to_string(incarnation_));
+        // PublishEndpointCmd while the registration was in flight.
+        if (endpoint_ != registered_endpoint_)
+            send(PublishEndpoint{endpoint_});
+        probe(open_reconcile_);
+    }
+    completeRegistrationsIfReady();
+}
+
+void MemberAgent::failRegistrations(const Status& st) {
     std::vector<uint64_t> ids;
     for (const auto& [id, op] : ops_) {
         if (op.kind == OpKind::kRegister)
@@ -303,6 +297,16 @@ void MemberAgent::onRegisterReply(const RegisterReply& b) {
     }
     for (uint64_t id : ids)
         complete(id, st);
+}
+
+void MemberAgent::completeRegistrationsIfReady() {
+    // An extension may start once it holds its slot; a founder only once the
+    // group bootstrapped (what init_process_group waits for).
+    if (incarnation_ == 0)
+        return;
+    if (!config_.is_extension && selfState() == GroupMemberState::kNone)
+        return;
+    failRegistrations(Status::OK());
 }
 
 void MemberAgent::onProposalResult(const ControlMessage& m, const ProposalResult& b) {
@@ -358,172 +362,6 @@ void MemberAgent::onJoinRejected(const JoinRejected& b) {
         complete(id, Status(b.code, b.reason));
 }
 
-// ---- commands --------------------------------------------------------------
-
-bool MemberAgent::reject(uint64_t request_id, OpKind kind, Status status) {
-    out_.push_back(OpCompleted{request_id, kind, std::move(status), view_.epoch});
-    return false;
-}
-
-void MemberAgent::doRegister(const RegisterCmd& c) {
-    if (ops_.count(c.request_id)) {
-        reject(c.request_id, OpKind::kRegister, InvalidArgument("request id already in use"));
-        return;
-    }
-    if (incarnation_ != 0) {
-        reject(c.request_id, OpKind::kRegister, Status::OK());  // already registered
-        return;
-    }
-    if (c.endpoint.size() > kMaxEndpointBytes) {
-        reject(c.request_id, OpKind::kRegister,
-               InvalidArgument("endpoint longer than " + std::to_string(kMaxEndpointBytes)));
-        return;
-    }
-    endpoint_ = c.endpoint;
-    ops_[c.request_id] = PendingOp{OpKind::kRegister, now_ + config_.register_timeout};
-    send(RegisterRequest{config_.nonce, config_.is_extension, c.endpoint});
-}
-
-void MemberAgent::doPublish(const PublishEndpointCmd& c) {
-    if (c.endpoint.size() > kMaxEndpointBytes) {
-        return log(LogLevel::kError, "endpoint longer than " + std::to_string(kMaxEndpointBytes));
-    }
-    endpoint_ = c.endpoint;
-    // Before registration completes the reply handler publishes it.
-    if (incarnation_ != 0)
-        send(PublishEndpoint{c.endpoint});
-}
-
-void MemberAgent::doJoin(const JoinGroupCmd& c) {
-    if (ops_.count(c.request_id)) {
-        reject(c.request_id, OpKind::kJoin, InvalidArgument("request id already in use"));
-        return;
-    }
-    if (incarnation_ == 0) {
-        reject(c.request_id, OpKind::kJoin,
-               InvalidArgument("join_group called before this process registered with the "
-                               "Coordinator"));
-        return;
-    }
-    switch (selfState()) {
-        case GroupMemberState::kActive:
-            reject(c.request_id, OpKind::kJoin, Status::OK());
-            return;
-        case GroupMemberState::kInactive:
-        case GroupMemberState::kAwaitingActivation:
-            break;
-        case GroupMemberState::kLeft:
-            reject(c.request_id, OpKind::kJoin,
-                   Aborted("join_group: another process took over this rank"));
-            return;
-        default:
-            reject(c.request_id, OpKind::kJoin,
-                   InvalidArgument("join_group: founding members become Active at bootstrap; "
-                                   "only processes created with is_extension=True (or "
-                                   "deactivated ones) join"));
-            return;
-    }
-    const Millis timeout = c.timeout.count() > 0 ? c.timeout : config_.default_join_timeout;
-    ops_[c.request_id] = PendingOp{OpKind::kJoin, now_ + timeout + config_.reply_grace};
-    send(JoinRequest{toWireMs(timeout)});
-}
-
-void MemberAgent::doPropose(uint64_t request_id, OpKind kind, const std::vector<uint32_t>& ranks,
-                            Millis timeout) {
-    const char* name = opKindName(kind);
-    if (ops_.count(request_id)) {
-        reject(request_id, kind, InvalidArgument("request id already in use"));
-        return;
-    }
-    if (incarnation_ == 0) {
-        reject(request_id, kind,
-               InvalidArgument(std::string(name) + " called before this process registered"));
-        return;
-    }
-    if (ranks.empty()) {
-        reject(request_id, kind, InvalidArgument(std::string(name) + " needs at least one rank"));
-        return;
-    }
-    std::vector<RankRef> refs;
-    for (uint32_t r : ranks) {
-        if (r >= config_.max_group_size) {
-            reject(request_id, kind,
-                   InvalidArgument(std::string(name) + ": rank " + std::to_string(r) +
-                                   " is outside max_group_size " +
-                                   std::to_string(config_.max_group_size)));
-            return;
-        }
-        // Pin the process we saw, so the decision is not applied to a
-        // replacement that registers in between.
-        refs.push_back(RankRef{r, view_.slots[r].incarnation});
-    }
-    if (selfState() != GroupMemberState::kActive) {
-        reject(request_id, kind,
-               InvalidArgument(std::string(name) + " must be called on an Active member; rank " +
-                               std::to_string(config_.rank) + " is " +
-                               groupMemberStateName(selfState())));
-        return;
-    }
-    const Millis t = timeout.count() > 0 ? timeout : config_.default_proposal_timeout;
-    ops_[request_id] = PendingOp{kind, now_ + t + config_.reply_grace};
-    if (kind == OpKind::kActivate) {
-        send(ActivateProposal{request_id, std::move(refs), toWireMs(t)});
-    } else {
-        send(DeactivateProposal{request_id, std::move(refs)});
-    }
-}
-
-void MemberAgent::doSync(const SyncAfterFailureCmd& c) {
-    if (ops_.count(c.request_id)) {
-        reject(c.request_id, OpKind::kSync, InvalidArgument("request id already in use"));
-        return;
-    }
-    if (incarnation_ == 0) {
-        reject(c.request_id, OpKind::kSync,
-               InvalidArgument("sync_after_failure called before this process registered"));
-        return;
-    }
-    if (!c.failed_ranks_hint.empty() && c.failed_ranks_hint.size() != config_.max_group_size) {
-        reject(c.request_id, OpKind::kSync,
-               InvalidArgument(
-                   "failed_ranks_hint has " + std::to_string(c.failed_ranks_hint.size()) +
-                   " entries, expected max_group_size " + std::to_string(config_.max_group_size)));
-        return;
-    }
-    FailureEvidence ev;
-    ev.request_id = c.request_id;
-    ev.local_success = c.local_success;
-    ev.failed_ranks_hint.reserve(c.failed_ranks_hint.size());
-    for (uint8_t b : c.failed_ranks_hint)
-        ev.failed_ranks_hint.push_back(b ? 1 : 0);
-    ops_[c.request_id] = PendingOp{OpKind::kSync, now_ + config_.reply_grace};
-    send(std::move(ev));
-    // "Report my observations": fresh links follow the evidence.
-    probe(open_reconcile_);
-}
-
-void MemberAgent::doLinksProbed(const LinksProbedCmd& c) {
-    if (incarnation_ == 0)
-        return log(LogLevel::kDebug, "link probe result before registration");
-    if (c.reached.size() != config_.max_group_size) {
-        return log(LogLevel::kError, "link probe result has " + std::to_string(c.reached.size()) +
-                                         " entries, expected " +
-                                         std::to_string(config_.max_group_size));
-    }
-    send(LinkReport{open_reconcile_, c.reached});
-}
-
-void MemberAgent::doLeave() {
-    if (incarnation_ != 0)
-        send(Leave{});
-    std::vector<uint64_t> ids;
-    for (const auto& [id, op] : ops_)
-        ids.push_back(id);
-    for (uint64_t id : ids)
-        complete(id, Aborted("this process left the group"));
-    incarnation_ = 0;
-}
-
 // ---- helpers ---------------------------------------------------------------
 
 void MemberAgent::expire() {
@@ -534,8 +372,11 @@ void MemberAgent::expire() {
         std::string why;
         switch (op.kind) {
             case OpKind::kRegister:
-                why =
-                    "no RegisterReply from the Coordinator within " + ms(config_.register_timeout);
+                why = incarnation_ == 0
+                          ? "no RegisterReply from the Coordinator within " +
+                                ms(config_.register_timeout)
+                          : "the group did not bootstrap within " + ms(config_.register_timeout) +
+                                " (not every founding rank registered)";
                 break;
             case OpKind::kJoin:
                 why =

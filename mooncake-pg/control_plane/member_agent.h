@@ -50,6 +50,8 @@ Status validateMemberAgentConfig(const MemberAgentConfig& config);
 
 // ---- commands (the torch layer's calls) ------------------------------------
 
+// Completes for an extension once it holds its slot (Inactive); for a
+// founder once the group bootstrapped and it is Active.
 struct RegisterCmd {
     Millis now{0};
     uint64_t request_id = 0;
@@ -194,6 +196,8 @@ private:
     void doLinksProbed(const LinksProbedCmd& c);
     void doLeave();
 
+    void failRegistrations(const Status& st);
+    void completeRegistrationsIfReady();
     void expire();
     void complete(uint64_t request_id, Status status);
     bool reject(uint64_t request_id, OpKind kind, Status status);
@@ -206,6 +210,7 @@ private:
     std::vector<int32_t> active_mask_;
     uint32_t incarnation_ = 0;
     std::string endpoint_;
+    std::string registered_endpoint_;  // the one sent with RegisterRequest
     std::map<uint64_t, PendingOp> ops_;
     uint64_t open_reconcile_ = 0;  // the window we were asked to report for
     uint64_t last_result_ = 0;     // newest ReconcileResult seen

@@ -305,8 +305,33 @@ TEST(MemberAgentTest, RegistrationTimesOutWithoutACoordinator) {
     EXPECT_FALSE(a.registered());
 }
 
+TEST(MemberAgentTest, FounderRegistrationCompletesAtBootstrap) {
+    auto a = std::move(MemberAgent::create(agentConfig(1, 2, false, 5)).value());
+    a.handle(RegisterCmd{0ms, 1, "ep"});
+    auto fx = a.handle(Received{0ms, fromCoordinator(RegisterReply{5, true, 1, ""}, 0)});
+    EXPECT_TRUE(completions(fx).empty());  // registered, but not bootstrapped
+    EXPECT_TRUE(a.registered());
+    ViewUpdate v{
+        1,
+        false,
+        {{GMS::kNone, RankState::kSynced, 1, "a"}, {GMS::kNone, RankState::kSynced, 1, "ep"}}};
+    fx = a.handle(Received{1ms, fromCoordinator(v, 0)});
+    EXPECT_TRUE(completions(fx).empty());
+    v.revision = 2;
+    v.bootstrapped = true;
+    v.slots[0].member = v.slots[1].member = GMS::kActive;
+    fx = a.handle(Received{2ms, fromCoordinator(v, 1)});
+    ASSERT_EQ(completions(fx).size(), 1u);
+    EXPECT_TRUE(completions(fx)[0].status.ok());
+    EXPECT_EQ(completions(fx)[0].epoch, 1u);
+    // Asking again once Active completes at once.
+    fx = a.handle(RegisterCmd{3ms, 2, "ep"});
+    EXPECT_TRUE(completions(fx).at(0).status.ok());
+    EXPECT_TRUE(sentBodies<RegisterRequest>(fx).empty());
+}
+
 TEST(MemberAgentTest, SyncAfterFailureWaitsForTheWindowItWasGiven) {
-    auto a = std::move(MemberAgent::create(agentConfig(0, 2, false, 5)).value());
+    auto a = std::move(MemberAgent::create(agentConfig(0, 2, true, 5)).value());
     a.handle(RegisterCmd{0ms, 1, "ep"});
     a.handle(Received{0ms, fromCoordinator(RegisterReply{5, true, 1, ""}, 1)});
 
@@ -376,8 +401,12 @@ TEST(MemberAgentTest, ProposalCompletesOnlyOnceTheCommittedViewArrived) {
 
 TEST(ControlPlaneClusterTest, BootstrapJoinFailureAndReplacement) {
     Cluster c(8, 4);
-    for (uint32_t r = 0; r < 4; ++r)
+    for (uint32_t r = 0; r < 4; ++r) {
+        // init_process_group returns on every founder only once all arrived.
+        EXPECT_TRUE(c.done().empty());
         c.start(r, false);
+    }
+    EXPECT_EQ(c.done().size(), 4u);
     for (uint32_t r = 0; r < 4; ++r) {
         EXPECT_EQ(c.agent(r).selfState(), GMS::kActive);
         EXPECT_EQ(c.agent(r).activeRanks(), (std::vector<int32_t>{1, 1, 1, 1, 0, 0, 0, 0}));
