@@ -64,7 +64,8 @@ MISMATCH = {
         lambda g, r, ws: dist.all_to_all_single(torch.zeros(ws * _odd(r, ws, 2, 3)),
                                                 torch.ones(ws * _odd(r, ws, 2, 3)), group=g),
 }
-MISMATCH_ERROR = r"(?i)mismatch|differ|inconsistent|shape|size|numel|dtype|scalar type"
+# the error must say what differs: a mismatch, or the quantity (shape/size/count/bytes/dtype)
+MISMATCH_ERROR = r"(?i)mismatch|differ|inconsistent|shape|size|numel|count|bytes|dtype|scalar type"
 # gloo's debug wrapper does not fingerprint all_to_all_single sizes: gloo then aborts the process.
 MISMATCH_GLOO_NA = {"all_to_all_single_numel": "gloo aborts the process (its debug wrapper does not "
                                                "check all_to_all_single sizes)"}
@@ -227,15 +228,15 @@ LOCAL = {
     "cuda_tensor": dict(run=_cuda, must=[r"(?i)device|cuda"], mc_must=[r"(?i)cpu"], needs_cuda=True),
     # unsupported op/dtype
     "all_reduce_BAND_float32": dict(run=_reduce_op("all_reduce", "BAND", torch.float32),
-                                    must=[r"BAND", r"(?i)float|dtype|integ"]),
+                                    must=[r"(?i)\bBAND\b", r"(?i)float|dtype|integ"]),
     "all_reduce_BOR_bfloat16": dict(run=_reduce_op("all_reduce", "BOR", torch.bfloat16),
-                                    must=[r"BOR", r"(?i)float|dtype|integ"]),
+                                    must=[r"(?i)\bBOR\b", r"(?i)float|dtype|integ"]),
     "all_reduce_BXOR_float64": dict(run=_reduce_op("all_reduce", "BXOR", torch.float64),
-                                    must=[r"BXOR", r"(?i)float|double|dtype|integ"]),
+                                    must=[r"(?i)\bBXOR\b", r"(?i)float|double|dtype|integ"]),
     "reduce_BAND_float16": dict(run=_reduce_op("reduce", "BAND", torch.float16),
-                                must=[r"BAND", r"(?i)float|half|dtype|integ"]),
+                                must=[r"(?i)\bBAND\b", r"(?i)float|half|dtype|integ"]),
     "reduce_scatter_tensor_BXOR_float32": dict(run=_reduce_op("reduce_scatter_tensor", "BXOR", torch.float32),
-                                               must=[r"BXOR", r"(?i)float|dtype|integ"]),
+                                               must=[r"(?i)\bBXOR\b", r"(?i)float|dtype|integ"]),
     "all_reduce_AVG_bool": dict(run=_reduce_op("all_reduce", "AVG", torch.bool),
                                 must=[r"(?i)bool|dtype"], mc_must=[r"(?i)avg"]),
     "unlisted_dtype_uint32": dict(run=_unlisted(torch.uint32), must=[r"(?i)dtype|type|uint32"],
