@@ -1,5 +1,7 @@
 #include "mooncake-pg/core/collectives/rounds.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -12,6 +14,13 @@ namespace {
 // Messages at most this large are staged with their header and written by
 // one put: on a remote fabric that is one transfer instead of two or three.
 constexpr size_t kInlinePayload = 448;
+
+// waitFlag spins for a long time before it yields. With more ranks than
+// cores (common for CPU collectives) a spinning waiter holds the core that
+// the rank it waits for needs, so after a short spin the predicate yields on
+// every poll: nearly free when the core has nothing else to run, and it cuts
+// small-message latency with 4 ranks on 2 cores by an order of magnitude.
+constexpr uint32_t kSpinPollsBeforeYield = 16;
 
 uint64_t mix64(uint64_t x) {
     x ^= x >> 31;
@@ -141,6 +150,8 @@ Status Rounds::waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* s
         value = v;
         if (v >= want)
             return true;
+        if (polls >= kSpinPollsBeforeYield)
+            sched_yield();
         // The awaited peer may be alive but itself stuck on a dead rank:
         // watching every member turns that into an early failure here too.
         if ((++polls & 255) == 0) {
