@@ -10,8 +10,10 @@ initialises the default group with mooncake-cpu and a second group with gloo
 over the same ranks, and the two are measured size by size, alternating, in the
 same processes; the ratio table compares them.
 
-Per size: warm-up, then --iters timed iterations back to back. An iteration's
-time is the slowest rank's; the table reports its median and p99. Bandwidths
+Per size: warm-up, then --iters timed iterations back to back, split into
+--rounds blocks that alternate between the backends (so both see the same
+machine load). An iteration's time is the slowest rank's; the table reports its
+median and p99. Bandwidths
 follow nccl-tests: algbw = size / time, busbw = algbw * factor, with factor
 2(n-1)/n for all_reduce, (n-1)/n for all_gather, reduce_scatter, all_to_all,
 gather and scatter, and 1 for broadcast, reduce and sendrecv. "size" is the
@@ -197,26 +199,39 @@ def _expect(torch, got, want):
             f"expected {want.reshape(-1)[i].item()}")
 
 
-def measure(bench, ctrl, args, dist, torch):
-    """Times bench.run(); returns per-iteration times (slowest rank) in microseconds."""
+def plan_iters(bench, ctrl, args, dist, torch):
+    """Warm-up, then the iteration count all ranks agree on (bounded by --time-budget)."""
     for _ in range(args.warmup):
         bench.run()
-    # iteration count: all ranks agree, bounded by --time-budget seconds per size
-    iters = args.iters
-    if args.time_budget > 0:
-        t0 = time.perf_counter()
-        bench.run()
-        one = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-        dist.all_reduce(one, op=dist.ReduceOp.MAX, group=ctrl)
-        iters = max(min(args.iters, args.min_iters), min(args.iters, int(args.time_budget / max(one.item(), 1e-9))))
-    dist.barrier(group=bench.group)
-    times = torch.zeros(iters, dtype=torch.float64)
-    for i in range(iters):
-        t0 = time.perf_counter()
-        bench.run()
-        times[i] = time.perf_counter() - t0
-    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=ctrl)
-    return (times * 1e6).tolist()
+    if args.time_budget <= 0:
+        return args.iters
+    t0 = time.perf_counter()
+    bench.run()
+    one = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+    dist.all_reduce(one, op=dist.ReduceOp.MAX, group=ctrl)
+    return max(min(args.iters, args.min_iters), min(args.iters, int(args.time_budget / max(one.item(), 1e-9))))
+
+
+def measure(benches, ctrl, args, dist, torch):
+    """Times every bench's run() in interleaved blocks (--rounds), so that the backends
+    share the machine's conditions; returns {name: per-iteration times in us (slowest rank)}."""
+    plans = {name: plan_iters(b, ctrl, args, dist, torch) for name, b in benches.items()}
+    local = {name: [] for name in benches}
+    rounds = max(1, args.rounds)
+    for k in range(rounds):
+        for name, bench in benches.items():
+            todo = plans[name] // rounds + (1 if k < plans[name] % rounds else 0)
+            dist.barrier(group=bench.group)
+            for _ in range(todo):
+                t0 = time.perf_counter()
+                bench.run()
+                local[name].append(time.perf_counter() - t0)
+    out = {}
+    for name, ts in local.items():
+        t = torch.tensor(ts, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl)
+        out[name] = (t * 1e6).tolist()
+    return out
 
 
 def percentile(values, p):
@@ -247,27 +262,33 @@ def rank_main(rank, n, args, result_path):
     for coll in colls:
         for nbytes in sizes(args):
             count = element_count(coll, nbytes, elt, n)
-            for b in backends:  # alternate backends size by size
+            benches, checks = {}, {}
+            for b in backends:
                 bench = Bench(torch, dist, coll, count, dtype, args.op, groups[b], rank, n)
-                check = "skipped"
+                checks[b] = "skipped"
                 if args.check:
                     err = bench.check()
                     flags = torch.tensor([0 if err is None else 1])
                     dist.all_reduce(flags, group=ctrl)
-                    check = "ok" if flags.item() == 0 else "FAILED"
+                    checks[b] = "ok" if flags.item() == 0 else "FAILED"
                     if err and args.verbose:
                         print(f"[rank {rank}] {b} {coll} {count * elt} B check failed: {err}", flush=True)
-                times = measure(bench, ctrl, args, dist, torch)
+                benches[b] = bench
+            all_times = measure(benches, ctrl, args, dist, torch)
+            for b in backends:
+                times = all_times[b]
                 med, p99 = statistics.median(times), percentile(times, 99)
                 size = count * elt
                 algbw = size / (med * 1e-6) / 1e9
                 rows.append({"backend": b, "collective": coll, "size": size, "count": count,
-                             "type": TYPE_NAMES[args.dtype], "op": args.op if coll in ("all_reduce", "reduce", "reduce_scatter") else None,
+                             "type": TYPE_NAMES[args.dtype],
+                             "op": args.op if coll in ("all_reduce", "reduce", "reduce_scatter") else None,
                              "nranks": n, "iters": len(times), "time_us_median": med, "time_us_p99": p99,
                              "time_us_mean": statistics.fmean(times), "algbw_GBps": algbw,
-                             "busbw_GBps": algbw * bus_factor(coll, n), "check": check})
+                             "busbw_GBps": algbw * bus_factor(coll, n), "check": checks[b]})
                 if rank == 0 and args.verbose:
                     print(f"  {b:>12} {coll:>14} {size:>12} B  {med:10.1f} us", flush=True)
+            del benches
     dist.barrier(group=ctrl)
     dist.destroy_process_group()
     if rank == 0:
@@ -312,7 +333,7 @@ def launch(args):
             break
         bad = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
         if bad and failed is None:
-            failed = f"ranks {bad} failed"
+            failed = "ranks failed: " + ", ".join(f"{r} (exit code {procs[r].exitcode})" for r in bad)
             deadline = min(deadline, time.monotonic() + 10)
         time.sleep(0.1)
     for p in procs:
@@ -321,8 +342,9 @@ def launch(args):
         p.join()
     bad = [r for r, p in enumerate(procs) if p.exitcode != 0]
     if failed or bad:
+        failed = failed or "ranks failed: " + ", ".join(f"{r} (exit code {procs[r].exitcode})" for r in bad)
         errs = "".join(open(os.path.join(tmp, f)).read() for f in sorted(os.listdir(tmp)) if f.endswith(".err"))
-        sys.exit(f"pgbench: {failed or f'ranks {bad} failed'}\n{errs}")
+        sys.exit(f"pgbench: {failed}\n{errs}")
     with open(result_path) as f:
         return json.load(f)
 
@@ -386,6 +408,8 @@ def main(argv=None):
     ap.add_argument("-f", "--stepfactor", type=float, default=2.0)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=5,
+                    help="with two backends, iterations run in this many alternating blocks")
     ap.add_argument("--min-iters", type=int, default=10, help="floor when --time-budget cuts iterations")
     ap.add_argument("--time-budget", type=float, default=2.0,
                     help="seconds per size and backend that bound the iterations (0: always --iters)")
