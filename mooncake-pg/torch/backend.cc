@@ -1,0 +1,573 @@
+// MooncakeBackend: bootstrap, the collective worker, P2P, coalescing and the
+// torch-boundary checks shared by every op. The collective entry points are
+// in backend_collectives.cc.
+//
+// Environment knobs (read once per process):
+//   MC_PG_TIMEOUT_MS      per-op deadline and bootstrap deadline; overrides the
+//                         group timeout of init_process_group/new_group.
+//   MC_PG_CHUNK_BYTES     payload bytes of one collective slot (CommOptions::
+//                         chunk_bytes), default 4 MiB. The collective area of
+//                         each rank's window is about 2 x size x chunk.
+//   MC_PG_P2P_POOL_BYTES  P2P receive pool per source peer and send pool per
+//                         destination (P2POptions::pool_bytes_per_peer),
+//                         default 4 MiB: about 2 x size x pool per rank.
+// With the defaults each rank of a 4-rank group holds a 64 MiB window (32 MiB
+// of collective slots, 32 MiB of P2P pools and rings) plus the fabric's
+// 16 MiB bounce ring: 80 MiB, well under 256 MiB. Larger messages are
+// chunked by the core, never staged whole.
+#include "mooncake-pg/torch/backend.h"
+
+#include <Python.h>
+
+#include <algorithm>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "mooncake-pg/core/communicator.h"
+#include "mooncake-pg/core/engine_fabric.h"
+#include "mooncake-pg/core/p2p.h"
+#include "mooncake-pg/torch/store_adapter.h"
+#include "mooncake-transfer-engine/common/env.h"
+#include "mooncake-transfer-engine/common/logging.h"
+
+namespace mooncake::pg {
+
+namespace {
+
+MC_ENV_INT(ChunkBytes, "MC_PG_CHUNK_BYTES", static_cast<int64_t>(CommOptions{}.chunk_bytes))
+MC_ENV_INT(P2PPoolBytes, "MC_PG_P2P_POOL_BYTES",
+           static_cast<int64_t>(P2POptions{}.pool_bytes_per_peer))
+
+constexpr size_t kWindowAlign = 4096;
+constexpr size_t kMaxP2PChunkBytes = 1 << 20;
+
+size_t alignUp(size_t v, size_t a) {
+    return (v + a - 1) / a * a;
+}
+
+// Rank slots the group reserves; validated against the group size because a
+// later join can only fill slots that were reserved up front.
+int resolveMaxGroupSize(const BackendConfig& config) {
+    const MooncakeBackendOptions& o = *config.options;
+    int64_t max = o.max_group_size;
+    if (max == 0 && o.active_ranks.has_value())
+        max = o.active_ranks->numel();
+    if (max == 0)
+        max = config.size;
+    TORCH_CHECK_VALUE(max >= config.size, "Mooncake PG: max_group_size=", max,
+                      " is smaller than the size ", config.size, " of group '", config.group_name,
+                      "'; reserve at least one rank slot per rank of the group");
+    TORCH_CHECK_VALUE(max <= (int64_t{1} << 20), "Mooncake PG: max_group_size=", max,
+                      " is implausibly large (at most 1048576 rank slots)");
+    return static_cast<int>(max);
+}
+
+// Joins `t` without holding the GIL: a worker completing a Future may run a
+// Python callback, which needs the GIL this thread might hold.
+void joinReleasingGil(std::thread& t) {
+    if (!t.joinable())
+        return;
+    if (t.get_id() == std::this_thread::get_id()) {
+        t.detach();
+        return;
+    }
+    if (Py_IsInitialized() && PyGILState_Check()) {
+        PyThreadState* state = PyEval_SaveThread();
+        t.join();
+        PyEval_RestoreThread(state);
+    } else {
+        t.join();
+    }
+}
+
+std::string deviceText(const at::Tensor& t) {
+    return t.device().str();
+}
+
+}  // namespace
+
+std::string dtypeName(c10::ScalarType type) {
+    return "torch." + c10::getDtypeNames(type).first;
+}
+
+MooncakeBackend::MooncakeBackend(const c10::intrusive_ptr<c10d::Store>& store, BackendConfig config)
+    : c10d::Backend(config.rank, config.size),
+      config_(std::move(config)),
+      max_group_size_(resolveMaxGroupSize(config_)),
+      group_size_(config_.size),
+      timeout_ms_(config_.timeout.count()) {
+    init();
+    const auto i32 = at::TensorOptions().dtype(at::kInt);
+    if (config_.options->active_ranks.has_value()) {
+        active_ranks_ = *config_.options->active_ranks;
+        TORCH_CHECK_VALUE(active_ranks_.numel() == max_group_size_,
+                          "Mooncake PG: active_ranks has ", active_ranks_.numel(),
+                          " entries but the group reserves max_group_size=", max_group_size_,
+                          " rank slots; size it to max_group_size");
+    } else {
+        active_ranks_ = at::zeros({max_group_size_}, i32);
+    }
+    // Founding members are active; reserved slots wait for a join.
+    active_ranks_.zero_();
+    active_ranks_.narrow(0, 0, config_.size).fill_(1);
+
+    bootstrap(store);
+    worker_ = std::thread([this] { workerLoop(); });
+}
+
+MooncakeBackend::~MooncakeBackend() {
+    shutdown();
+}
+
+void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
+    store_ = std::make_shared<C10dStoreAdapter>(store);
+    const std::shared_ptr<KVStore> kv = store_;
+    const std::string where = "rank " + std::to_string(config_.rank) + " of group '" +
+                              config_.group_name + "' (" + getBackendName() + ")";
+    TORCH_CHECK_VALUE(envChunkBytes() > 0, "Mooncake PG: MC_PG_CHUNK_BYTES=", envChunkBytes(),
+                      " must be a positive byte count");
+    TORCH_CHECK_VALUE(envP2PPoolBytes() > 0,
+                      "Mooncake PG: MC_PG_P2P_POOL_BYTES=", envP2PPoolBytes(),
+                      " must be a positive byte count");
+    CommOptions comm_options;
+    comm_options.chunk_bytes = static_cast<size_t>(envChunkBytes());
+    comm_options.window_offset = 0;
+    P2POptions p2p_options;
+    p2p_options.pool_bytes_per_peer = static_cast<size_t>(envP2PPoolBytes());
+    p2p_options.chunk_bytes = std::min(kMaxP2PChunkBytes, p2p_options.pool_bytes_per_peer);
+    const size_t comm_bytes =
+        alignUp(Communicator::windowBytesFor(config_.size, comm_options), kWindowAlign);
+    p2p_options.window_offset = comm_bytes;
+    const size_t window_bytes =
+        comm_bytes + alignUp(P2PEngine::windowBytesFor(config_.size, p2p_options), kWindowAlign);
+
+    // torch reuses a group's store prefix when a group is destroyed and
+    // created again under the same name; every instance counts itself in, so
+    // each generation bootstraps under keys of its own. Every local check
+    // comes before this, so a rank that gives up does not skew the count.
+    auto ticket = kv->add("mooncake_pg/instances", 1);
+    TORCH_CHECK_WITH(DistBackendError, ticket.ok(), "Mooncake PG: bootstrapping ", where,
+                     " failed: ", ticket.status().toString());
+    const int64_t generation = (ticket.value() - 1) / config_.size;
+
+    EngineFabricOptions fabric_options;
+    fabric_options.rank = config_.rank;
+    fabric_options.size = config_.size;
+    fabric_options.window_bytes = window_bytes;
+    fabric_options.group_key = "mooncake_pg/" + std::to_string(generation);
+    fabric_options.host_ip = config_.host_ip;
+    fabric_options.device_filter = config_.device_filter;
+    fabric_options.bootstrap_timeout_ms = timeout_ms_.load();
+    MC_LOG(kInfo, "pg") << where << ": bootstrapping generation " << generation << ", window "
+                        << window_bytes << " bytes (collectives " << comm_bytes << ")";
+
+    auto fabric = EngineFabric::create(kv, fabric_options);
+    TORCH_CHECK_WITH(DistBackendError, fabric.ok(), "Mooncake PG: bootstrapping ", where,
+                     " failed: ", fabric.status().toString());
+    fabric_ = fabric.value();
+    comm_ = std::make_unique<Communicator>(fabric_, comm_options);
+    p2p_ = std::make_unique<P2PEngine>(fabric_, p2p_options);
+}
+
+const std::string MooncakeBackend::getBackendName() const {
+    return config_.is_cuda ? "mooncake" : "mooncake-cpu";
+}
+
+c10::intrusive_ptr<c10d::Backend::Options> MooncakeBackend::getBackendOptions() {
+    return config_.options;
+}
+
+void MooncakeBackend::setTimeout(std::chrono::milliseconds timeout) {
+    TORCH_CHECK_VALUE(timeout.count() > 0, "Mooncake PG: timeout must be positive, got ",
+                      timeout.count(), " ms");
+    timeout_ms_.store(timeout.count());
+}
+
+// ---------------------------------------------------------------------------
+// The collective worker.
+
+c10::intrusive_ptr<MooncakeWork> MooncakeBackend::enqueue(
+    c10d::OpType type, const char* op_name, std::vector<at::Tensor> outputs,
+    std::chrono::milliseconds requested_timeout, CoreOp run) {
+    auto work = c10::make_intrusive<MooncakeWork>(rank_, type, std::move(outputs), max_group_size_);
+    {
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        TORCH_CHECK(accepting_, "Mooncake PG: ", op_name, " on group '", config_.group_name,
+                    "' after the group was shut down or aborted");
+        queue_.push_back(Task{work, op_name, opTimeout(requested_timeout), std::move(run)});
+    }
+    queue_cv_.notify_one();
+    track(work);
+    return work;
+}
+
+void MooncakeBackend::workerLoop() {
+    // Copy-backs into user tensors (non-contiguous outputs, list outputs)
+    // must not be recorded by autograd, whatever the caller's grad mode.
+    at::NoGradGuard no_grad;
+    while (true) {
+        Task task;
+        bool aborted = false;
+        {
+            std::unique_lock<std::mutex> lock(queue_mu_);
+            queue_cv_.wait(lock, [this] { return !queue_.empty() || !accepting_; });
+            if (queue_.empty())
+                return;
+            task = std::move(queue_.front());
+            queue_.pop_front();
+            aborted = abort_pending_;
+        }
+        if (aborted) {
+            task.work->markFailed(failureMessage(task.op_name, Aborted("the group was aborted")),
+                                  {});
+            continue;
+        }
+        runTask(task);
+    }
+}
+
+void MooncakeBackend::runTask(Task& task) {
+    const Deadline deadline = Deadline::after(task.timeout);
+    Status status;
+    bool from_core = true;
+    try {
+        status = task.run(deadline);
+    } catch (const c10::Error& e) {
+        status = Internal(e.what_without_backtrace());
+        from_core = false;
+    } catch (const std::exception& e) {
+        status = Internal(e.what());
+        from_core = false;
+    }
+    if (status.ok()) {
+        task.work->markSucceeded();
+        return;
+    }
+    std::vector<int> failed;
+    if (from_core)
+        failed = comm_->lastFailure().failed_ranks;
+    task.work->markFailed(failureMessage(task.op_name, status), failed);
+}
+
+std::string MooncakeBackend::failureMessage(const char* op_name, const Status& status) const {
+    std::string text = "Mooncake PG: " + std::string(op_name) + " failed on rank " +
+                       std::to_string(config_.rank) + " of group '" + config_.group_name + "' (" +
+                       getBackendName() + "): " + status.toString();
+    // Arguments were validated locally before the op was queued, so an
+    // invalid-argument failure from the core means the ranks disagree.
+    if (status.code() == StatusCode::kInvalidArgument) {
+        text +=
+            " (the ranks' calls mismatch: every rank must pass the same op, dtype, "
+            "sizes and root)";
+    }
+    return text;
+}
+
+void MooncakeBackend::stopWorker(bool abort_pending) {
+    {
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        accepting_ = false;
+        if (abort_pending)
+            abort_pending_ = true;
+    }
+    queue_cv_.notify_all();
+    if (abort_pending && fabric_) {
+        // The running collective waits on peers' flags; marking every peer
+        // failed turns those waits into immediate errors instead of waits to
+        // the deadline.
+        for (int p = 0; p < config_.size; ++p) {
+            if (p != config_.rank)
+                fabric_->markPeerFailed(p);
+        }
+    }
+    joinReleasingGil(worker_);
+}
+
+void MooncakeBackend::releaseCore() {
+    // P2P first: its destructor fails pending sends/recvs (their Works
+    // complete with kAborted) and stops its thread before the fabric goes.
+    p2p_.reset();
+    comm_.reset();
+    // Ranks leave at different times, and the rank hosting the TCPStore may
+    // already be gone; withdrawing our keys then only produces store errors.
+    // The keys are generation-scoped, so leaving them behind is harmless.
+    if (store_)
+        store_->skipRemoves();
+    fabric_.reset();
+}
+
+void MooncakeBackend::shutdown() {
+    if (closed_.exchange(true))
+        return;
+    stopWorker(/*abort_pending=*/false);
+    releaseCore();
+}
+
+void MooncakeBackend::abort() {
+    if (closed_.exchange(true))
+        return;
+    stopWorker(/*abort_pending=*/true);
+    releaseCore();
+}
+
+// ---------------------------------------------------------------------------
+// Coalescing: batch_isend_irecv and _coalescing_manager.
+
+void MooncakeBackend::track(const c10::intrusive_ptr<MooncakeWork>& work) {
+    std::lock_guard<std::mutex> lock(coalesce_mu_);
+    if (coalescing_)
+        coalesced_.push_back(work);
+}
+
+void MooncakeBackend::startCoalescing() {
+    std::lock_guard<std::mutex> lock(coalesce_mu_);
+    TORCH_CHECK(!coalescing_, "Mooncake PG: startCoalescing on group '", config_.group_name,
+                "' while a coalescing batch is already open; call endCoalescing first");
+    coalescing_ = true;
+    coalesced_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeBackend::endCoalescing() {
+    std::vector<c10::intrusive_ptr<MooncakeWork>> works;
+    {
+        std::lock_guard<std::mutex> lock(coalesce_mu_);
+        TORCH_CHECK(coalescing_, "Mooncake PG: endCoalescing on group '", config_.group_name,
+                    "' without a matching startCoalescing");
+        coalescing_ = false;
+        works.swap(coalesced_);
+    }
+    std::vector<at::Tensor> outputs;
+    for (auto& w : works) {
+        for (auto& t : w->result())
+            outputs.push_back(t);
+    }
+    auto batch = c10::make_intrusive<MooncakeWork>(rank_, c10d::OpType::COALESCED,
+                                                   std::move(outputs), max_group_size_);
+    if (works.empty()) {
+        batch->markSucceeded();
+        return batch;
+    }
+    struct Join {
+        std::mutex mu;
+        size_t left = 0;
+        std::string error;
+        std::vector<int> failed;
+    };
+    auto join = std::make_shared<Join>();
+    join->left = works.size();
+    for (auto& w : works) {
+        w->onCompletion([batch, join](MooncakeWork& done) {
+            std::string error;
+            std::vector<int> failed;
+            {
+                std::lock_guard<std::mutex> lock(join->mu);
+                if (!done.isSuccess() && join->error.empty())
+                    join->error = done.errorMessage();
+                for (int r : done.failedRanks())
+                    join->failed.push_back(r);
+                if (--join->left > 0)
+                    return;
+                error = join->error;
+                failed = join->failed;
+            }
+            if (error.empty()) {
+                batch->markSucceeded();
+            } else {
+                batch->markFailed(error, failed);
+            }
+        });
+    }
+    return batch;
+}
+
+// ---------------------------------------------------------------------------
+// Point-to-point.
+
+c10::intrusive_ptr<c10d::Work> MooncakeBackend::send(std::vector<at::Tensor>& tensors, int dst_rank,
+                                                     int tag) {
+    return pointToPoint(/*is_send=*/true, tensors, dst_rank, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeBackend::recv(std::vector<at::Tensor>& tensors, int src_rank,
+                                                     int tag) {
+    return pointToPoint(/*is_send=*/false, tensors, src_rank, tag);
+}
+
+c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
+                                                               std::vector<at::Tensor>& tensors,
+                                                               int peer, int tag) {
+    const char* op = is_send ? "send" : "recv";
+    checkOpen(op);
+    checkSingle(tensors, op);
+    checkRank(peer, op, is_send ? "dst" : "src");
+    TORCH_CHECK(peer != config_.rank, "Mooncake PG: ", op, " with peer ", peer,
+                ", which is this rank; send/recv to self is not supported");
+    const at::Tensor user = tensors[0];
+    checkTensor(user, op, "tensor");
+    checkDtype(user, op, "tensor");
+    // The engine reads a send buffer until the data is staged and writes a
+    // recv buffer until completion; a contiguous stand-in is kept alive by
+    // the completion callback.
+    at::Tensor buffer = user;
+    if (!user.is_contiguous()) {
+        buffer = is_send ? user.contiguous() : at::empty_like(user, at::MemoryFormat::Contiguous);
+    }
+    auto work =
+        c10::make_intrusive<MooncakeWork>(rank_, is_send ? c10d::OpType::SEND : c10d::OpType::RECV,
+                                          std::vector<at::Tensor>{user}, max_group_size_);
+    const std::string context = "Mooncake PG: " + std::string(op) + (is_send ? " to" : " from") +
+                                " rank " + std::to_string(peer) + " (tag " + std::to_string(tag) +
+                                ") on rank " + std::to_string(config_.rank) + " of group '" +
+                                config_.group_name + "' failed: ";
+    auto done = [work, user, buffer, context, is_send, peer](Status status) {
+        if (status.ok() && !is_send && !buffer.is_same(user)) {
+            try {
+                at::NoGradGuard no_grad;
+                user.copy_(buffer);
+            } catch (const std::exception& e) {
+                status = Internal(std::string("copying into the recv tensor: ") + e.what());
+            }
+        }
+        if (status.ok()) {
+            work->markSucceeded();
+            return;
+        }
+        std::vector<int> failed;
+        if (status.code() == StatusCode::kTimeout || status.code() == StatusCode::kPeerFailure) {
+            failed.push_back(peer);
+        }
+        std::string text = context + status.toString();
+        if (status.code() == StatusCode::kInvalidArgument) {
+            text += " (the send and recv sizes mismatch)";
+        }
+        work->markFailed(text, failed);
+    };
+    const Deadline deadline = Deadline::after(opTimeout(c10d::kUnsetTimeout));
+    const size_t bytes = static_cast<size_t>(buffer.numel()) * buffer.element_size();
+    Status posted = is_send ? p2p_->send(buffer.data_ptr(), bytes, peer, tag, deadline, done)
+                            : p2p_->recv(buffer.data_ptr(), bytes, peer, tag, deadline, done);
+    // A refused post never calls `done`.
+    if (!posted.ok())
+        work->markFailed(context + posted.toString(), {});
+    track(work);
+    return work;
+}
+
+// ---------------------------------------------------------------------------
+// Torch-boundary checks.
+
+void MooncakeBackend::checkOpen(const char* op) const {
+    TORCH_CHECK(!closed_.load(), "Mooncake PG: ", op, " on group '", config_.group_name,
+                "' after the group was shut down or aborted");
+}
+
+void MooncakeBackend::checkSingle(const std::vector<at::Tensor>& tensors, const char* op) const {
+    TORCH_CHECK(tensors.size() == 1, "Mooncake PG: ", op,
+                " takes exactly one tensor per call, got a list of ", tensors.size());
+}
+
+void MooncakeBackend::checkRank(int64_t rank, const char* op, const char* what) const {
+    TORCH_CHECK(rank >= 0 && rank < groupSize(), "Mooncake PG: ", op, ": ", what, " rank ", rank,
+                " is outside the group's ranks [0, ", groupSize(), ")");
+}
+
+void MooncakeBackend::checkTensor(const at::Tensor& t, const char* op,
+                                  const std::string& what) const {
+    TORCH_CHECK(t.defined(), "Mooncake PG: ", op, ": ", what, " is an undefined tensor");
+    if (t.is_cuda()) {
+        if (config_.is_cuda) {
+            TORCH_CHECK(false,
+                        "Mooncake PG: the CUDA data path of backend 'mooncake' is not available "
+                        "yet (",
+                        what, " on ", deviceText(t),
+                        "); use backend='mooncake-cpu' for CPU "
+                        "tensors [",
+                        op, "]");
+        }
+        TORCH_CHECK(false, "Mooncake PG: backend 'mooncake-cpu' takes CPU tensors, but ", what,
+                    " of ", op, " is on ", deviceText(t),
+                    "; move it to CPU (the CUDA data path of backend 'mooncake' is not available "
+                    "yet)");
+    }
+    TORCH_CHECK(t.is_cpu(), "Mooncake PG: ", op, ": ", what, " is on device ", deviceText(t),
+                "; expected a CPU tensor");
+    TORCH_CHECK(t.layout() == at::kStrided, "Mooncake PG: ", op, ": ", what, " has layout ",
+                t.layout(), "; only dense (strided) tensors are supported");
+}
+
+DataType MooncakeBackend::checkDtype(const at::Tensor& t, const char* op,
+                                     const std::string& what) const {
+    switch (t.scalar_type()) {
+        case at::kFloat:
+            return DataType::kFloat32;
+        case at::kDouble:
+            return DataType::kFloat64;
+        case at::kHalf:
+            return DataType::kFloat16;
+        case at::kBFloat16:
+            return DataType::kBFloat16;
+        case at::kChar:
+            return DataType::kInt8;
+        case at::kByte:
+            return DataType::kUInt8;
+        case at::kShort:
+            return DataType::kInt16;
+        case at::kInt:
+            return DataType::kInt32;
+        case at::kLong:
+            return DataType::kInt64;
+        case at::kBool:
+            return DataType::kBool;
+        default:
+            break;
+    }
+    TORCH_CHECK(false, "Mooncake PG: ", op, ": ", what, " has dtype ", dtypeName(t.scalar_type()),
+                "; supported dtypes are float32, float64, float16, bfloat16, int8, uint8, int16, "
+                "int32, int64 and bool");
+}
+
+ReduceOp MooncakeBackend::checkReduceOp(const c10d::ReduceOp& op, DataType dtype,
+                                        const char* op_name) const {
+    struct Entry {
+        c10d::ReduceOp::RedOpType torch_op;
+        ReduceOp core;
+        const char* name;
+    };
+    static constexpr Entry kOps[] = {
+        {c10d::ReduceOp::SUM, ReduceOp::kSum, "SUM"},
+        {c10d::ReduceOp::AVG, ReduceOp::kAvg, "AVG"},
+        {c10d::ReduceOp::PRODUCT, ReduceOp::kProduct, "PRODUCT"},
+        {c10d::ReduceOp::MIN, ReduceOp::kMin, "MIN"},
+        {c10d::ReduceOp::MAX, ReduceOp::kMax, "MAX"},
+        {c10d::ReduceOp::BAND, ReduceOp::kBand, "BAND"},
+        {c10d::ReduceOp::BOR, ReduceOp::kBor, "BOR"},
+        {c10d::ReduceOp::BXOR, ReduceOp::kBxor, "BXOR"},
+    };
+    for (const Entry& e : kOps) {
+        if (e.torch_op != op.op_)
+            continue;
+        std::string why;
+        if (!reduceOpSupported(e.core, dtype, &why)) {
+            // Keep the core's reason, but name the op and dtype as torch does.
+            const size_t cut = why.rfind(": ");
+            TORCH_CHECK(false, "Mooncake PG: ", op_name, ": ReduceOp.", e.name,
+                        " is not supported for dtype torch.", dataTypeName(dtype), " (",
+                        cut == std::string::npos ? why : why.substr(cut + 2), ")");
+        }
+        return e.core;
+    }
+    TORCH_CHECK(false, "Mooncake PG: ", op_name, ": ReduceOp.",
+                op.op_ == c10d::ReduceOp::PREMUL_SUM ? std::string("PREMUL_SUM")
+                                                     : std::to_string(static_cast<int>(op.op_)),
+                " is not supported; use SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR or BXOR");
+}
+
+std::chrono::milliseconds MooncakeBackend::opTimeout(std::chrono::milliseconds requested) const {
+    if (requested.count() > 0)
+        return requested;
+    return std::chrono::milliseconds(timeout_ms_.load());
+}
+
+}  // namespace mooncake::pg

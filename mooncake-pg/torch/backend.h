@@ -1,0 +1,198 @@
+// MooncakeBackend: the c10d::Backend of the `mooncake-cpu` and `mooncake`
+// backends. It validates tensors at the torch boundary, turns them into
+// pointers, sizes and dtypes, and runs the torch-free core:
+//   * collectives on one worker thread per backend, in issue order (the
+//     core Communicator is not thread-safe, and every rank must issue the
+//     same calls in the same order anyway);
+//   * send/recv directly on the core P2PEngine, which queues them on its own
+//     progress thread, so mismatched orders across ranks cannot deadlock.
+// Every op returns its Work at once; only Work::wait() blocks.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "mooncake-pg/core/types.h"
+#include "mooncake-pg/torch/options.h"
+#include "mooncake-pg/torch/work.h"
+#include "mooncake-transfer-engine/common/deadline.h"
+#include "mooncake-transfer-engine/common/status.h"
+
+namespace mooncake::pg {
+
+class C10dStoreAdapter;
+class Communicator;
+class EngineFabric;
+class P2PEngine;
+
+// "torch.float32", as Python users spell dtypes.
+std::string dtypeName(c10::ScalarType type);
+
+// Everything resolved at creation (torch's arguments, options, globals).
+struct BackendConfig {
+    int rank = 0;
+    int size = 1;
+    // Registered as `mooncake` (CUDA device) rather than `mooncake-cpu`.
+    bool is_cuda = false;
+    std::chrono::milliseconds timeout{kBackendDefaultTimeout};
+    std::string group_name;
+    std::string host_ip;
+    std::vector<std::string> device_filter;
+    c10::intrusive_ptr<MooncakeBackendOptions> options;  // never null
+};
+
+class MooncakeBackend final : public c10d::Backend {
+public:
+    // Bootstraps the group through `store` (collective over the group's
+    // ranks); throws c10::DistBackendError when that fails.
+    MooncakeBackend(const c10::intrusive_ptr<c10d::Store>& store, BackendConfig config);
+    ~MooncakeBackend() override;
+
+    const std::string getBackendName() const override;
+    c10::intrusive_ptr<Options> getBackendOptions() override;
+    void setTimeout(std::chrono::milliseconds timeout) override;
+
+    c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                             const c10d::BroadcastOptions& opts) override;
+    c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                             const c10d::AllreduceOptions& opts) override;
+    c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+        std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+    c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                          const c10d::ReduceOptions& opts) override;
+    c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                             std::vector<at::Tensor>& inputs,
+                                             const c10d::AllgatherOptions& opts) override;
+    c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                   const c10d::AllgatherOptions& opts) override;
+    c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+        std::vector<std::vector<at::Tensor>>& output_lists, std::vector<at::Tensor>& inputs,
+        const c10d::AllgatherOptions& opts) override;
+    c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+        std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+        const c10d::AllgatherOptions& opts) override;
+    c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::GatherOptions& opts) override;
+    c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                           std::vector<std::vector<at::Tensor>>& inputs,
+                                           const c10d::ScatterOptions& opts) override;
+    c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                  std::vector<std::vector<at::Tensor>>& inputs,
+                                                  const c10d::ReduceScatterOptions& opts) override;
+    c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+        at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+    c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+        std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+        const c10d::ReduceScatterOptions& opts) override;
+    c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                 std::vector<int64_t>& output_split_sizes,
+                                                 std::vector<int64_t>& input_split_sizes,
+                                                 const c10d::AllToAllOptions& opts) override;
+    c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                            std::vector<at::Tensor>& inputs,
+                                            const c10d::AllToAllOptions& opts) override;
+    c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+    c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank,
+                                        int tag) override;
+    c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank,
+                                        int tag) override;
+
+    // Between startCoalescing and endCoalescing every op still runs as soon
+    // as it is issued; endCoalescing returns one Work that completes when all
+    // of them have.
+    bool supportsCoalescing() const override { return true; }
+    void startCoalescing() override;
+    c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+
+    // Lets queued collectives finish, then releases the group's resources.
+    void shutdown() override;
+    // Fails queued collectives without running them and makes the running
+    // one fail fast, then releases the group's resources.
+    void abort() override;
+
+    // The committed membership's size: highest active rank + 1.
+    int groupSize() const { return group_size_.load(); }
+    int maxGroupSize() const { return max_group_size_; }
+    // The active-rank mask, max_group_size int32 entries (the caller's
+    // active_ranks tensor when one was given).
+    at::Tensor activeRanks() const { return active_ranks_; }
+    bool isCuda() const { return config_.is_cuda; }
+
+private:
+    // A collective's core calls, run on the worker thread. A non-OK Status
+    // comes from the Communicator (its lastFailure() names the ranks).
+    using CoreOp = std::function<Status(Deadline)>;
+    struct Task {
+        c10::intrusive_ptr<MooncakeWork> work;
+        const char* op_name;
+        std::chrono::milliseconds timeout;
+        CoreOp run;
+    };
+
+    void bootstrap(const c10::intrusive_ptr<c10d::Store>& store);
+    void workerLoop();
+    void runTask(Task& task);
+    void stopWorker(bool abort_pending);
+    void releaseCore();
+
+    // Queues `run` on the worker and returns its Work.
+    c10::intrusive_ptr<MooncakeWork> enqueue(c10d::OpType type, const char* op_name,
+                                             std::vector<at::Tensor> outputs,
+                                             std::chrono::milliseconds requested_timeout,
+                                             CoreOp run);
+    c10::intrusive_ptr<MooncakeWork> pointToPoint(bool is_send, std::vector<at::Tensor>& tensors,
+                                                  int peer, int tag);
+    // Adds `work` to the open coalescing batch, if any.
+    void track(const c10::intrusive_ptr<MooncakeWork>& work);
+    std::string failureMessage(const char* op_name, const Status& status) const;
+
+    // Torch-boundary validation; each throws c10::Error naming the op, the
+    // argument, its value and what was expected.
+    void checkTensor(const at::Tensor& t, const char* op, const std::string& what) const;
+    DataType checkDtype(const at::Tensor& t, const char* op, const std::string& what) const;
+    ReduceOp checkReduceOp(const c10d::ReduceOp& op, DataType dtype, const char* op_name) const;
+    void checkRank(int64_t rank, const char* op, const char* what) const;
+    void checkSingle(const std::vector<at::Tensor>& tensors, const char* op) const;
+    void checkOpen(const char* op) const;
+    std::chrono::milliseconds opTimeout(std::chrono::milliseconds requested) const;
+
+    const BackendConfig config_;
+    const int max_group_size_;
+    // Follows the committed membership (the creation size until elastic
+    // membership lands).
+    std::atomic<int> group_size_;
+    at::Tensor active_ranks_;
+    std::atomic<int64_t> timeout_ms_;
+
+    std::shared_ptr<C10dStoreAdapter> store_;
+    std::shared_ptr<EngineFabric> fabric_;
+    // Used only on the worker thread once the worker runs.
+    std::unique_ptr<Communicator> comm_;
+    std::unique_ptr<P2PEngine> p2p_;
+
+    std::mutex queue_mu_;  // guards queue_, accepting_, abort_pending_
+    std::condition_variable queue_cv_;
+    std::deque<Task> queue_;
+    bool accepting_ = true;
+    bool abort_pending_ = false;
+    std::thread worker_;
+    std::atomic<bool> closed_{false};
+
+    std::mutex coalesce_mu_;  // guards coalescing_ and coalesced_
+    bool coalescing_ = false;
+    std::vector<c10::intrusive_ptr<MooncakeWork>> coalesced_;
+};
+
+}  // namespace mooncake::pg

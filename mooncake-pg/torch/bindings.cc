@@ -1,0 +1,195 @@
+// The pg_<torch version> Python module: MooncakeBackendOptions, the
+// backend creator, and the module-level helpers that python/mooncake/pg.py
+// re-exports. Our classes derive from torch's own bindings (ProcessGroup,
+// Backend, Work, Backend.Options), so objects torch hands back to Python
+// (dist.group.WORLD, async Works, _get_backend) come out as our subclasses.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/utils/pybind.h>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include "mooncake-pg/torch/backend.h"
+#include "mooncake-pg/torch/options.h"
+#include "mooncake-pg/torch/process_group.h"
+#include "mooncake-pg/torch/work.h"
+
+namespace py = pybind11;
+
+namespace mooncake::pg {
+namespace {
+
+c10::intrusive_ptr<MooncakeBackendOptions> makeOptions(std::optional<at::Tensor> active_ranks,
+                                                       std::optional<int64_t> max_group_size,
+                                                       bool is_extension,
+                                                       bool auto_deactivate_on_failure,
+                                                       bool auto_sync_on_failure) {
+    if (max_group_size.has_value()) {
+        TORCH_CHECK_VALUE(*max_group_size >= 1,
+                          "MooncakeBackendOptions: max_group_size=", *max_group_size,
+                          " must be at least 1");
+    }
+    auto o = c10::make_intrusive<MooncakeBackendOptions>();
+    o->active_ranks = std::move(active_ranks);
+    o->max_group_size = max_group_size.value_or(0);
+    o->is_extension = is_extension;
+    o->auto_deactivate_on_failure = auto_deactivate_on_failure;
+    o->auto_sync_on_failure = auto_sync_on_failure;
+    o->validate();
+    return o;
+}
+
+// The MooncakeBackend behind a group-like Python object: a Mooncake process
+// group (dist.group.WORLD, new_group()), or the backend itself (_get_backend).
+c10::intrusive_ptr<MooncakeBackend> backendOf(const py::handle& group, const char* fn) {
+    if (py::isinstance<MooncakeProcessGroup>(group)) {
+        return group.cast<c10::intrusive_ptr<MooncakeProcessGroup>>()->mooncakeBackend();
+    }
+    if (py::isinstance<MooncakeBackend>(group)) {
+        return group.cast<c10::intrusive_ptr<MooncakeBackend>>();
+    }
+    if (py::isinstance<c10d::ProcessGroup>(group)) {
+        auto pg = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+        if (pg->hasBackends()) {
+            auto b = c10::dynamic_intrusive_pointer_cast<MooncakeBackend>(
+                pg->getBackend(c10::DeviceType::CPU));
+            if (b)
+                return b;
+        }
+    }
+    throw py::type_error(std::string("mooncake.pg.") + fn +
+                         ": expected a Mooncake process group (e.g. dist.group.WORLD after "
+                         "init_process_group(backend='mooncake-cpu')), got " +
+                         py::str(py::type::handle_of(group)).cast<std::string>());
+}
+
+}  // namespace
+}  // namespace mooncake::pg
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    using namespace mooncake::pg;
+    m.doc() = "Mooncake PG: the torch.distributed backends 'mooncake-cpu' and 'mooncake'";
+    // Our classes derive from these bindings; they must be registered first.
+    py::module_::import("torch._C._distributed_c10d");
+
+    py::class_<MooncakeBackendOptions, c10::intrusive_ptr<MooncakeBackendOptions>,
+               c10d::Backend::Options>(m, "MooncakeBackendOptions", R"(
+Options for init_process_group(backend='mooncake-cpu' | 'mooncake', pg_options=...).
+
+Forms (seed API):
+    MooncakeBackendOptions(max_group_size)
+    MooncakeBackendOptions(max_group_size, is_extension)
+    MooncakeBackendOptions(max_group_size, is_extension,
+                           auto_deactivate_on_failure, auto_sync_on_failure)
+    MooncakeBackendOptions(active_ranks)
+    MooncakeBackendOptions(active_ranks, is_extension)
+    MooncakeBackendOptions(active_ranks, is_extension, max_group_size)  # or max_world_size=
+)")
+        // Tensor forms first: a one-element integer tensor would also
+        // convert to an int through __index__.
+        .def(py::init([](at::Tensor active_ranks, bool is_extension,
+                         std::optional<int64_t> max_group_size, bool auto_deactivate_on_failure,
+                         bool auto_sync_on_failure) {
+                 return makeOptions(std::move(active_ranks), max_group_size, is_extension,
+                                    auto_deactivate_on_failure, auto_sync_on_failure);
+             }),
+             py::arg("active_ranks"), py::arg("is_extension") = false,
+             py::arg("max_group_size") = py::none(), py::arg("auto_deactivate_on_failure") = true,
+             py::arg("auto_sync_on_failure") = true)
+        .def(py::init([](at::Tensor active_ranks, bool is_extension, int64_t max_world_size) {
+                 return makeOptions(std::move(active_ranks), max_world_size, is_extension, true,
+                                    true);
+             }),
+             py::arg("active_ranks"), py::arg("is_extension"), py::arg("max_world_size"))
+        .def(py::init([](std::optional<int64_t> max_group_size, bool is_extension,
+                         bool auto_deactivate_on_failure, bool auto_sync_on_failure,
+                         std::optional<at::Tensor> active_ranks) {
+                 return makeOptions(std::move(active_ranks), max_group_size, is_extension,
+                                    auto_deactivate_on_failure, auto_sync_on_failure);
+             }),
+             py::arg("max_group_size") = py::none(), py::arg("is_extension") = false,
+             py::arg("auto_deactivate_on_failure") = true, py::arg("auto_sync_on_failure") = true,
+             py::arg("active_ranks") = py::none())
+        .def_property_readonly(
+            "max_group_size",
+            [](const MooncakeBackendOptions& o) -> std::optional<int64_t> {
+                if (o.max_group_size > 0)
+                    return o.max_group_size;
+                if (o.active_ranks)
+                    return o.active_ranks->numel();
+                return std::nullopt;
+            },
+            "Rank slots reserved for the group (None: the group size at creation).")
+        .def_property_readonly("is_extension",
+                               [](const MooncakeBackendOptions& o) { return o.is_extension; })
+        .def_property_readonly(
+            "auto_deactivate_on_failure",
+            [](const MooncakeBackendOptions& o) { return o.auto_deactivate_on_failure; })
+        .def_property_readonly(
+            "auto_sync_on_failure",
+            [](const MooncakeBackendOptions& o) { return o.auto_sync_on_failure; })
+        .def_property_readonly("active_ranks",
+                               [](const MooncakeBackendOptions& o) { return o.active_ranks; })
+        .def("__repr__", [](const MooncakeBackendOptions& o) { return o.toString(); });
+
+    py::class_<MooncakeWork, c10::intrusive_ptr<MooncakeWork>, c10d::Work>(m, "MooncakeWork")
+        // torch's Work.exception() binding cannot convert std::exception_ptr.
+        .def(
+            "exception",
+            [](const MooncakeWork& work) -> py::object {
+                if (!work.exception())
+                    return py::none();
+                return py::module_::import("torch.distributed")
+                    .attr("DistBackendError")(work.errorMessage());
+            },
+            "None, or the failure as a torch.distributed.DistBackendError (not raised).")
+        .def("local_success", &MooncakeWork::localSuccess,
+             "Whether the op completed every transfer at this rank (False while pending).")
+        .def("failed_ranks_hint", &MooncakeWork::failedRanksHint,
+             "int32 CPU tensor with one entry per rank slot; 1 where the failure evidence "
+             "names the rank. Evidence, not a verdict.");
+
+    py::class_<MooncakeBackend, c10::intrusive_ptr<MooncakeBackend>, c10d::Backend>(
+        m, "MooncakeBackend");
+
+    py::class_<MooncakeProcessGroup, c10::intrusive_ptr<MooncakeProcessGroup>, c10d::ProcessGroup>(
+        m, "MooncakeProcessGroup")
+        .def_property_readonly("max_group_size", [](const MooncakeProcessGroup& pg) {
+            return pg.mooncakeBackend()->maxGroupSize();
+        });
+
+    m.def(
+        "createMooncakeBackend",
+        [](const c10d::DistributedBackendOptions& dist_options, const py::object& pg_options,
+           bool is_cuda) {
+            c10::intrusive_ptr<MooncakeBackendOptions> options;
+            if (!pg_options.is_none()) {
+                if (!py::isinstance<MooncakeBackendOptions>(pg_options)) {
+                    throw py::type_error(
+                        "Mooncake PG: pg_options must be mooncake.pg.MooncakeBackendOptions or "
+                        "None, got " +
+                        py::str(py::type::handle_of(pg_options)).cast<std::string>());
+                }
+                options = pg_options.cast<c10::intrusive_ptr<MooncakeBackendOptions>>();
+            }
+            // Bootstrap waits on peers through the store; other threads
+            // (a Python store, Future callbacks) may need the GIL meanwhile.
+            py::gil_scoped_release no_gil;
+            return createMooncakeProcessGroup(dist_options, options, is_cuda);
+        },
+        py::arg("dist_backend_opts"), py::arg("pg_options"), py::arg("is_cuda"),
+        "The torch.distributed extended-API creator; returns the group's ProcessGroup.");
+
+    m.def("set_host_ip", &setHostIp, py::arg("host_ip"),
+          "Address the backend's listeners bind to, for groups created afterwards "
+          "(default: $MC_HOST_IP or 127.0.0.1).");
+    m.def("set_device_filter", &setDeviceFilter, py::arg("filters"),
+          "NIC/HCA names the transfer engine may use, for groups created afterwards.");
+    m.def(
+        "get_active_ranks",
+        [](const py::handle& group) { return backendOf(group, "get_active_ranks")->activeRanks(); },
+        py::arg("backend"),
+        "The group's active-rank mask: int32, one entry per rank slot (max_group_size), 1 for "
+        "active ranks.");
+}

@@ -1,0 +1,146 @@
+#include "mooncake-pg/torch/work.h"
+
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+namespace mooncake::pg {
+
+std::exception_ptr makeBackendError(const std::string& message) {
+    try {
+        C10_THROW_ERROR(DistBackendError, message);
+    } catch (...) {
+        return std::current_exception();
+    }
+}
+
+MooncakeWork::MooncakeWork(int rank, c10d::OpType op_type, std::vector<at::Tensor> outputs,
+                           int hint_size)
+    : c10d::Work(rank, op_type),
+      outputs_(std::move(outputs)),
+      hint_size_(hint_size),
+      future_(
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+}
+
+MooncakeWork::~MooncakeWork() = default;
+
+bool MooncakeWork::isCompleted() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return completed_;
+}
+
+bool MooncakeWork::isSuccess() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return completed_ && !exception_;
+}
+
+std::exception_ptr MooncakeWork::exception() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return exception_;
+}
+
+std::vector<at::Tensor> MooncakeWork::result() {
+    return outputs_;
+}
+
+bool MooncakeWork::wait(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (timeout == kNoTimeout) {
+        cv_.wait(lock, [this] { return completed_; });
+    } else if (!cv_.wait_for(lock, timeout, [this] { return completed_; })) {
+        TORCH_CHECK_WITH(DistBackendError, false, "Mooncake PG: ", c10d::opTypeToString(opType_),
+                         " did not complete within ", timeout.count(),
+                         " ms of wait(); it is still running");
+    }
+    if (exception_)
+        std::rethrow_exception(exception_);
+    return true;
+}
+
+void MooncakeWork::abort() {
+    markFailed("Mooncake PG: " + c10d::opTypeToString(opType_) + " was aborted", {});
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> MooncakeWork::getFuture() {
+    return future_;
+}
+
+bool MooncakeWork::localSuccess() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return local_success_;
+}
+
+at::Tensor MooncakeWork::failedRanksHint() const {
+    at::Tensor hint = at::zeros({hint_size_}, at::TensorOptions().dtype(at::kInt));
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto* data = hint.data_ptr<int32_t>();
+    for (int r : failed_ranks_) {
+        if (r >= 0 && r < hint_size_)
+            data[r] = 1;
+    }
+    return hint;
+}
+
+std::string MooncakeWork::errorMessage() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return error_message_;
+}
+
+std::vector<int> MooncakeWork::failedRanks() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return failed_ranks_;
+}
+
+bool MooncakeWork::complete(std::exception_ptr error, const std::string& message,
+                            const std::vector<int>& failed_ranks,
+                            std::vector<Callback>* callbacks) {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (completed_)
+            return false;
+        completed_ = true;
+        exception_ = error;
+        local_success_ = !error;
+        error_message_ = message;
+        failed_ranks_ = failed_ranks;
+        callbacks->swap(callbacks_);
+    }
+    cv_.notify_all();
+    return true;
+}
+
+void MooncakeWork::markSucceeded() {
+    std::vector<Callback> callbacks;
+    if (!complete(nullptr, {}, {}, &callbacks))
+        return;
+    // Outside the lock: Future callbacks (DDP hooks, then()) may call back
+    // into this Work.
+    future_->markCompleted(c10::IValue(outputs_));
+    for (auto& cb : callbacks)
+        cb(*this);
+}
+
+void MooncakeWork::markFailed(const std::string& message, const std::vector<int>& failed_ranks) {
+    std::vector<Callback> callbacks;
+    std::exception_ptr error = makeBackendError(message);
+    if (!complete(error, message, failed_ranks, &callbacks))
+        return;
+    future_->setError(error);
+    for (auto& cb : callbacks)
+        cb(*this);
+}
+
+void MooncakeWork::onCompletion(Callback cb) {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!completed_) {
+            callbacks_.push_back(std::move(cb));
+            return;
+        }
+    }
+    cb(*this);
+}
+
+}  // namespace mooncake::pg

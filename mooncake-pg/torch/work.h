@@ -1,0 +1,76 @@
+// MooncakeWork: the c10d::Work of one Mooncake PG operation. The op runs on
+// the backend's worker thread (collectives) or the P2P progress thread; the
+// Work is handed to the caller at once and completed from that thread.
+#pragma once
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+namespace mooncake::pg {
+
+class MooncakeWork : public c10d::Work {
+public:
+    using Callback = std::function<void(MooncakeWork&)>;
+
+    // `outputs` are what getFuture() yields on success; `hint_size` is the
+    // length of failed_ranks_hint (the group's rank slots).
+    MooncakeWork(int rank, c10d::OpType op_type, std::vector<at::Tensor> outputs, int hint_size);
+    ~MooncakeWork() override;
+
+    bool isCompleted() override;
+    bool isSuccess() const override;
+    std::exception_ptr exception() const override;
+    std::vector<at::Tensor> result() override;
+    // CPU work: nothing to order on a stream.
+    void synchronize() override {}
+    // Blocks the calling CPU thread until the op is done (kNoTimeout: as long
+    // as it takes; the op itself is bounded by its deadline), then rethrows
+    // the failure as c10::DistBackendError carrying the core's message.
+    bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+    // Completes the Work as failed if it is still pending. The op itself may
+    // still run to its deadline: a collective must stay in lockstep with the
+    // other ranks, so it is not cut short.
+    void abort() override;
+    c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+    // Whether the op completed every transfer at this rank (false while pending).
+    bool localSuccess() const;
+    // int32 CPU tensor, one entry per rank slot: 1 where the core named the
+    // rank in its failure evidence.
+    at::Tensor failedRanksHint() const;
+    // The failure's message and rank evidence (empty while pending or on success).
+    std::string errorMessage() const;
+    std::vector<int> failedRanks() const;
+
+    // Completion. Callable from any thread; the first call wins and later
+    // ones are ignored (an aborted Work stays aborted).
+    void markSucceeded();
+    void markFailed(const std::string& message, const std::vector<int>& failed_ranks);
+    // Runs `cb` once the Work completes (at once, on this thread, if it has).
+    void onCompletion(Callback cb);
+
+private:
+    // Returns false if the Work had already completed.
+    bool complete(std::exception_ptr error, const std::string& message,
+                  const std::vector<int>& failed_ranks, std::vector<Callback>* callbacks);
+
+    const std::vector<at::Tensor> outputs_;
+    const int hint_size_;
+    const c10::intrusive_ptr<c10::ivalue::Future> future_;
+    // Guarded by Work::mutex_, like completed_ and exception_.
+    bool local_success_ = false;
+    std::string error_message_;
+    std::vector<int> failed_ranks_;
+    std::vector<Callback> callbacks_;
+};
+
+// A c10::DistBackendError as an exception_ptr, for Work and Future errors.
+std::exception_ptr makeBackendError(const std::string& message);
+
+}  // namespace mooncake::pg
