@@ -1,18 +1,34 @@
 // te_bench: WRITE latency and throughput of the transfer engine between two
-// processes on one host, over shm and over tcp (a force_tcp engine pair),
-// next to what the machine allows for each:
-//   memcpy   single-process memcpy of the same sizes (the shm limit)
-//   raw_tcp  a plain blocking loopback TCP stream between the same two
-//            processes, one message + 1-byte ack per iteration (the tcp limit)
-// One request is outstanding at a time. gbps (Gbit/s) is size / median
-// latency, which a busy shared machine disturbs far less than the mean;
-// gbps_mean is size * iterations / total time. Ratios use gbps.
+// processes on one host, each transport next to what the machine allows for
+// the same work. Three pairs, engine side vs its limit:
+//   shm vs memcpy            one request at a time; memcpy is single-process,
+//                            the bound for a transfer that is one memcpy
+//   tcp vs raw_tcp           one request at a time. tcp: submitTransfer +
+//                            waitBatch of one WRITE, which completes when the
+//                            target's COMPLETION frame is back. raw_tcp: a
+//                            blocking loopback socket between the same two
+//                            processes sends the message, the receiver reads
+//                            all of it and answers a 1-byte ack. Both: N bytes
+//                            out and a small reply back per iteration.
+//   tcp_stream vs            --depth messages in flight: the next WRITE is
+//     raw_tcp_stream         submitted (sent) as soon as the oldest completed
+//                            (was acked). Completions come in bursts, so the
+//                            time of one iteration is the mean interval
+//                            between completions over a block, and p50/p99
+//                            are taken over the blocks.
+// gbps (Gbit/s) is size / median iteration time, which a busy shared machine
+// disturbs far less than the mean; gbps_mean is size * iterations / total
+// time. Ratios use gbps. Both halves of a pair are measured size by size in
+// --rounds alternating blocks (ABBA order), so load that comes and goes hits
+// both alike; each block starts with untimed warmup iterations.
 //
 //   te_bench [--min-bytes N] [--max-bytes N] [--iters N] [--warmup N]
+//            [--rounds N] [--depth N] [--pairs shm,tcp,tcp_stream]
 //            [--json-output FILE]            (N may end in K, M or G)
 //
 // The parent process initiates every transfer; a forked child owns the target
-// memory and follows the parent's phases over a socketpair.
+// memory, and the receiving end of the raw socket, which mirrors the parent's
+// schedule so that no per-message header is needed.
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -27,6 +43,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -46,21 +63,66 @@ constexpr uint64_t kBytesPerSize = 2ull << 30;  // caps iterations of large size
 constexpr int kMinIters = 5;
 constexpr const char* kSecret = "te_bench";
 
+struct PairSpec {
+    const char* name;      // --pairs name
+    const char* baseline;  // transport names in the results
+    const char* engine;
+    const char* ratio;  // key in the ratios table
+    bool stream;
+    bool raw;  // the baseline is the raw socket (the child must mirror it)
+    const char* method;
+};
+
+constexpr PairSpec kPairs[] = {
+    {"shm", "memcpy", "shm", "shm_vs_memcpy", false, false,
+     "one WRITE at a time (submitTransfer + waitBatch) into the peer's shared allocation vs one "
+     "single-process memcpy of the same size"},
+    {"tcp", "raw_tcp", "tcp", "tcp_vs_raw_socket", false, true,
+     "one WRITE at a time: submitTransfer + waitBatch (returns once the target's COMPLETION "
+     "is back) vs a blocking loopback socket between the same two processes that sends the "
+     "message and waits for a 1-byte ack the receiver sends after reading all of it"},
+    {"tcp_stream", "raw_tcp_stream", "tcp_stream", "tcp_stream_vs_raw_stream", true, true,
+     "depth WRITEs in flight, each in its own batch, the next submitted when the oldest "
+     "completed vs depth messages in flight on the raw socket, the next sent when the oldest "
+     "was acked; iteration time = mean interval between completions over one block, p50/p99 "
+     "over the blocks"},
+};
+constexpr int kNumPairs = static_cast<int>(std::size(kPairs));
+
 struct Options {
     uint64_t min_bytes = 64;
     uint64_t max_bytes = 256ull << 20;
     int iters = 1000;
     int warmup = 50;
+    int rounds = 6;
+    int depth = 4;
+    bool pairs[kNumPairs] = {true, true, true};
     std::string json_output;
+
+    bool any(bool raw) const {
+        for (int p = 0; p < kNumPairs; ++p) {
+            if (pairs[p] && kPairs[p].raw == raw)
+                return true;
+        }
+        return false;
+    }
+    bool enabled(const char* name) const {
+        for (int p = 0; p < kNumPairs; ++p) {
+            if (pairs[p] && std::strcmp(kPairs[p].name, name) == 0)
+                return true;
+        }
+        return false;
+    }
 };
 
 struct Sample {
     std::string transport;
     uint64_t size = 0;
+    int iters = 0;
     double p50_us = 0, p99_us = 0, gbps = 0, gbps_mean = 0;
 };
 
-// ---- options and sizes -------------------------------------------------------------
+// ---- options, sizes and the schedule ------------------------------------------------
 
 // A decimal count with an optional K/M/G (binary) suffix.
 bool parseBytes(const std::string& text, uint64_t* out) {
@@ -93,6 +155,24 @@ bool parseBytes(const std::string& text, uint64_t* out) {
     return true;
 }
 
+bool parsePairs(const std::string& list, bool* pairs) {
+    std::fill(pairs, pairs + kNumPairs, false);
+    size_t start = 0;
+    while (start <= list.size()) {
+        size_t comma = std::min(list.find(',', start), list.size());
+        std::string name = list.substr(start, comma - start);
+        bool found = false;
+        for (int p = 0; p < kNumPairs; ++p) {
+            if (name == kPairs[p].name)
+                pairs[p] = found = true;
+        }
+        if (!found)
+            return false;
+        start = comma + 1;
+    }
+    return true;
+}
+
 bool parseArgs(int argc, char** argv, Options* o) {
     for (int i = 1; i < argc; ++i) {
         std::string flag = argv[i], value;
@@ -112,6 +192,11 @@ bool parseArgs(int argc, char** argv, Options* o) {
         } else if (flag == "--iters" || flag == "--warmup") {
             ok = ok && parseBytes(value, &n) && n <= INT32_MAX;
             (flag == "--iters" ? o->iters : o->warmup) = static_cast<int>(n);
+        } else if (flag == "--rounds" || flag == "--depth") {
+            ok = ok && parseBytes(value, &n) && n > 0 && n <= 1024;
+            (flag == "--rounds" ? o->rounds : o->depth) = static_cast<int>(n);
+        } else if (flag == "--pairs") {
+            ok = ok && parsePairs(value, o->pairs);
         } else if (flag == "--json-output") {
             o->json_output = value;
         } else {
@@ -146,6 +231,37 @@ int warmupFor(const Options& o, uint64_t size) {
     return static_cast<int>(std::min<uint64_t>(n, static_cast<uint64_t>(o.warmup)));
 }
 
+// One block: `warmup` untimed then `iters` timed iterations of one side of a pair.
+struct Block {
+    uint64_t size = 0;
+    int pair = 0;
+    bool engine = false;
+    int warmup = 0;
+    int iters = 0;
+};
+
+// Sizes in order; per size every enabled pair in `rounds` rounds, the two
+// sides in ABBA order. Parent and child derive the same list.
+std::vector<Block> schedule(const Options& o) {
+    std::vector<Block> blocks;
+    for (uint64_t size : sizeList(o)) {
+        const int iters = itersFor(o, size);
+        const int rounds = std::min(o.rounds, iters);
+        const int warmup = std::max(1, (warmupFor(o, size) + rounds - 1) / rounds);
+        for (int p = 0; p < kNumPairs; ++p) {
+            if (!o.pairs[p])
+                continue;
+            for (int r = 0; r < rounds; ++r) {
+                const int n = iters / rounds + (r < iters % rounds ? 1 : 0);
+                const bool engine_first = r % 2 == 1;
+                blocks.push_back({size, p, engine_first, warmup, n});
+                blocks.push_back({size, p, !engine_first, warmup, n});
+            }
+        }
+    }
+    return blocks;
+}
+
 // Page-aligned, pre-faulted memory, so no phase pays first-touch costs.
 struct Buffer {
     explicit Buffer(uint64_t n)
@@ -157,17 +273,32 @@ struct Buffer {
     char* data;
 };
 
-// Times warmup + iters calls of `op` (each returns how long its measured part took).
-Result<Sample> measure(const std::string& transport, uint64_t size, const Options& o,
-                       const std::function<Result<Clock::duration>()>& op) {
-    const int warmup = warmupFor(o, size), iters = itersFor(o, size);
-    std::vector<double> ns;
-    ns.reserve(iters);
-    for (int i = 0; i < warmup + iters; ++i) {
-        MC_ASSIGN_OR_RETURN(Clock::duration d, op());
-        if (i >= warmup)
-            ns.push_back(std::chrono::duration<double, std::nano>(d).count());
+// One iteration; returns how long its measured part took. `last` is set on
+// the final iteration of a block, which also drains what is still in flight.
+using Op = std::function<Result<Clock::duration>(bool last)>;
+
+// Appends the time of every timed iteration to `ns`; with `per_block`, one
+// value instead: the mean over the block. Streams need that: completions
+// arrive in bursts, so single intervals say little about the rate.
+Status runBlock(const Block& b, const Op& op, bool per_block, std::vector<double>* ns) {
+    const int total = b.warmup + b.iters;
+    double sum = 0;
+    for (int i = 0; i < total; ++i) {
+        MC_ASSIGN_OR_RETURN(Clock::duration d, op(i == total - 1));
+        if (i < b.warmup)
+            continue;
+        const double v = std::chrono::duration<double, std::nano>(d).count();
+        if (per_block)
+            sum += v;
+        else
+            ns->push_back(v);
     }
+    if (per_block && b.iters > 0)
+        ns->push_back(sum / b.iters);
+    return Status::OK();
+}
+
+Sample summarize(const std::string& transport, uint64_t size, int iters, std::vector<double> ns) {
     double total = 0;
     for (double v : ns)
         total += v;
@@ -180,13 +311,14 @@ Result<Sample> measure(const std::string& transport, uint64_t size, const Option
     Sample s;
     s.transport = transport;
     s.size = size;
+    s.iters = iters;
     s.p50_us = rank(0.5) / 1e3;
     s.p99_us = rank(0.99) / 1e3;
-    s.gbps = bits / rank(0.5);  // bits per ns = Gbit/s
-    s.gbps_mean = bits * static_cast<double>(ns.size()) / total;
-    std::fprintf(stderr, "%-8s %10llu B  p50 %10.2f us  p99 %10.2f us  %8.2f Gbit/s  (%d iters)\n",
+    s.gbps = bits / rank(0.5);                                    // bits per ns = Gbit/s
+    s.gbps_mean = bits * static_cast<double>(ns.size()) / total;  // per-block means weigh alike
+    std::fprintf(stderr, "%-15s %10llu B  p50 %10.2f us  p99 %10.2f us  %8.2f Gbit/s  (%d iters)\n",
                  transport.c_str(), static_cast<unsigned long long>(size), s.p50_us, s.p99_us,
-                 s.gbps, iters);
+                 s.gbps, s.iters);
     return s;
 }
 
@@ -195,6 +327,7 @@ Result<Sample> measure(const std::string& transport, uint64_t size, const Option
 class Control {
 public:
     explicit Control(int fd) : fd_(fd) {}
+    int fd() const { return fd_; }
     bool send(const std::string& line) {
         std::string msg = line + "\n";
         size_t off = 0;
@@ -280,155 +413,321 @@ std::unique_ptr<TransferEngine> makeEngine(const std::string& dir, const std::st
 
 // ---- child: owns the target memory ------------------------------------------------------
 
+struct Target {
+    std::unique_ptr<TransferEngine> engine;
+    std::unique_ptr<Buffer> plain;
+    void* mem = nullptr;
+};
+
+// "target <kind> <addr>" or "error <kind> <reason>" for the parent.
+std::string openTarget(const std::string& dir, const std::string& kind, const Options& o,
+                       Target* t) {
+    const bool tcp = kind == "tcp";
+    Status st;
+    t->engine = makeEngine(dir, "bench-target-" + kind, tcp, &st);
+    if (t->engine && !tcp) {
+        auto r = t->engine->allocateSharedMemory(o.max_bytes, "bench");
+        st = r.ok() ? Status::OK() : r.status();
+        t->mem = r.ok() ? r.value() : nullptr;
+    } else if (t->engine) {
+        t->plain = std::make_unique<Buffer>(o.max_bytes);
+        t->mem = t->plain->data;
+        st = t->plain->data ? t->engine->registerLocalMemory(t->mem, o.max_bytes)
+                            : Internal("out of memory");
+    }
+    if (!st.ok() || !t->mem)
+        return "error " + kind + " " + st.toString();
+    std::memset(t->mem, 0x5c, o.max_bytes);  // fault the pages in before timing
+    return "target " + kind + " " + std::to_string(reinterpret_cast<uint64_t>(t->mem));
+}
+
+// The receiving end of raw_tcp and raw_tcp_stream: every message is read
+// whole and acked with one byte, in the order of the parent's schedule.
+void serveRaw(Control& ctl, int listen_fd, const Options& o) {
+    pollfd p[2] = {{listen_fd, POLLIN, 0}, {ctl.fd(), POLLIN, 0}};
+    // The control socket turning readable means the parent gave up before connecting.
+    if (::poll(p, 2, static_cast<int>(kControlTimeoutMs)) <= 0 || !(p[0].revents & POLLIN))
+        return;
+    int fd = ::accept(listen_fd, nullptr, nullptr);
+    if (fd < 0)
+        return;
+    setNoDelay(fd);
+    Buffer buf(o.max_bytes);
+    const char ack = 1;
+    bool ok = buf.data != nullptr;
+    for (const Block& b : schedule(o)) {
+        if (!ok || !kPairs[b.pair].raw || b.engine)
+            continue;
+        for (int i = 0; ok && i < b.warmup + b.iters; ++i)
+            ok = recvAll(fd, buf.data, b.size) && sendAll(fd, &ack, 1);
+    }
+    ::close(fd);
+}
+
 int childMain(Control& ctl, int listen_fd, const std::string& dir, const Options& o) {
-    const std::vector<uint64_t> sizes = sizeList(o);
+    Target shm, tcp;
+    if (o.enabled("shm"))
+        ctl.send(openTarget(dir, "shm", o, &shm));
+    if (o.enabled("tcp") || o.enabled("tcp_stream"))
+        ctl.send(openTarget(dir, "tcp", o, &tcp));
+    ctl.send("ready");
+    if (o.any(true))
+        serveRaw(ctl, listen_fd, o);
     while (true) {
         std::string cmd = ctl.recv();
         if (cmd.empty() || cmd == "exit")
-            return 0;
-        if (cmd == "raw") {
-            pollfd p{listen_fd, POLLIN, 0};
-            int fd = ::poll(&p, 1, static_cast<int>(kControlTimeoutMs)) > 0
-                         ? ::accept(listen_fd, nullptr, nullptr)
-                         : -1;
-            if (fd < 0)
-                return 1;
-            setNoDelay(fd);
-            Buffer buf(o.max_bytes);
-            char ack = 1;
-            // Mirrors the parent's loop exactly, so no per-size messages are needed.
-            for (uint64_t size : sizes) {
-                const int n = warmupFor(o, size) + itersFor(o, size);
-                for (int i = 0; i < n; ++i) {
-                    if (!recvAll(fd, buf.data, size) || !sendAll(fd, &ack, 1))
-                        break;
-                }
-            }
-            ::close(fd);
-            continue;
-        }
-        // "engine shm" or "engine tcp"
-        const bool tcp = cmd == "engine tcp";
-        Status st;
-        auto e = makeEngine(dir, std::string("bench-target-") + (tcp ? "tcp" : "shm"), tcp, &st);
-        void* mem = nullptr;
-        std::unique_ptr<Buffer> plain;
-        if (e && !tcp) {
-            auto r = e->allocateSharedMemory(o.max_bytes, "bench");
-            st = r.ok() ? Status::OK() : r.status();
-            mem = r.ok() ? r.value() : nullptr;
-        } else if (e) {
-            plain = std::make_unique<Buffer>(o.max_bytes);
-            mem = plain->data;
-            st = e->registerLocalMemory(mem, o.max_bytes);
-        }
-        if (mem)
-            std::memset(mem, 0x5c, o.max_bytes);  // fault the pages in before timing
-        if (!st.ok() || !mem) {
-            ctl.send("error " + st.toString());
-            continue;
-        }
-        ctl.send("ready " + std::to_string(reinterpret_cast<uint64_t>(mem)));
-        (void)ctl.recv();  // "done"
-        e->shutdown();
+            break;
     }
+    for (Target* t : {&shm, &tcp}) {
+        if (t->engine)
+            t->engine->shutdown();
+    }
+    return 0;
 }
 
 // ---- parent: initiates every transfer -------------------------------------------------------
 
-void runMemcpy(const Options& o, std::vector<Sample>* out) {
-    Buffer src(o.max_bytes), dst(o.max_bytes);
-    for (uint64_t size : sizeList(o)) {
-        auto s = measure("memcpy", size, o, [&]() -> Result<Clock::duration> {
-            auto t0 = Clock::now();
-            std::memcpy(dst.data, src.data, size);
-            // Keeps the copy from being optimized away.
-            asm volatile("" : : "r"(dst.data) : "memory");
-            return Clock::now() - t0;
-        });
-        if (s.ok())
-            out->push_back(s.value());
-    }
-}
-
-Status runRawTcp(Control& ctl, uint16_t port, const Options& o, std::vector<Sample>* out) {
-    if (!ctl.send("raw"))
-        return PeerFailure("child is gone");
+int connectRaw(uint16_t port) {
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(port);
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-        if (fd >= 0)
-            ::close(fd);
-        return Unavailable(std::string("connect to the child: ") + std::strerror(errno));
+    if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+        ::close(fd);
+        return -1;
     }
-    setNoDelay(fd);
-    Buffer buf(o.max_bytes);
-    Status result;
-    for (uint64_t size : sizeList(o)) {
-        auto s = measure("raw_tcp", size, o, [&]() -> Result<Clock::duration> {
-            char ack = 0;
-            auto t0 = Clock::now();
-            if (!sendAll(fd, buf.data, size) || !recvAll(fd, &ack, 1)) {
-                return PeerFailure("raw tcp stream broke");
-            }
-            return Clock::now() - t0;
-        });
-        if (!s.ok()) {
-            result = s.status();
-            break;
-        }
-        out->push_back(s.value());
-    }
-    ::close(fd);
-    return result;
+    if (fd >= 0)
+        setNoDelay(fd);
+    return fd;
 }
 
-Status runEngine(Control& ctl, const std::string& dir, const std::string& kind, const Options& o,
-                 std::vector<Sample>* out) {
-    const bool tcp = kind == "tcp";
-    Status st;
-    auto e = makeEngine(dir, "bench-initiator-" + kind, tcp, &st);
-    if (!e)
-        return st.withContext("initiator engine");
-    Buffer src(o.max_bytes);
-    MC_RETURN_IF_ERROR(e->registerLocalMemory(src.data, o.max_bytes));
-    if (!ctl.send("engine " + kind))
-        return PeerFailure("child is gone");
-    std::string reply = ctl.recv();
-    if (reply.rfind("ready ", 0) != 0)
+// The initiator's side of one engine transport.
+struct Initiator {
+    std::unique_ptr<TransferEngine> engine;
+    SegmentID target_id = 0;
+    uint64_t target = 0;
+};
+
+Status openInitiator(const std::string& dir, const std::string& kind, const std::string& reply,
+                     Buffer& src, uint64_t len, Initiator* in) {
+    if (reply.rfind("target " + kind + " ", 0) != 0)
         return PeerFailure("target: " + reply);
-    const uint64_t target = std::stoull(reply.substr(6));
-    struct Done {  // releases the child from this phase on every path
-        Control& ctl;
-        ~Done() { ctl.send("done"); }
-    } done{ctl};
-    MC_ASSIGN_OR_RETURN(SegmentID id, e->openSegment("bench-target-" + kind));
-    MC_ASSIGN_OR_RETURN(std::string via, e->transportFor(id, target, o.max_bytes));
+    in->target = std::stoull(reply.substr(8 + kind.size()));
+    Status st;
+    in->engine = makeEngine(dir, "bench-initiator-" + kind, kind == "tcp", &st);
+    if (!in->engine)
+        return st.withContext("initiator engine");
+    MC_RETURN_IF_ERROR(in->engine->registerLocalMemory(src.data, len));
+    MC_ASSIGN_OR_RETURN(in->target_id, in->engine->openSegment("bench-target-" + kind));
+    MC_ASSIGN_OR_RETURN(std::string via, in->engine->transportFor(in->target_id, in->target, len));
     if (via != kind)
         return Internal("the engine picked " + via + " instead of " + kind);
-    for (uint64_t size : sizeList(o)) {
-        auto s = measure(kind, size, o, [&]() -> Result<Clock::duration> {
-            MC_ASSIGN_OR_RETURN(BatchID b, e->allocateBatchID(1));
-            TransferRequest req{TransferOpcode::kWrite, src.data, id, target, size};
+    return Status::OK();
+}
+
+class Parent {
+public:
+    Parent(const Options& o, const std::string& dir, Control& ctl)
+        : o_(o), dir_(dir), ctl_(ctl), src_(o.max_bytes), dst_(o.max_bytes) {}
+    ~Parent() {
+        if (raw_fd_ >= 0)
+            ::close(raw_fd_);
+    }
+
+    // Everything before the first block; failures disable the pairs they affect.
+    void setup(uint16_t raw_port) {
+        if (o_.any(true)) {
+            raw_fd_ = connectRaw(raw_port);
+            if (raw_fd_ < 0)
+                errors_.push_back(std::string("raw_tcp: connect to the child: ") +
+                                  std::strerror(errno));
+        }
+        while (true) {
+            std::string line = ctl_.recv();
+            if (line.empty() || line == "ready")
+                break;
+            const bool shm = line.find(" shm") == line.find(' ');
+            Initiator& in = shm ? shm_ : tcp_;
+            Status st = openInitiator(dir_, shm ? "shm" : "tcp", line, src_, o_.max_bytes, &in);
+            if (!st.ok()) {
+                in.engine.reset();
+                errors_.push_back(std::string(shm ? "shm" : "tcp") + ": " + st.toString());
+            }
+        }
+    }
+
+    void run() {
+        std::vector<double> ns[2];
+        int iters[2] = {0, 0};
+        const std::vector<Block> blocks = schedule(o_);
+        for (size_t i = 0; i < blocks.size(); ++i) {
+            const Block& b = blocks[i];
+            const PairSpec& pair = kPairs[b.pair];
+            Status st = runOne(b, &ns[b.engine ? 1 : 0]);
+            iters[b.engine ? 1 : 0] += b.iters;
+            if (!st.ok()) {
+                fail(b.pair, b.engine,
+                     std::string(b.engine ? pair.engine : pair.baseline) + " WRITE of " +
+                         std::to_string(b.size) + ": " + st.toString());
+                ns[b.engine ? 1 : 0].clear();
+            }
+            const bool pair_done = i + 1 == blocks.size() || blocks[i + 1].pair != b.pair ||
+                                   blocks[i + 1].size != b.size;
+            if (!pair_done)
+                continue;
+            if (!ns[0].empty())
+                samples_.push_back(summarize(pair.baseline, b.size, iters[0], std::move(ns[0])));
+            if (!ns[1].empty())
+                samples_.push_back(summarize(pair.engine, b.size, iters[1], std::move(ns[1])));
+            ns[0].clear();
+            ns[1].clear();
+            iters[0] = iters[1] = 0;
+        }
+    }
+
+    const std::vector<Sample>& samples() const { return samples_; }
+    const std::vector<std::string>& errors() const { return errors_; }
+
+private:
+    // Records the error and drops that side of the pair for the sizes still to come.
+    void fail(int pair, bool engine, const std::string& what) {
+        errors_.push_back(what);
+        failed_[pair][engine ? 1 : 0] = true;
+        if (!engine && kPairs[pair].raw && raw_fd_ >= 0) {
+            // The stream is out of step now; the child reads EOF and stops mirroring.
+            ::close(raw_fd_);
+            raw_fd_ = -1;
+        }
+    }
+
+    Initiator* initiatorFor(const PairSpec& pair) {
+        Initiator* in = std::strcmp(pair.engine, "shm") == 0 ? &shm_ : &tcp_;
+        return in->engine ? in : nullptr;
+    }
+
+    Status runOne(const Block& b, std::vector<double>* ns) {
+        const PairSpec& pair = kPairs[b.pair];
+        if (failed_[b.pair][b.engine ? 1 : 0])
+            return Status::OK();
+        if (b.engine) {
+            Initiator* in = initiatorFor(pair);
+            if (!in)
+                return Status::OK();  // its setup already failed and was reported
+            if (pair.stream)
+                return runBlock(b, engineStreamOp(*in, b.size), true, ns);
+            return runBlock(b, enginePingPongOp(*in, b.size), false, ns);
+        }
+        if (!pair.raw)
+            return runBlock(b, memcpyOp(b.size), false, ns);
+        if (raw_fd_ < 0)
+            return Status::OK();
+        if (pair.stream)
+            return runBlock(b, rawStreamOp(b.size), true, ns);
+        return runBlock(b, rawPingPongOp(b.size), false, ns);
+    }
+
+    Op memcpyOp(uint64_t size) {
+        return [this, size](bool) -> Result<Clock::duration> {
             auto t0 = Clock::now();
-            Status r = e->submitTransfer(b, {req});
+            std::memcpy(dst_.data, src_.data, size);
+            // Keeps the copy from being optimized away.
+            asm volatile("" : : "r"(dst_.data) : "memory");
+            return Clock::now() - t0;
+        };
+    }
+
+    Op rawPingPongOp(uint64_t size) {
+        return [this, size](bool) -> Result<Clock::duration> {
+            char ack = 0;
+            auto t0 = Clock::now();
+            if (!sendAll(raw_fd_, src_.data, size) || !recvAll(raw_fd_, &ack, 1))
+                return PeerFailure("raw tcp stream broke");
+            return Clock::now() - t0;
+        };
+    }
+
+    Op rawStreamOp(uint64_t size) {
+        auto outstanding = std::make_shared<int>(0);
+        return [this, size, outstanding](bool last) -> Result<Clock::duration> {
+            char acks[1024];
+            auto t0 = Clock::now();
+            if (!sendAll(raw_fd_, src_.data, size))
+                return PeerFailure("raw tcp stream broke");
+            ++*outstanding;
+            const int keep = last ? 0 : o_.depth - 1;
+            if (*outstanding > keep) {
+                if (!recvAll(raw_fd_, acks, static_cast<uint64_t>(*outstanding - keep)))
+                    return PeerFailure("raw tcp stream broke");
+                *outstanding = keep;
+            }
+            return Clock::now() - t0;
+        };
+    }
+
+    Op enginePingPongOp(Initiator& in, uint64_t size) {
+        return [this, &in, size](bool) -> Result<Clock::duration> {
+            TransferEngine& e = *in.engine;
+            MC_ASSIGN_OR_RETURN(BatchID b, e.allocateBatchID(1));
+            TransferRequest req{TransferOpcode::kWrite, src_.data, in.target_id, in.target, size};
+            auto t0 = Clock::now();
+            Status r = e.submitTransfer(b, {req});
             if (r.ok())
-                r = e->waitBatch(b, Deadline::afterMs(60000));
+                r = e.waitBatch(b, Deadline::afterMs(60000));
             auto t1 = Clock::now();
-            (void)e->freeBatchID(b);
+            (void)e.freeBatchID(b);
             if (!r.ok())
                 return r;
             return t1 - t0;
-        });
-        if (!s.ok())
-            return s.status().withContext(kind + " WRITE of " + std::to_string(size));
-        out->push_back(s.value());
+        };
     }
-    return Status::OK();
-}
+
+    // Batches are allocated and freed inside the timed part here: with
+    // several in flight that cost is part of the steady state.
+    Op engineStreamOp(Initiator& in, uint64_t size) {
+        struct InFlight {
+            TransferEngine* e;
+            std::deque<BatchID> batches;
+            Status retire(size_t keep) {
+                Status first;
+                while (batches.size() > keep) {
+                    Status st = e->waitBatch(batches.front(), Deadline::afterMs(60000));
+                    (void)e->freeBatchID(batches.front());
+                    batches.pop_front();
+                    if (first.ok())
+                        first = st;
+                }
+                return first;
+            }
+            ~InFlight() { (void)retire(0); }
+        };
+        auto flight = std::make_shared<InFlight>();
+        flight->e = in.engine.get();
+        return [this, &in, size, flight](bool last) -> Result<Clock::duration> {
+            auto t0 = Clock::now();
+            MC_ASSIGN_OR_RETURN(BatchID b, flight->e->allocateBatchID(1));
+            TransferRequest req{TransferOpcode::kWrite, src_.data, in.target_id, in.target, size};
+            Status st = flight->e->submitTransfer(b, {req});
+            if (!st.ok()) {
+                (void)flight->e->freeBatchID(b);
+                return st;
+            }
+            flight->batches.push_back(b);
+            MC_RETURN_IF_ERROR(flight->retire(last ? 0 : static_cast<size_t>(o_.depth - 1)));
+            return Clock::now() - t0;
+        };
+    }
+
+    const Options& o_;
+    const std::string dir_;
+    Control& ctl_;
+    Buffer src_, dst_;
+    int raw_fd_ = -1;
+    Initiator shm_, tcp_;
+    bool failed_[kNumPairs][2] = {};
+    std::vector<Sample> samples_;
+    std::vector<std::string> errors_;
+};
 
 // ---- report ------------------------------------------------------------------------------
 
@@ -465,21 +764,37 @@ std::string report(const Options& o, const std::vector<Sample>& samples,
     std::string j =
         "{\"benchmark\":\"te_bench\",\"config\":{\"min_bytes\":" + std::to_string(o.min_bytes) +
         ",\"max_bytes\":" + std::to_string(o.max_bytes) + ",\"iters\":" + std::to_string(o.iters) +
-        ",\"warmup\":" + std::to_string(o.warmup) +
-        ",\"gbps_unit\":\"Gbit/s\",\"gbps_basis\":\"p50 latency\"},\n\"results\":[";
+        ",\"warmup\":" + std::to_string(o.warmup) + ",\"rounds\":" + std::to_string(o.rounds) +
+        ",\"depth\":" + std::to_string(o.depth) +
+        ",\"gbps_unit\":\"Gbit/s\",\"gbps_basis\":\"p50 iteration time\"," +
+        "\"order\":\"per size, each pair in alternating blocks (ABBA)\"},\n" + "\"method\":{";
+    bool first = true;
+    for (int p = 0; p < kNumPairs; ++p) {
+        if (!o.pairs[p])
+            continue;
+        j += std::string(first ? "\n" : ",\n") + "\"" + kPairs[p].ratio + "\":\"" +
+             jsonEscape(kPairs[p].method) + "\"";
+        first = false;
+    }
+    j += "},\n\"results\":[";
     for (size_t i = 0; i < samples.size(); ++i) {
         const Sample& s = samples[i];
         j += std::string(i ? ",\n" : "\n") + "{\"transport\":\"" + s.transport +
-             "\",\"size\":" + std::to_string(s.size) + ",\"lat_us_p50\":" + num(s.p50_us) +
-             ",\"lat_us_p99\":" + num(s.p99_us) + ",\"gbps\":" + num(s.gbps) +
-             ",\"gbps_mean\":" + num(s.gbps_mean) + "}";
+             "\",\"size\":" + std::to_string(s.size) + ",\"iters\":" + std::to_string(s.iters) +
+             ",\"lat_us_p50\":" + num(s.p50_us) + ",\"lat_us_p99\":" + num(s.p99_us) +
+             ",\"gbps\":" + num(s.gbps) + ",\"gbps_mean\":" + num(s.gbps_mean) + "}";
     }
     j += "],\n\"ratios\":[";
     std::vector<uint64_t> sizes = sizeList(o);
     for (size_t i = 0; i < sizes.size(); ++i) {
-        j += std::string(i ? ",\n" : "\n") + "{\"size\":" + std::to_string(sizes[i]) +
-             ",\"shm_vs_memcpy\":" + ratio("shm", "memcpy", sizes[i]) +
-             ",\"tcp_vs_raw_socket\":" + ratio("tcp", "raw_tcp", sizes[i]) + "}";
+        j += std::string(i ? ",\n" : "\n") + "{\"size\":" + std::to_string(sizes[i]);
+        for (int p = 0; p < kNumPairs; ++p) {
+            if (o.pairs[p]) {
+                j += std::string(",\"") + kPairs[p].ratio +
+                     "\":" + ratio(kPairs[p].engine, kPairs[p].baseline, sizes[i]);
+            }
+        }
+        j += "}";
     }
     j += "],\n\"errors\":[";
     for (size_t i = 0; i < errors.size(); ++i) {
@@ -493,13 +808,10 @@ int benchMain(int argc, char** argv) {
     if (!parseArgs(argc, argv, &o)) {
         std::fprintf(stderr,
                      "usage: te_bench [--min-bytes N] [--max-bytes N] [--iters N] [--warmup N] "
+                     "[--rounds N] [--depth N] [--pairs shm,tcp,tcp_stream] "
                      "[--json-output FILE]\n");
         return 2;
     }
-    std::vector<Sample> samples;
-    std::vector<std::string> errors;
-    runMemcpy(o, &samples);  // before fork: nothing else runs yet
-
     std::string tmpl = (std::filesystem::temp_directory_path() / "te_bench.XXXXXX").string();
     if (!::mkdtemp(tmpl.data()))
         return 1;
@@ -517,6 +829,8 @@ int benchMain(int argc, char** argv) {
         std::perror("te_bench setup");
         return 1;
     }
+    // Fork before any engine exists in this process: a child of a threaded
+    // process may only exec.
     std::fflush(nullptr);
     pid_t child = ::fork();
     if (child == 0) {
@@ -527,14 +841,15 @@ int benchMain(int argc, char** argv) {
     ::close(ctl_fds[1]);
     ::close(listen_fd);
     Control ctl(ctl_fds[0]);
-    Status st = runRawTcp(ctl, ntohs(addr.sin_port), o, &samples);
-    if (!st.ok())
-        errors.push_back("raw_tcp: " + st.toString());
-    for (const char* kind : {"shm", "tcp"}) {
-        st = runEngine(ctl, dir, kind, o, &samples);
-        if (!st.ok())
-            errors.push_back(std::string(kind) + ": " + st.toString());
-    }
+    std::vector<Sample> samples;
+    std::vector<std::string> errors;
+    {
+        Parent parent(o, dir, ctl);
+        parent.setup(ntohs(addr.sin_port));
+        parent.run();
+        samples = parent.samples();
+        errors = parent.errors();
+    }  // closes the raw socket and shuts the initiators down
     ctl.send("exit");
     int status = 0;
     ::waitpid(child, &status, 0);
