@@ -33,6 +33,7 @@ public:
         s.one_shot_max =
             std::min<size_t>(options.one_shot_max_bytes, std::numeric_limits<uint32_t>::max());
         s.active.assign(s.size, 1);
+        s.read_in_place.assign(s.size, 0);
         setMembers();
         const size_t need = windowBytesFor(s.size, options);
         if (options.window_offset % coll::kLineBytes != 0) {
@@ -181,6 +182,8 @@ Status Communicator::setMembership(const std::vector<uint8_t>& active, uint32_t 
     s.round = coll::kFirstRound;
     s.seq = 0;
     s.broken.clear();
+    // Relearnt in the next call, in case a peer came back as a new process.
+    s.read_in_place.assign(s.size, 0);
     if (s.index < 0)
         return Status::OK();
     // Tell every member that this rank will never read a message of an older

@@ -14,13 +14,7 @@ Status allGather(Rounds& rounds, const void* in, void* out, size_t bytes_per_ran
     const size_t pieces = std::max<size_t>(1, ceilDiv(bytes_per_rank, chunk));
     for (size_t t = 0; t < pieces; ++t) {
         const Span part = pieceOf(bytes_per_rank, t, chunk);
-        if (part.length != 0) {
-            for (int p : rounds.members()) {
-                if (p != rounds.rank()) {
-                    MC_RETURN_IF_ERROR(rounds.send(p, src + part.offset, part.length));
-                }
-            }
-        }
+        MC_RETURN_IF_ERROR(rounds.sendToAll(src + part.offset, part.length));
         MC_RETURN_IF_ERROR(rounds.receiveAll());
         if (t == 0) {
             // Only now: a call that failed the round-0 check leaves `out` alone.
@@ -31,9 +25,9 @@ Status allGather(Rounds& rounds, const void* in, void* out, size_t bytes_per_ran
         for (int p : rounds.members()) {
             if (p == rounds.rank())
                 continue;
-            MC_RETURN_IF_ERROR(rounds.expectBytes(p, part.length));
+            MC_RETURN_IF_ERROR(rounds.expectData(p, part.length));
             if (part.length != 0) {
-                std::memcpy(dst + p * bytes_per_rank + part.offset, rounds.payload(p), part.length);
+                std::memcpy(dst + p * bytes_per_rank + part.offset, rounds.data(p), part.length);
             }
         }
         MC_RETURN_IF_ERROR(rounds.finishRound());

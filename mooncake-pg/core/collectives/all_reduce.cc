@@ -18,10 +18,7 @@ Status oneShot(Rounds& rounds, const void* in, void* out, size_t count, DataType
                ReduceOp op) {
     const size_t bytes = count * dataTypeSize(dtype);
     const auto& members = rounds.members();
-    for (int p : members) {
-        if (p != rounds.rank() && bytes != 0)
-            MC_RETURN_IF_ERROR(rounds.send(p, in, bytes));
-    }
+    MC_RETURN_IF_ERROR(rounds.sendToAll(in, bytes));
     MC_RETURN_IF_ERROR(rounds.receiveAll());
     std::vector<const void*>& inputs = rounds.inputs();
     for (size_t j = 0; j < members.size(); ++j) {
@@ -29,8 +26,8 @@ Status oneShot(Rounds& rounds, const void* in, void* out, size_t count, DataType
         if (p == rounds.rank()) {
             inputs[j] = in;
         } else {
-            MC_RETURN_IF_ERROR(rounds.expectBytes(p, bytes));
-            inputs[j] = rounds.payload(p);
+            MC_RETURN_IF_ERROR(rounds.expectData(p, bytes));
+            inputs[j] = rounds.data(p);
         }
     }
     reduceInto(dtype, op, out, inputs.data(), static_cast<int>(inputs.size()), count);
@@ -40,6 +37,12 @@ Status oneShot(Rounds& rounds, const void* in, void* out, size_t count, DataType
 // Member j reduces block j of the elements (reduce-scatter), then every
 // member sends its reduced block to all (all-gather). Each phase moves
 // (n-1)/n of the data per rank, cut into pieces of at most one slot.
+//
+// When every member maps every window (one host), the all-gather rides along
+// with the reduce-scatter: the piece reduced in round t is published in the
+// reducer's own window and read in place by everyone in round t + 1. That
+// saves the (n-1) per-peer copies of each reduced piece and reads it while
+// it is still in cache, in pieces + 1 rounds instead of 2 * pieces.
 Status reduceScatterAllGather(Rounds& rounds, const void* in, void* out, size_t count,
                               DataType dtype, ReduceOp op) {
     const size_t es = dataTypeSize(dtype);
@@ -52,19 +55,26 @@ Status reduceScatterAllGather(Rounds& rounds, const void* in, void* out, size_t 
     auto* dst = static_cast<uint8_t*>(out);
     const Span mine = blockOf(count, n, me);
     std::vector<const void*>& inputs = rounds.inputs();
+    // Known after round 0, which is the same either way.
+    bool fused = false;
 
-    for (size_t t = 0; t < pieces; ++t) {
+    for (size_t t = 0; t < pieces + (fused ? 1 : 0); ++t) {
+        // Published now: what this rank reduced last round.
+        const Span done = fused && t > 0 ? pieceOf(mine.length, t - 1, piece) : Span{};
         for (int j = 0; j < n; ++j) {
             if (j == me)
                 continue;
             const Span block = blockOf(count, n, j);
             const Span part = pieceOf(block.length, t, piece);
-            if (part.length == 0)
+            if (part.length == 0 && done.length == 0)
                 continue;
-            MC_RETURN_IF_ERROR(
-                rounds.send(members[j], src + (block.offset + part.offset) * es, part.length * es));
+            MC_RETURN_IF_ERROR(rounds.send(members[j], src + (block.offset + part.offset) * es,
+                                           part.length * es, nullptr, 0, done.length * es));
         }
         MC_RETURN_IF_ERROR(rounds.receiveAll());
+        if (t == 0)
+            fused = rounds.everyoneReadsInPlace();
+
         const Span part = pieceOf(mine.length, t, piece);
         const size_t at = (mine.offset + part.offset) * es;
         for (int j = 0; j < n; ++j) {
@@ -72,34 +82,50 @@ Status reduceScatterAllGather(Rounds& rounds, const void* in, void* out, size_t 
                 inputs[j] = src + at;
                 continue;
             }
-            MC_RETURN_IF_ERROR(rounds.expectBytes(members[j], part.length * es));
+            const Span theirs =
+                fused && t > 0 ? pieceOf(blockOf(count, n, j).length, t - 1, piece) : Span{};
+            MC_RETURN_IF_ERROR(
+                rounds.expectBytes(members[j], part.length * es, theirs.length * es));
             inputs[j] = rounds.payload(members[j]);
         }
-        // `out` may be `in`: only this rank reads its own block of `in`, and
-        // the kernel reads each element of every input before writing it.
-        reduceInto(dtype, op, dst + at, inputs.data(), n, part.length);
+        if (part.length != 0) {
+            // `out` may be `in`: only this rank reads its own block of `in`,
+            // and the kernel reads each element of every input before
+            // writing it.
+            reduceInto(dtype, op, dst + at, inputs.data(), n, part.length);
+            if (fused)
+                std::memcpy(rounds.nextPublishArea(), dst + at, part.length * es);
+        }
+        if (fused && t > 0) {
+            for (int j = 0; j < n; ++j) {
+                if (j == me)
+                    continue;
+                const Span block = blockOf(count, n, j);
+                const Span theirs = pieceOf(block.length, t - 1, piece);
+                if (theirs.length != 0) {
+                    std::memcpy(dst + (block.offset + theirs.offset) * es,
+                                rounds.published(members[j]), theirs.length * es);
+                }
+            }
+        }
         MC_RETURN_IF_ERROR(rounds.finishRound());
     }
+    if (fused)
+        return Status::OK();
 
     for (size_t t = 0; t < pieces; ++t) {
         const Span part = pieceOf(mine.length, t, piece);
-        if (part.length != 0) {
-            for (int p : members) {
-                if (p == rounds.rank())
-                    continue;
-                MC_RETURN_IF_ERROR(
-                    rounds.send(p, dst + (mine.offset + part.offset) * es, part.length * es));
-            }
-        }
+        MC_RETURN_IF_ERROR(
+            rounds.sendToAll(dst + (mine.offset + part.offset) * es, part.length * es));
         MC_RETURN_IF_ERROR(rounds.receiveAll());
         for (int j = 0; j < n; ++j) {
             if (j == me)
                 continue;
             const Span block = blockOf(count, n, j);
             const Span theirs = pieceOf(block.length, t, piece);
-            MC_RETURN_IF_ERROR(rounds.expectBytes(members[j], theirs.length * es));
+            MC_RETURN_IF_ERROR(rounds.expectData(members[j], theirs.length * es));
             if (theirs.length != 0) {
-                std::memcpy(dst + (block.offset + theirs.offset) * es, rounds.payload(members[j]),
+                std::memcpy(dst + (block.offset + theirs.offset) * es, rounds.data(members[j]),
                             theirs.length * es);
             }
         }

@@ -15,17 +15,13 @@ Status direct(Rounds& rounds, uint8_t* buf, size_t bytes, int root) {
     const bool is_root = rounds.rank() == root;
     for (size_t t = 0; t < pieces; ++t) {
         const Span part = pieceOf(bytes, t, rounds.chunk());
-        if (is_root && part.length != 0) {
-            for (int p : rounds.members()) {
-                if (p != root)
-                    MC_RETURN_IF_ERROR(rounds.send(p, buf + part.offset, part.length));
-            }
-        }
+        if (is_root)
+            MC_RETURN_IF_ERROR(rounds.sendToAll(buf + part.offset, part.length));
         MC_RETURN_IF_ERROR(rounds.receiveAll());
         if (!is_root) {
-            MC_RETURN_IF_ERROR(rounds.expectBytes(root, part.length));
+            MC_RETURN_IF_ERROR(rounds.expectData(root, part.length));
             if (part.length != 0)
-                std::memcpy(buf + part.offset, rounds.payload(root), part.length);
+                std::memcpy(buf + part.offset, rounds.data(root), part.length);
         }
         MC_RETURN_IF_ERROR(rounds.finishRound());
     }
@@ -71,13 +67,8 @@ Status scatterAllGather(Rounds& rounds, uint8_t* buf, size_t bytes, int root) {
     for (size_t t = 0; t < pieces; ++t) {
         const Span block = blockOf(bytes, n, me);
         const Span part = pieceOf(block.length, t, chunk);
-        if (part.length != 0) {
-            for (int p : members) {
-                if (p == rounds.rank() || p == root)
-                    continue;
-                MC_RETURN_IF_ERROR(rounds.send(p, buf + block.offset + part.offset, part.length));
-            }
-        }
+        MC_RETURN_IF_ERROR(
+            rounds.sendToAll(buf + block.offset + part.offset, part.length, is_root ? -1 : root));
         MC_RETURN_IF_ERROR(rounds.receiveAll());
         if (!is_root) {
             for (int j = 0; j < n; ++j) {
@@ -85,10 +76,10 @@ Status scatterAllGather(Rounds& rounds, uint8_t* buf, size_t bytes, int root) {
                     continue;
                 const Span theirs_block = blockOf(bytes, n, j);
                 const Span theirs = pieceOf(theirs_block.length, t, chunk);
-                MC_RETURN_IF_ERROR(rounds.expectBytes(members[j], theirs.length));
+                MC_RETURN_IF_ERROR(rounds.expectData(members[j], theirs.length));
                 if (theirs.length != 0) {
-                    std::memcpy(buf + theirs_block.offset + theirs.offset,
-                                rounds.payload(members[j]), theirs.length);
+                    std::memcpy(buf + theirs_block.offset + theirs.offset, rounds.data(members[j]),
+                                theirs.length);
                 }
             }
         }

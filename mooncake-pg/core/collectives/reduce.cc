@@ -4,7 +4,7 @@
 // arithmetic. Elements are reduced in rank order, like all_reduce.
 //
 // Non-root ranks never write `out`: a reduced piece waits for its round in
-// the rank's own (never written by peers) slot area.
+// the rank's publish area (see rounds.h).
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -61,18 +61,23 @@ Status pipelined(Rounds& rounds, const void* in, void* out, size_t count, DataTy
         Span forward;
         if (!is_root && t > 0)
             forward = pieceOf(mine.length, t - 1, piece);
-        const uint8_t* forwarded = rounds.scratch(static_cast<int>((t + 1) & 1));
+        // Reduced last round into what is now this round's publish area: a
+        // root that maps this window reads it there, others get a copy.
+        const uint8_t* forwarded = rounds.publishArea();
         for (int j = 0; j < n; ++j) {
             if (j == me)
                 continue;
             const Span block = blockOf(count, n, j);
             const Span part = pieceOf(block.length, t, piece);
             const uint8_t* a = src + (block.offset + part.offset) * es;
-            const bool to_root = members[j] == root;
-            const size_t b_len = to_root ? forward.length * es : 0;
-            if (part.length == 0 && b_len == 0)
+            const size_t fwd = members[j] == root ? forward.length * es : 0;
+            if (part.length == 0 && fwd == 0)
                 continue;
-            MC_RETURN_IF_ERROR(rounds.send(members[j], a, part.length * es, forwarded, b_len));
+            if (fwd != 0 && rounds.readsInPlace(root)) {
+                MC_RETURN_IF_ERROR(rounds.send(members[j], a, part.length * es, nullptr, 0, fwd));
+            } else {
+                MC_RETURN_IF_ERROR(rounds.send(members[j], a, part.length * es, forwarded, fwd));
+            }
         }
         MC_RETURN_IF_ERROR(rounds.receiveAll());
 
@@ -83,11 +88,15 @@ Status pipelined(Rounds& rounds, const void* in, void* out, size_t count, DataTy
                     continue;
                 const Span block = blockOf(count, n, j);
                 const Span done = t > 0 ? pieceOf(block.length, t - 1, piece) : Span{};
-                MC_RETURN_IF_ERROR(
-                    rounds.expectBytes(members[j], (part.length + done.length) * es));
+                const int p = members[j];
+                const bool in_place = rounds.publishedBytes(p) != 0;
+                MC_RETURN_IF_ERROR(in_place
+                                       ? rounds.expectBytes(p, part.length * es, done.length * es)
+                                       : rounds.expectBytes(p, (part.length + done.length) * es));
                 if (done.length != 0) {
-                    std::memcpy(dst + (block.offset + done.offset) * es,
-                                rounds.payload(members[j]) + part.length * es, done.length * es);
+                    const uint8_t* from =
+                        in_place ? rounds.published(p) : rounds.payload(p) + part.length * es;
+                    std::memcpy(dst + (block.offset + done.offset) * es, from, done.length * es);
                 }
             }
         } else {
@@ -101,8 +110,8 @@ Status pipelined(Rounds& rounds, const void* in, void* out, size_t count, DataTy
                 inputs[j] = j == me ? src + (mine.offset + part.offset) * es
                                     : static_cast<const void*>(rounds.payload(members[j]));
             }
-            uint8_t* target = is_root ? dst + (mine.offset + part.offset) * es
-                                      : rounds.scratch(static_cast<int>(t & 1));
+            uint8_t* target =
+                is_root ? dst + (mine.offset + part.offset) * es : rounds.nextPublishArea();
             reduceInto(dtype, op, target, inputs.data(), n, part.length);
         }
         MC_RETURN_IF_ERROR(rounds.finishRound());

@@ -13,7 +13,7 @@ namespace {
 
 // Messages at most this large are staged with their header and written by
 // one put: on a remote fabric that is one transfer instead of two or three.
-constexpr size_t kInlinePayload = 448;
+constexpr size_t kInlinePayload = 384;
 
 // waitFlag spins for a long time before it yields. With more ranks than
 // cores (common for CPU collectives) a spinning waiter holds the core that
@@ -81,29 +81,44 @@ Rounds::Rounds(CommState& state, const CallDesc& call, Deadline deadline)
       sent_(state.scratch.sent),
       payload_(state.scratch.payload),
       payload_bytes_(state.scratch.payload_bytes),
+      published_(state.scratch.published),
+      published_bytes_(state.scratch.published_bytes),
       headers_(state.scratch.headers),
       inputs_(state.scratch.inputs) {
     const size_t n = static_cast<size_t>(state.size);
     sent_.assign(n, 0);
     payload_.assign(n, nullptr);
     payload_bytes_.assign(n, 0);
+    published_.assign(n, nullptr);
+    published_bytes_.assign(n, 0);
     headers_.assign(n, MsgHeader{});
     inputs_.assign(state.members.size(), nullptr);
     // The header of this rank's own call is the reference the checks compare
     // every received header with.
-    headers_[state_.rank] = headerFor(state_.rank, 0);
+    headers_[state_.rank] = headerFor(state_.rank, 0, 0);
     ++state_.seq;
 }
 
 Rounds::~Rounds() = default;
 
-MsgHeader Rounds::headerFor(int peer, size_t payload_bytes) const {
+MsgHeader Rounds::headerFor(int peer, size_t payload_bytes, size_t published) const {
     MsgHeader h{};
     h.token = makeToken(state_.epoch, state_.round);
     h.payload_bytes = static_cast<uint32_t>(payload_bytes);
+    h.published_bytes = static_cast<uint32_t>(published);
     if (call_round_ != 0)
         return h;
     h.seq = seq_;
+    Fabric& fabric = *state_.fabric;
+    bool every = true;
+    for (int m : state_.members) {
+        if (m != state_.rank && fabric.peerWindow(m) == nullptr)
+            every = false;
+    }
+    if (every)
+        h.flags |= kReadsEveryWindow;
+    if (peer != state_.rank && fabric.peerWindow(peer) != nullptr)
+        h.flags |= kReadsYourWindow;
     h.kind = static_cast<uint8_t>(call_.kind);
     h.dtype = static_cast<uint8_t>(call_.dtype);
     h.op = static_cast<uint8_t>(call_.op);
@@ -176,11 +191,15 @@ Status Rounds::waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* s
     return Status::OK();
 }
 
-Status Rounds::send(int peer, const void* a, size_t a_len, const void* b, size_t b_len) {
+Status Rounds::send(int peer, const void* a, size_t a_len, const void* b, size_t b_len,
+                    size_t published) {
     const size_t total = a_len + b_len;
-    if (peer == state_.rank || total > state_.layout.chunk || sent_[peer]) {
-        return fail(-1, Internal("bad send to rank " + std::to_string(peer) + " of " +
-                                 std::to_string(total) + " bytes"));
+    const size_t chunk = state_.layout.chunk;
+    if (peer == state_.rank || total > chunk || published > chunk || sent_[peer] ||
+        (published != 0 && !readsInPlace(peer))) {
+        return fail(-1,
+                    Internal("bad send to rank " + std::to_string(peer) + " of " +
+                             std::to_string(total) + "+" + std::to_string(published) + " bytes"));
     }
     const uint64_t round = state_.round;
     const int k = static_cast<int>(round & 1);
@@ -197,30 +216,51 @@ Status Rounds::send(int peer, const void* a, size_t a_len, const void* b, size_t
         MC_RETURN_IF_ERROR(waitAtLeast(peer, state_.layout.ackFlag(peer), need, &seen));
     }
 
-    const MsgHeader h = headerFor(peer, total);
+    const MsgHeader h = headerFor(peer, total, published);
     const uint64_t off = state_.layout.slot(state_.rank, k);
     Fabric& fabric = *state_.fabric;
     Status st;
     if (total <= kInlinePayload) {
-        alignas(kLineBytes) uint8_t staged[kLineBytes + kInlinePayload];
+        alignas(kLineBytes) uint8_t staged[kHeaderBytes + kInlinePayload];
         std::memcpy(staged, &h, sizeof(h));
         if (a_len != 0)
-            std::memcpy(staged + kLineBytes, a, a_len);
+            std::memcpy(staged + kHeaderBytes, a, a_len);
         if (b_len != 0)
-            std::memcpy(staged + kLineBytes + a_len, b, b_len);
-        st = fabric.put(peer, off, staged, kLineBytes + total);
+            std::memcpy(staged + kHeaderBytes + a_len, b, b_len);
+        st = fabric.put(peer, off, staged, kHeaderBytes + total);
     } else {
         st = fabric.put(peer, off, &h, sizeof(h));
         if (st.ok() && a_len != 0)
-            st = fabric.put(peer, off + kLineBytes, a, a_len);
+            st = fabric.put(peer, off + kHeaderBytes, a, a_len);
         if (st.ok() && b_len != 0)
-            st = fabric.put(peer, off + kLineBytes + a_len, b, b_len);
+            st = fabric.put(peer, off + kHeaderBytes + a_len, b, b_len);
     }
     if (st.ok())
         st = fabric.putFlag(peer, state_.layout.dataFlag(state_.rank), h.token);
     if (!st.ok())
         return fail(peer, st);
     sent_[peer] = 1;
+    return Status::OK();
+}
+
+Status Rounds::sendToAll(const void* data, size_t len, int skip) {
+    if (len == 0)
+        return Status::OK();  // receiveAll sends the header-only messages
+    bool staged = false;
+    for (int p : state_.members) {
+        if (p == state_.rank || p == skip)
+            continue;
+        if (!readsInPlace(p)) {
+            MC_RETURN_IF_ERROR(send(p, data, len));
+            continue;
+        }
+        if (!staged) {
+            // Once for all the peers that read it in place.
+            std::memcpy(publishArea(), data, len);
+            staged = true;
+        }
+        MC_RETURN_IF_ERROR(send(p, nullptr, 0, nullptr, 0, len));
+    }
     return Status::OK();
 }
 
@@ -242,22 +282,32 @@ Status Rounds::receiveAll() {
         const uint8_t* slot = window + state_.layout.slot(m, k);
         MsgHeader h;
         std::memcpy(&h, slot, sizeof(h));
-        if (h.token != token || h.payload_bytes > state_.layout.chunk) {
+        const uint8_t* peer_window =
+            h.published_bytes != 0 ? state_.fabric->peerWindow(m) : nullptr;
+        if (h.published_bytes != 0 && peer_window == nullptr && state_.fabric->peerFailed(m))
+            return fail(m, PeerFailure("rank " + std::to_string(m) + " failed"));
+        if (h.token != token || h.payload_bytes > state_.layout.chunk ||
+            h.published_bytes > state_.layout.chunk ||
+            (h.published_bytes != 0 && peer_window == nullptr)) {
             return fail(
                 m, Internal("message from rank " + std::to_string(m) + " carries token " +
                             std::to_string(h.token) + " and " + std::to_string(h.payload_bytes) +
-                            " bytes, expected token " + std::to_string(token)));
+                            "+" + std::to_string(h.published_bytes) + " bytes, expected token " +
+                            std::to_string(token)));
         }
-        payload_[m] = slot + kLineBytes;
+        payload_[m] = slot + kHeaderBytes;
         payload_bytes_[m] = h.payload_bytes;
+        published_bytes_[m] = h.published_bytes;
+        published_[m] = peer_window != nullptr
+                            ? peer_window + state_.layout.slot(m, k) + kHeaderBytes
+                            : nullptr;
         if (call_round_ == 0)
             headers_[m] = h;
     }
     if (call_round_ != 0)
         return Status::OK();
 
-    for (int m : state_.members)
-        max_announced_ = std::max(max_announced_, headers_[m].max_bytes);
+    learnFromHeaders();
     Status st = checkCallHeaders(state_, call_, headers_);
     if (!st.ok()) {
         // Everyone found the same mismatch; finishing the round keeps the
@@ -268,12 +318,31 @@ Status Rounds::receiveAll() {
     return Status::OK();
 }
 
-Status Rounds::expectBytes(int peer, size_t bytes) {
-    if (payload_bytes_[peer] == bytes)
+void Rounds::learnFromHeaders() {
+    everyone_in_place_ = true;
+    for (int m : state_.members) {
+        const MsgHeader& h = headers_[m];
+        max_announced_ = std::max(max_announced_, h.max_bytes);
+        if ((h.flags & kReadsEveryWindow) == 0)
+            everyone_in_place_ = false;
+        if (m != state_.rank)
+            state_.read_in_place[m] = (h.flags & kReadsYourWindow) != 0 ? 1 : 0;
+    }
+}
+
+Status Rounds::expectBytes(int peer, size_t payload, size_t published) {
+    if (payload_bytes_[peer] == payload && published_bytes_[peer] == published)
         return Status::OK();
     return fail(peer, Internal("rank " + std::to_string(peer) + " sent " +
-                               std::to_string(payload_bytes_[peer]) + " bytes, expected " +
-                               std::to_string(bytes)));
+                               std::to_string(payload_bytes_[peer]) + "+" +
+                               std::to_string(published_bytes_[peer]) + " bytes, expected " +
+                               std::to_string(payload) + "+" + std::to_string(published)));
+}
+
+Status Rounds::expectData(int peer, size_t bytes) {
+    if (published_bytes_[peer] != 0)
+        return expectBytes(peer, 0, bytes);
+    return expectBytes(peer, bytes, 0);
 }
 
 Status Rounds::finishRound() {
@@ -292,8 +361,9 @@ Status Rounds::finishRound() {
     return Status::OK();
 }
 
-uint8_t* Rounds::scratch(int k) {
-    return state_.fabric->localWindow() + state_.layout.slot(state_.rank, k) + kLineBytes;
+uint8_t* Rounds::ownSlot(uint64_t round) {
+    return state_.fabric->localWindow() +
+           state_.layout.slot(state_.rank, static_cast<int>(round & 1)) + kHeaderBytes;
 }
 
 }  // namespace mooncake::pg::coll

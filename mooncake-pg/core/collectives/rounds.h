@@ -4,7 +4,16 @@
 //   data flag [s]   N x 64 B   written by sender s: token of its last message
 //   ack flag  [r]   N x 64 B   written by receiver r: token of the last message
 //                              from this window's owner that r consumed
-//   slots [s][k]    N x 2 x (64 B header + chunk payload), written by sender s
+//   slots [s][k]    N x 2 x (128 B header + chunk payload), written by sender s
+//
+// A rank's own slots in its own window (s = itself) are never written by
+// peers; it uses them to *publish* data: peers that map its window (same
+// host) read a published piece in place instead of receiving a copy, so data
+// meant for every peer is copied once rather than once per peer. A piece
+// published in round R lives in own slot R % 2 and is read by the peers
+// during round R; the slot is rewritten no earlier than the end of round
+// R + 1, when every peer has finished round R (it sent its round R + 1
+// message).
 //
 // A round is full mesh among the active ranks: each sends one message (header
 // plus 0..chunk bytes) to every other one in slot round % 2 of its own area at
@@ -34,6 +43,7 @@
 namespace mooncake::pg::coll {
 
 constexpr size_t kLineBytes = 64;
+constexpr size_t kHeaderBytes = 128;
 constexpr int kRoundBits = 48;
 constexpr uint64_t kMaxEpoch = (uint64_t{1} << (64 - kRoundBits)) - 1;
 
@@ -63,10 +73,10 @@ struct Layout {
     uint64_t ackFlag(int receiver) const { return base + kLineBytes * (size + receiver); }
     uint64_t slot(int sender, int k) const {
         return base + kLineBytes * 2 * size +
-               (2 * static_cast<uint64_t>(sender) + k) * (kLineBytes + chunk);
+               (2 * static_cast<uint64_t>(sender) + k) * (kHeaderBytes + chunk);
     }
     static size_t bytes(int size, size_t chunk) {
-        return kLineBytes * 2 * size + 2 * static_cast<size_t>(size) * (kLineBytes + chunk);
+        return kLineBytes * 2 * size + 2 * static_cast<size_t>(size) * (kHeaderBytes + chunk);
     }
 };
 
@@ -96,24 +106,31 @@ struct CallDesc {
     const std::vector<size_t>* recv_bytes = nullptr;
 };
 
-// Round 0 header. Exactly one cache line.
+// Header flags of round 0.
+constexpr uint8_t kReadsYourWindow = 1;   // the sender maps the receiver's window
+constexpr uint8_t kReadsEveryWindow = 2;  // the sender maps every member's window
+
 struct MsgHeader {
     uint64_t token;
-    uint32_t payload_bytes;
+    uint32_t payload_bytes;    // in this slot
+    uint32_t published_bytes;  // published in the sender's own window
+    // The rest describes the call; it is filled in round 0 only.
     uint32_t seq;
     uint8_t kind;
     uint8_t dtype;
     uint8_t op;
-    uint8_t reserved;
+    uint8_t flags;
     int32_t root;
     uint32_t chunk_bytes;
     uint32_t one_shot_max;
+    uint32_t reserved;
     uint64_t count;       // all-to-all-v: bytes the sender expects from the receiver
     uint64_t pair_bytes;  // all-to-all-v: bytes the sender sends to the receiver
     uint64_t max_bytes;   // all-to-all-v: most bytes the sender sends to any peer
-    uint64_t digest;      // all-to-all-v: see checkSendRecvDigest
+    uint64_t digest;      // all-to-all-v: see checkCallHeaders
+    uint8_t padding[kHeaderBytes - 72];
 };
-static_assert(sizeof(MsgHeader) == kLineBytes);
+static_assert(sizeof(MsgHeader) == kHeaderBytes);
 
 // Per-Communicator protocol state that outlives one call.
 struct CommState {
@@ -132,21 +149,26 @@ struct CommState {
     // next epoch.
     std::string broken;
     CollectiveFailure failure;
+    // By rank: whether that peer reads this rank's window in place, as it
+    // said in its last round-0 header of this epoch (unknown counts as no).
+    std::vector<uint8_t> read_in_place;
     // Working storage of the current call, kept between calls so that small
     // calls allocate nothing.
     struct Scratch {
         std::vector<uint8_t> sent;
         std::vector<const uint8_t*> payload;
         std::vector<size_t> payload_bytes;
+        std::vector<const uint8_t*> published;
+        std::vector<size_t> published_bytes;
         std::vector<MsgHeader> headers;
         std::vector<const void*> inputs;
     } scratch;
 };
 
 // One call's sequence of rounds. Usage per round: send() to the peers that
-// get payload, receiveAll() (header-only messages go to the rest), read
-// payload(), finishRound(). Any error other than kInvalidArgument from round
-// 0 leaves the ranks out of step and marks the state broken.
+// get payload, receiveAll() (header-only messages go to the rest), read what
+// arrived, finishRound(). Any error other than kInvalidArgument from round 0
+// leaves the ranks out of step and marks the state broken.
 class Rounds {
 public:
     Rounds(CommState& state, const CallDesc& call, Deadline deadline);
@@ -160,43 +182,70 @@ public:
     size_t chunk() const { return state_.layout.chunk; }
     size_t oneShotMax() const { return state_.one_shot_max; }
 
-    // Queues this round's message to `peer`: a then b, together <= chunk().
-    Status send(int peer, const void* a, size_t a_len, const void* b = nullptr, size_t b_len = 0);
+    // This round's message to `peer`: a then b (together <= chunk()) copied
+    // into the peer's slot, plus `published` bytes (<= chunk()) that the
+    // peer reads from publishArea(); only for a peer that readsInPlace().
+    Status send(int peer, const void* a, size_t a_len, const void* b = nullptr, size_t b_len = 0,
+                size_t published = 0);
+    // Sends the same `len` bytes to every other member except `skip`:
+    // published once for the peers that read in place, copied to the rest.
+    Status sendToAll(const void* data, size_t len, int skip = -1);
     // Completes the sends of the round and waits for every member's message.
     // In round 0 every header is checked first; a mismatch finishes the round
     // and returns kInvalidArgument on every rank.
     Status receiveAll();
-    const uint8_t* payload(int peer) const { return payload_[peer]; }
-    size_t payloadBytes(int peer) const { return payload_bytes_[peer]; }
-    // kInternal unless `peer` sent exactly `bytes` this round.
-    Status expectBytes(int peer, size_t bytes);
     // Acknowledges every message of the round and moves to the next one.
     Status finishRound();
 
+    // What arrived from `peer` this round: the copied and the published part.
+    const uint8_t* payload(int peer) const { return payload_[peer]; }
+    size_t payloadBytes(int peer) const { return payload_bytes_[peer]; }
+    const uint8_t* published(int peer) const { return published_[peer]; }
+    size_t publishedBytes(int peer) const { return published_bytes_[peer]; }
+    // Whichever part a sendToAll() used.
+    const uint8_t* data(int peer) const {
+        return published_bytes_[peer] != 0 ? published_[peer] : payload_[peer];
+    }
+    // kInternal unless `peer` sent exactly these byte counts this round.
+    Status expectBytes(int peer, size_t payload, size_t published = 0);
+    // kInternal unless a sendToAll() from `peer` carried exactly `bytes`.
+    Status expectData(int peer, size_t bytes);
+
+    // Whether `peer` reads this rank's window in place (learnt in round 0 of
+    // an earlier call of this epoch, or of this call once it is received).
+    bool readsInPlace(int peer) const { return state_.read_in_place[peer] != 0; }
+    // After round 0: whether every member maps every other member's window.
+    bool everyoneReadsInPlace() const { return everyone_in_place_; }
+    // chunk() bytes of this rank's own window that the peers may read during
+    // this round (publishArea) or the next one (nextPublishArea). Also free
+    // scratch when nothing is published from it.
+    uint8_t* publishArea() { return ownSlot(state_.round); }
+    uint8_t* nextPublishArea() { return ownSlot(state_.round + 1); }
+
     // Room for one input pointer per member (for reduceInto).
     std::vector<const void*>& inputs() { return inputs_; }
-
     // Largest MsgHeader::max_bytes announced in round 0 (all-to-all-v).
     uint64_t maxAnnouncedBytes() const { return max_announced_; }
-    // Payload area of slot k of this rank's own sender area in its own
-    // window: peers never write there, so it is free scratch of chunk() bytes.
-    uint8_t* scratch(int k);
 
 private:
-    MsgHeader headerFor(int peer, size_t payload_bytes) const;
+    MsgHeader headerFor(int peer, size_t payload_bytes, size_t published) const;
+    uint8_t* ownSlot(uint64_t round);
     Status waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* seen);
     Status fail(int peer, const Status& status);
-    Status checkCalls();
+    void learnFromHeaders();
 
     CommState& state_;
     CallDesc call_;
     Deadline deadline_;
     uint32_t seq_ = 0;
     int call_round_ = 0;
+    bool everyone_in_place_ = false;
     // All indexed by rank; they live in state_.scratch.
     std::vector<uint8_t>& sent_;
     std::vector<const uint8_t*>& payload_;
     std::vector<size_t>& payload_bytes_;
+    std::vector<const uint8_t*>& published_;
+    std::vector<size_t>& published_bytes_;
     std::vector<MsgHeader>& headers_;  // round 0
     std::vector<const void*>& inputs_;
     uint64_t max_announced_ = 0;

@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "mooncake-pg/core/reduce_kernels.h"
@@ -27,11 +29,20 @@ std::string describe(const char* what, DataType t, ReduceOp op, size_t count) {
            std::to_string(count);
 }
 
-class CollectivesTest : public ::testing::TestWithParam<int> {};
+class CollectivesTest : public ::testing::TestWithParam<std::tuple<int, testutil::Mapping>> {
+protected:
+    int worldSize() const { return std::get<0>(GetParam()); }
+    // A cluster of worldSize() ranks with this test's window mapping.
+    std::unique_ptr<Cluster> makeCluster() const {
+        return std::make_unique<Cluster>(worldSize(), testutil::smallOptions(),
+                                         std::get<1>(GetParam()));
+    }
+};
 
 TEST_P(CollectivesTest, AllReduceEveryOpAndDtype) {
-    const int n = GetParam();
-    Cluster cluster(n);
+    const int n = worldSize();
+    auto owner = makeCluster();
+    Cluster& cluster = *owner;
     const auto members = testutil::allRanks(n);
     cluster.run([&](int r) {
         uint64_t seed = 1;
@@ -57,8 +68,9 @@ TEST_P(CollectivesTest, AllReduceEveryOpAndDtype) {
 }
 
 TEST_P(CollectivesTest, ReduceEveryOpAndDtype) {
-    const int n = GetParam();
-    Cluster cluster(n);
+    const int n = worldSize();
+    auto owner = makeCluster();
+    Cluster& cluster = *owner;
     const auto members = testutil::allRanks(n);
     cluster.run([&](int r) {
         uint64_t seed = 1000;
@@ -94,8 +106,9 @@ TEST_P(CollectivesTest, ReduceEveryOpAndDtype) {
 }
 
 TEST_P(CollectivesTest, ReduceScatterEveryOpAndDtype) {
-    const int n = GetParam();
-    Cluster cluster(n);
+    const int n = worldSize();
+    auto owner = makeCluster();
+    Cluster& cluster = *owner;
     const auto members = testutil::allRanks(n);
     cluster.run([&](int r) {
         uint64_t seed = 2000;
@@ -125,8 +138,9 @@ TEST_P(CollectivesTest, ReduceScatterEveryOpAndDtype) {
 const std::vector<size_t> kByteSizes = {0, 1, 37, 5000, 20003};
 
 TEST_P(CollectivesTest, BroadcastGatherScatterAllGather) {
-    const int n = GetParam();
-    Cluster cluster(n);
+    const int n = worldSize();
+    auto owner = makeCluster();
+    Cluster& cluster = *owner;
     cluster.run([&](int r) {
         Communicator& comm = cluster.comm(r);
         uint64_t seed = 3000;
@@ -201,8 +215,9 @@ size_t pairBytes(int s, int r, int k) {
 }
 
 TEST_P(CollectivesTest, AllToAllVUneven) {
-    const int n = GetParam();
-    Cluster cluster(n);
+    const int n = worldSize();
+    auto owner = makeCluster();
+    Cluster& cluster = *owner;
     cluster.run([&](int r) {
         for (int k = 0; k < 7; ++k) {
             const uint64_t seed = 4000 + k;
@@ -242,8 +257,9 @@ TEST_P(CollectivesTest, AllToAllVUneven) {
 }
 
 TEST_P(CollectivesTest, BarrierOrdersEveryone) {
-    const int n = GetParam();
-    Cluster cluster(n);
+    const int n = worldSize();
+    auto owner = makeCluster();
+    Cluster& cluster = *owner;
     std::atomic<int> arrived{0};
     cluster.run([&](int r) {
         for (int k = 1; k <= 20; ++k) {
@@ -258,8 +274,15 @@ TEST_P(CollectivesTest, BarrierOrdersEveryone) {
     });
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTest, ::testing::Values(1, 2, 3, 4),
-                         [](const auto& info) { return "n" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(WorldSizes, CollectivesTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values(testutil::Mapping::kAll,
+                                                              testutil::Mapping::kNone,
+                                                              testutil::Mapping::kSome)),
+                         [](const auto& info) {
+                             return "n" + std::to_string(std::get<0>(info.param)) + "_" +
+                                    testutil::mappingName(std::get<1>(info.param));
+                         });
 
 // Every rank must end with the same bits, and the one-shot and chunked
 // all_reduce must agree bit for bit, because both reduce in rank order.
@@ -268,11 +291,16 @@ TEST(CollectivesDeterminism, AllReduceBitsMatchAcrossRanksAndPaths) {
     constexpr size_t kCount = 3001;
     for (DataType dtype : {DataType::kFloat32, DataType::kFloat16, DataType::kBFloat16}) {
         std::vector<std::vector<uint8_t>> results;
-        for (size_t one_shot : {size_t{1} << 20, size_t{0}}) {
+        // One-shot; chunked with the fused all-gather (mapped windows);
+        // chunked with separate all-gather rounds (unmapped windows).
+        for (int config = 0; config < 3; ++config) {
             CommOptions options;
-            options.chunk_bytes = 16384;
-            options.one_shot_max_bytes = one_shot;
-            Cluster cluster(kRanks, options);
+            options.chunk_bytes = 4096;
+            options.one_shot_max_bytes = config == 0 ? size_t{1} << 20 : 0;
+            if (config == 0)
+                options.chunk_bytes = 16384;
+            Cluster cluster(kRanks, options,
+                            config == 2 ? testutil::Mapping::kNone : testutil::Mapping::kAll);
             const size_t es = dataTypeSize(dtype);
             std::vector<std::vector<uint8_t>> outs(kRanks, std::vector<uint8_t>(kCount * es));
             cluster.run([&](int r) {
@@ -300,6 +328,7 @@ TEST(CollectivesDeterminism, AllReduceBitsMatchAcrossRanksAndPaths) {
             results.push_back(outs[0]);
         }
         EXPECT_EQ(results[0], results[1]) << dataTypeName(dtype);
+        EXPECT_EQ(results[0], results[2]) << dataTypeName(dtype);
     }
 }
 

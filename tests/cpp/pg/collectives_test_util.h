@@ -33,12 +33,60 @@ inline Deadline generous() {
     return Deadline::after(std::chrono::seconds(30));
 }
 
+// Which peer windows a rank can load from directly (shared memory on one
+// host); the protocols must give the same results whatever the answer.
+enum class Mapping {
+    kAll,   // every window mapped (one host)
+    kNone,  // nothing mapped (every peer on another host)
+    kSome,  // rank r maps only lower ranks' windows: asymmetric and partial
+};
+
+inline const char* mappingName(Mapping m) {
+    switch (m) {
+        case Mapping::kAll:
+            return "mapped";
+        case Mapping::kNone:
+            return "unmapped";
+        case Mapping::kSome:
+            return "partly_mapped";
+    }
+    return "?";
+}
+
+// A ThreadFabric that hides some peers' windows.
+class MappingFabric : public Fabric {
+public:
+    MappingFabric(std::shared_ptr<Fabric> inner, Mapping mapping)
+        : inner_(std::move(inner)), mapping_(mapping) {}
+    int rank() const override { return inner_->rank(); }
+    int size() const override { return inner_->size(); }
+    size_t windowBytes() const override { return inner_->windowBytes(); }
+    uint8_t* localWindow() override { return inner_->localWindow(); }
+    Status put(int peer, uint64_t offset, const void* src, size_t len) override {
+        return inner_->put(peer, offset, src, len);
+    }
+    Status putFlag(int peer, uint64_t offset, uint64_t value) override {
+        return inner_->putFlag(peer, offset, value);
+    }
+    uint8_t* peerWindow(int peer) override {
+        const bool mapped =
+            mapping_ == Mapping::kAll || (mapping_ == Mapping::kSome && peer < inner_->rank());
+        return mapped ? inner_->peerWindow(peer) : nullptr;
+    }
+    bool peerFailed(int peer) const override { return inner_->peerFailed(peer); }
+
+private:
+    std::shared_ptr<Fabric> inner_;
+    Mapping mapping_;
+};
+
 class Cluster {
 public:
-    explicit Cluster(int n, CommOptions options = smallOptions())
+    explicit Cluster(int n, CommOptions options = smallOptions(), Mapping mapping = Mapping::kAll)
         : n_(n), group_(n, Communicator::windowBytesFor(n, options)) {
         for (int r = 0; r < n; ++r) {
-            comms_.push_back(std::make_unique<Communicator>(group_.fabric(r), options));
+            auto fabric = std::make_shared<MappingFabric>(group_.fabric(r), mapping);
+            comms_.push_back(std::make_unique<Communicator>(fabric, options));
         }
     }
     int size() const { return n_; }
