@@ -2,8 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
-#include <thread>
 
 #include "mooncake-transfer-engine/common/env.h"
 #include "mooncake-transfer-engine/common/logging.h"
@@ -18,11 +18,48 @@ MC_ENV_BOOL(ForceTcp, "MC_FORCE_TCP", false)
 // ---- TransferTask -----------------------------------------------------------
 
 void TransferTask::complete(Status status) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (state_.load(std::memory_order_relaxed) != TransferState::kPending) return;
-    error_ = std::move(status);
-    state_.store(error_.ok() ? TransferState::kCompleted : TransferState::kFailed,
-                 std::memory_order_release);
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (state_.load(std::memory_order_relaxed) != TransferState::kPending)
+            return;
+        error_ = std::move(status);
+        state_.store(error_.ok() ? TransferState::kCompleted : TransferState::kFailed,
+                     std::memory_order_release);
+    }
+    if (signal_)
+        signal_->notify(this);
+}
+
+// ---- CompletionSignal ---------------------------------------------------------
+
+// No lost wakeup: a waiter checks done() and registers under mu_, and
+// complete() stores the state before it takes mu_ here, so either the waiter
+// sees the new state or this sees the waiter.
+void CompletionSignal::notify(const TransferTask* task) {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (std::find(awaited_.begin(), awaited_.end(), task) == awaited_.end())
+            return;
+    }
+    cv_.notify_all();
+}
+
+bool CompletionSignal::wait(const TransferTask& task, Deadline deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (task.done())
+        return true;
+    awaited_.push_back(&task);
+    bool done = true;
+    while (!task.done()) {
+        if (deadline.at() == Deadline::Clock::time_point::max()) {
+            cv_.wait(lock);  // wait_until(max) would overflow
+        } else if (cv_.wait_until(lock, deadline.at()) == std::cv_status::timeout) {
+            done = task.done();
+            break;
+        }
+    }
+    awaited_.erase(std::find(awaited_.begin(), awaited_.end(), &task));
+    return done;
 }
 
 TransferStatus TransferTask::status() const {
@@ -51,7 +88,15 @@ private:
 
 struct TransferEngine::Batch {
     size_t capacity = 0;
+    std::shared_ptr<CompletionSignal> signal = std::make_shared<CompletionSignal>();
+    // Guards `tasks`: one thread may submit while another waits or queries.
+    std::mutex mu;
     std::vector<std::shared_ptr<TransferTask>> tasks;
+
+    std::vector<std::shared_ptr<TransferTask>> snapshot() {
+        std::lock_guard<std::mutex> lock(mu);
+        return tasks;
+    }
 };
 
 // ---- lifecycle ----------------------------------------------------------------
@@ -103,7 +148,8 @@ void TransferEngine::shutdown() {
     }
     for (auto& t : transports_) t->shutdown();
     for (auto& b : batches) {
-        for (auto& task : b->tasks) task->complete(Aborted("transfer engine shut down"));
+        for (auto& task : b->snapshot())
+            task->complete(Aborted("transfer engine shut down"));
     }
 }
 
@@ -314,11 +360,17 @@ Status TransferEngine::submitTransfer(BatchID batch_id, const std::vector<Transf
         if (it == batches_.end()) return NotFound("batch " + std::to_string(batch_id) + " is not allocated");
         batch = it->second;
     }
-    if (batch->tasks.size() + requests.size() > batch->capacity) {
+    auto overCapacity = [&](size_t adding) -> Status {
+        if (batch->tasks.size() + adding <= batch->capacity)
+            return Status::OK();
         return InvalidArgument("batch " + std::to_string(batch_id) + " holds " +
                                std::to_string(batch->capacity) + " requests; " +
-                               std::to_string(batch->tasks.size() + requests.size()) +
-                               " submitted");
+                               std::to_string(batch->tasks.size() + adding) + " submitted");
+    };
+    {
+        // Checked again when the tasks are added: another thread may submit meanwhile.
+        std::lock_guard<std::mutex> lock(batch->mu);
+        MC_RETURN_IF_ERROR(overCapacity(requests.size()));
     }
     // Validate all first so a bad request transfers nothing.
     struct Planned {
@@ -338,9 +390,15 @@ Status TransferEngine::submitTransfer(BatchID batch_id, const std::vector<Transf
             t = select(*peer, *region);
             if (!t) return Unavailable("request " + std::to_string(i) + ": no transport reaches " + peer->name);
         }
-        planned.push_back({std::make_shared<TransferTask>(requests[i], std::move(peer)), t});
+        planned.push_back(
+            {std::make_shared<TransferTask>(requests[i], std::move(peer), batch->signal), t});
     }
-    for (auto& p : planned) batch->tasks.push_back(p.task);
+    {
+        std::lock_guard<std::mutex> lock(batch->mu);
+        MC_RETURN_IF_ERROR(overCapacity(planned.size()));
+        for (auto& p : planned)
+            batch->tasks.push_back(p.task);
+    }
     for (auto& p : planned) {
         if (p.transport) {
             p.transport->submit(p.task);
@@ -359,6 +417,7 @@ Result<TransferStatus> TransferEngine::getTransferStatus(BatchID batch_id, size_
     std::lock_guard<std::mutex> lock(mu_);
     auto it = batches_.find(batch_id);
     if (it == batches_.end()) return NotFound("batch " + std::to_string(batch_id) + " is not allocated");
+    std::lock_guard<std::mutex> batch_lock(it->second->mu);
     if (index >= it->second->tasks.size()) {
         return InvalidArgument("request index " + std::to_string(index) + " >= submitted count " +
                                std::to_string(it->second->tasks.size()));
@@ -374,16 +433,11 @@ Status TransferEngine::waitBatch(BatchID batch_id, Deadline deadline) {
         if (it == batches_.end()) return NotFound("batch " + std::to_string(batch_id) + " is not allocated");
         batch = it->second;
     }
-    auto backoff = std::chrono::microseconds(1);
-    for (auto& task : batch->tasks) {
-        while (!task->done()) {
-            if (deadline.expired()) return Timeout("batch " + std::to_string(batch_id) + " did not complete before the deadline");
-            if (backoff < std::chrono::microseconds(50)) {
-                std::this_thread::yield();
-                backoff *= 2;
-            } else {
-                std::this_thread::sleep_for(std::chrono::microseconds(50));
-            }
+    // In index order, so the failure reported is the first one by index.
+    for (auto& task : batch->snapshot()) {
+        if (!batch->signal->wait(*task, deadline)) {
+            return Timeout("batch " + std::to_string(batch_id) +
+                           " did not complete before the deadline");
         }
         TransferStatus s = task->status();
         if (s.state == TransferState::kFailed) return s.error;
@@ -395,7 +449,7 @@ Status TransferEngine::freeBatchID(BatchID batch_id) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = batches_.find(batch_id);
     if (it == batches_.end()) return NotFound("batch " + std::to_string(batch_id) + " is not allocated");
-    for (auto& t : it->second->tasks) {
+    for (auto& t : it->second->snapshot()) {
         if (!t->done()) return InvalidArgument("batch " + std::to_string(batch_id) + " still has pending requests");
     }
     batches_.erase(it);

@@ -6,10 +6,12 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "mooncake-transfer-engine/common/deadline.h"
 #include "mooncake-transfer-engine/common/status.h"
@@ -19,18 +21,38 @@
 
 namespace mooncake::te {
 
+class TransferTask;
+
+// Where threads waiting for the tasks of one batch sleep. Tasks hold it by
+// shared_ptr, so a completion racing with freeBatchID never touches freed
+// memory. Only a completion that a waiter is blocked on wakes anybody.
+class CompletionSignal {
+public:
+    // Called by `task` once it has left kPending.
+    void notify(const TransferTask* task);
+    // Blocks until task.done() or the deadline passes; false on timeout.
+    bool wait(const TransferTask& task, Deadline deadline);
+
+private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::vector<const TransferTask*> awaited_;  // one entry per blocked waiter
+};
+
 // One request in flight. Shared between the engine (status queries) and the
 // transport (completion); complete() is called exactly once.
 class TransferTask {
 public:
-    TransferTask(TransferRequest request, std::shared_ptr<const SegmentDesc> peer)
-        : request_(request), peer_(std::move(peer)) {}
+    TransferTask(TransferRequest request, std::shared_ptr<const SegmentDesc> peer,
+                 std::shared_ptr<CompletionSignal> signal = nullptr)
+        : request_(request), peer_(std::move(peer)), signal_(std::move(signal)) {}
 
     const TransferRequest& request() const { return request_; }
     const SegmentDesc& peer() const { return *peer_; }
     std::shared_ptr<const SegmentDesc> peerPtr() const { return peer_; }
 
     // First call wins; later calls are ignored (a late reply after a timeout).
+    // Wakes a waitBatch() blocked on this task.
     void complete(Status status);
     TransferStatus status() const;
     bool done() const { return state_.load(std::memory_order_acquire) != TransferState::kPending; }
@@ -38,6 +60,7 @@ public:
 private:
     TransferRequest request_;
     std::shared_ptr<const SegmentDesc> peer_;
+    std::shared_ptr<CompletionSignal> signal_;
     std::atomic<TransferState> state_{TransferState::kPending};
     mutable std::mutex mu_;  // guards error_
     Status error_;

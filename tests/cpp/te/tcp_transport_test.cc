@@ -76,6 +76,7 @@ public:
         int status = 0;
         ::waitpid(pid_, &status, WUNTRACED);
     }
+    void thaw() { ::kill(pid_, SIGCONT); }
     void killAndReap() {
         ::kill(pid_, SIGKILL);
         int status = 0;
@@ -303,6 +304,60 @@ TEST_F(TcpEngineTest, FlagWriteLandsAfterItsDataWrite) {
         ASSERT_TRUE(engine_->waitBatch(batch.value(), Deadline::afterMs(30000)).ok());
         ASSERT_TRUE(engine_->freeBatchID(batch.value()).ok());
     }
+}
+
+// waitBatch sleeps until a completion wakes it: several threads on each of
+// several batches must all return, none may miss the wakeup of a completion
+// that lands while it blocks, and the deadline still ends a wait.
+TEST_F(TcpEngineTest, ManyWaitersOnManyBatchesWakeUpAndHonorTheDeadline) {
+    constexpr int kBatches = 8, kPerBatch = 4, kWaiters = 3;
+    const uint64_t len = kMiB;
+    startPair(kBatches * kPerBatch * len, kBatches * kPerBatch * len);
+    ASSERT_TRUE(run({write(0, 0, 4096)}, Deadline::afterMs(10000)).ok());  // connection is up
+
+    // Nothing completes until the child runs again, so every waiter blocks.
+    child_->freeze();
+    std::vector<BatchID> batches;
+    for (int b = 0; b < kBatches; ++b) {
+        std::vector<TransferRequest> reqs;
+        for (int i = 0; i < kPerBatch; ++i) {
+            const uint64_t off = (b * kPerBatch + i) * len;
+            fillPattern(localPtr(off), len, static_cast<uint32_t>(b * kPerBatch + i));
+            reqs.push_back(write(off, off, len));
+        }
+        auto batch = engine_->allocateBatchID(kPerBatch);
+        ASSERT_TRUE(batch.ok());
+        ASSERT_TRUE(engine_->submitTransfer(batch.value(), reqs).ok());
+        batches.push_back(batch.value());
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(engine_->waitBatch(batches[0], Deadline::afterMs(200)).code(), StatusCode::kTimeout);
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, 200ms);
+
+    std::vector<Status> results(kBatches * kWaiters);
+    std::vector<std::thread> waiters;
+    for (int b = 0; b < kBatches; ++b) {
+        for (int w = 0; w < kWaiters; ++w) {
+            waiters.emplace_back([&, b, w] {
+                results[b * kWaiters + w] =
+                    engine_->waitBatch(batches[b], Deadline::afterMs(30000));
+            });
+        }
+    }
+    std::this_thread::sleep_for(100ms);  // let them block
+    auto thawed = std::chrono::steady_clock::now();
+    child_->thaw();
+    for (auto& t : waiters)
+        t.join();
+    // Far below the 30 s deadline: they were woken, not timed out.
+    EXPECT_LT(std::chrono::steady_clock::now() - thawed, 10s);
+    for (size_t i = 0; i < results.size(); ++i)
+        EXPECT_TRUE(results[i].ok()) << i << ": " << results[i].toString();
+    for (int i = 0; i < kBatches * kPerBatch; ++i) {
+        ASSERT_EQ(findMismatch(remote_->bytes() + i * len, len, static_cast<uint32_t>(i)), -1) << i;
+    }
+    for (BatchID b : batches)
+        EXPECT_TRUE(engine_->freeBatchID(b).ok());
 }
 
 // ---- failures -----------------------------------------------------------------------
