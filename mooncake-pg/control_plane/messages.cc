@@ -39,6 +39,10 @@ const char* messageTypeName(MessageType t) {
             return "ViewUpdate";
         case MessageType::kLeave:
             return "Leave";
+        case MessageType::kProbe:
+            return "Probe";
+        case MessageType::kProbeReply:
+            return "ProbeReply";
     }
     return "Unknown";
 }
@@ -141,6 +145,16 @@ void putBody(ByteWriter& w, const ViewUpdate& b) {
     }
 }
 void putBody(ByteWriter&, const Leave&) {}
+void putBody(ByteWriter& w, const Probe& b) {
+    w.put<uint64_t>(b.probe_id);
+    w.put<uint32_t>(b.target_rank);
+    w.put<uint32_t>(b.target_incarnation);
+    w.put<uint64_t>(b.reply_nonce);
+}
+void putBody(ByteWriter& w, const ProbeReply& b) {
+    w.put<uint64_t>(b.probe_id);
+    w.put<uint32_t>(b.responder_incarnation);
+}
 
 // ---- reading ---------------------------------------------------------------
 
@@ -331,6 +345,16 @@ void getBody(Decoder& d, ViewUpdate& b) {
     }
 }
 void getBody(Decoder&, Leave&) {}
+void getBody(Decoder& d, Probe& b) {
+    b.probe_id = d.get<uint64_t>("probe_id");
+    b.target_rank = d.get<uint32_t>("target_rank");
+    b.target_incarnation = d.get<uint32_t>("target_incarnation");
+    b.reply_nonce = d.get<uint64_t>("reply_nonce");
+}
+void getBody(Decoder& d, ProbeReply& b) {
+    b.probe_id = d.get<uint64_t>("probe_id");
+    b.responder_incarnation = d.get<uint32_t>("responder_incarnation");
+}
 
 template <typename Body>
 MessageBody decodeAs(Decoder& d) {
@@ -428,6 +452,12 @@ Result<ControlMessage> parseControlMessage(std::string_view bytes) {
             break;
         case MessageType::kLeave:
             m.body = decodeAs<Leave>(d);
+            break;
+        case MessageType::kProbe:
+            m.body = decodeAs<Probe>(d);
+            break;
+        case MessageType::kProbeReply:
+            m.body = decodeAs<ProbeReply>(d);
             break;
         default:
             return invalid("unknown message type " + std::to_string(type));

@@ -51,6 +51,10 @@ enum class MessageType : uint8_t {
     kReconcileResult = 13,
     kViewUpdate = 14,
     kLeave = 15,
+    // Member <-> member link probes (control_plane/member_host.h); the
+    // Coordinator never sends or accepts them.
+    kProbe = 16,
+    kProbeReply = 17,
 };
 
 const char* messageTypeName(MessageType t);
@@ -218,10 +222,33 @@ struct Leave {
     bool operator==(const Leave&) const = default;
 };
 
-using MessageBody =
-    std::variant<RegisterRequest, RegisterReply, PublishEndpoint, JoinRequest, JoinRejected,
-                 ActivateProposal, DeactivateProposal, ProposalResult, LinkReport, FailureEvidence,
-                 EvidenceAck, ReconcileStart, ReconcileResult, ViewUpdate, Leave>;
+// Member -> member, straight into the peer's inbox: "are you the process
+// (target_rank, target_incarnation)?". reply_nonce names the prober's inbox,
+// because the target's view may not show the prober's endpoint yet (a
+// registrant probes as soon as it sees the table, possibly before its peers
+// have applied the view that announces it).
+struct Probe {
+    static constexpr MessageType kType = MessageType::kProbe;
+    uint64_t probe_id = 0;
+    uint32_t target_rank = 0;
+    uint32_t target_incarnation = 0;
+    uint64_t reply_nonce = 0;
+    bool operator==(const Probe&) const = default;
+};
+
+// The answer, from the process that sits in target_rank; the prober reports
+// responder_incarnation as reached (the Coordinator ignores it if stale).
+struct ProbeReply {
+    static constexpr MessageType kType = MessageType::kProbeReply;
+    uint64_t probe_id = 0;
+    uint32_t responder_incarnation = 0;
+    bool operator==(const ProbeReply&) const = default;
+};
+
+using MessageBody = std::variant<RegisterRequest, RegisterReply, PublishEndpoint, JoinRequest,
+                                 JoinRejected, ActivateProposal, DeactivateProposal, ProposalResult,
+                                 LinkReport, FailureEvidence, EvidenceAck, ReconcileStart,
+                                 ReconcileResult, ViewUpdate, Leave, Probe, ProbeReply>;
 
 struct ControlMessage {
     MessageHeader header;

@@ -110,6 +110,8 @@ std::vector<std::string> seedInputs() {
         make(kCoordinatorSender, 0, 1, ProposalResult{1, StatusCode::kTimeout, "x"}),
         make(kCoordinatorSender, 0, 1, JoinRejected{StatusCode::kTimeout, "x"}),
         make(kCoordinatorSender, 0, 1, RegisterReply{101, false, 0, "x"}),
+        make(2, 1, 1, Probe{5, 1, 1, 0x1234}),
+        make(1, 1, 1, ProbeReply{5, 1}),
     };
     std::vector<std::string> out;
     for (const auto& m : seeds)

@@ -47,6 +47,8 @@ std::vector<ControlMessage> samples() {
                     SlotInfo{GroupMemberState::kLeft, RankState::kOffline, 1, ""},
                     SlotInfo{GroupMemberState::kAwaitingActivation, RankState::kHealthy, 4, "d"}}},
         Leave{},
+        Probe{0x1122334455667788ull, 5, 2, 0x99aabbccddeeff00ull},
+        ProbeReply{0x1122334455667788ull, 2},
     };
     std::vector<ControlMessage> out;
     for (auto& b : bodies)
@@ -109,7 +111,7 @@ TEST(ControlMessagesTest, GarbageIsRejected) {
     expectBad(withByte(good, 0, 'X'), "bad magic");
     expectBad(withByte(good, 4, 2), "unsupported version");
     expectBad(withByte(good, 5, 0), "unknown message type 0");
-    expectBad(withByte(good, 5, 16), "unknown message type 16");
+    expectBad(withByte(good, 5, 18), "unknown message type 18");
     expectBad(withByte(good, 5, 255), "unknown message type 255");
     expectBad("", "magic");
 
