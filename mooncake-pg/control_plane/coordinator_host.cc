@@ -1,0 +1,168 @@
+#include "mooncake-pg/control_plane/coordinator_host.h"
+
+#include <algorithm>
+#include <chrono>
+#include <type_traits>
+#include <utility>
+
+#include "mooncake-transfer-engine/common/logging.h"
+
+namespace mooncake::pg::control_plane {
+namespace {
+
+constexpr const char* kSubsys = "coord";
+
+Millis hostNow() {
+    return std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now().time_since_epoch());
+}
+
+void writeLog(LogLevel level, const std::string& text) {
+    if (logEnabled(level, kSubsys))
+        logWrite(level, kSubsys, __FILE__, __LINE__, text);
+}
+
+std::string maskStr(const std::vector<int32_t>& mask) {
+    std::string s = "[";
+    for (size_t i = 0; i < mask.size(); ++i)
+        s += (i ? "," : "") + std::to_string(mask[i]);
+    return s + "]";
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CoordinatorHost>> CoordinatorHost::start(CoordinatorHostConfig config,
+                                                                KVStore* store) {
+    if (store == nullptr)
+        return InvalidArgument("CoordinatorHost: no KVStore");
+    if (config.poll_interval.count() <= 0)
+        return InvalidArgument("CoordinatorHost: poll_interval must be positive");
+    auto coordinator = Coordinator::create(config.coordinator);
+    if (!coordinator.ok())
+        return coordinator.status();
+    std::unique_ptr<CoordinatorHost> host(
+        new CoordinatorHost(std::move(config), std::move(coordinator).value(), store));
+    host->thread_ = std::thread([h = host.get()] { h->run(); });
+    return host;
+}
+
+CoordinatorHost::CoordinatorHost(CoordinatorHostConfig config, Coordinator coordinator,
+                                 KVStore* store)
+    : config_(std::move(config)),
+      mailbox_(store, config_.key_prefix),
+      inbox_(mailbox_.coordinatorInbox()),
+      coordinator_(std::move(coordinator)),
+      slot_inbox_(config_.coordinator.max_group_size) {}
+
+CoordinatorHost::~CoordinatorHost() {
+    stop();
+}
+
+void CoordinatorHost::stop() {
+    stopping_.store(true);
+    if (thread_.joinable())
+        thread_.join();
+}
+
+GroupView CoordinatorHost::view() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return coordinator_.view();
+}
+
+void CoordinatorHost::run() {
+    writeLog(LogLevel::kInfo,
+             "coordinator for group '" + config_.coordinator.group_id + "' serving " + inbox_);
+    while (!stopping_.load()) {
+        // Wake for the next deadline, or after one poll interval to notice stop().
+        Millis wait = config_.poll_interval;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (auto next = coordinator_.nextDeadline())
+                wait = std::clamp(*next - hostNow(), Millis(0), wait);
+        }
+        auto got = mailbox_.receive(inbox_, Deadline::after(wait));
+        const bool store_failed = !got.ok() && got.status().code() != StatusCode::kTimeout;
+        if (store_failed && !store_error_logged_) {
+            // Logged once: a broken store would otherwise flood the log.
+            writeLog(LogLevel::kError, "cannot read the Coordinator's inbox " + inbox_ + ": " +
+                                           got.status().toString());
+            store_error_logged_ = true;
+        } else if (got.ok() && store_error_logged_) {
+            writeLog(LogLevel::kInfo, "the Coordinator's inbox is readable again");
+            store_error_logged_ = false;
+        }
+
+        std::vector<CoordinatorEffect> effects;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            const Millis now = hostNow();
+            if (got.ok()) {
+                effects = coordinator_.handleBytes(now, got.value());
+            } else if (auto next = coordinator_.nextDeadline(); next && *next <= now) {
+                effects = coordinator_.handle(Tick{now});
+            }
+        }
+        execute(std::move(effects));
+        if (store_failed && !stopping_.load()) {
+            // A failing store answers at once; do not spin on it. Bounded by
+            // the poll interval so stop() stays prompt.
+            std::this_thread::sleep_for(config_.poll_interval);
+        }
+    }
+    writeLog(LogLevel::kInfo,
+             "coordinator for group '" + config_.coordinator.group_id + "' stopped");
+}
+
+void CoordinatorHost::push(uint32_t rank, const std::string& inbox, const std::string& bytes) {
+    if (inbox.empty()) {
+        writeLog(LogLevel::kWarn,
+                 "no inbox known for rank " + std::to_string(rank) + "; message dropped");
+        return;
+    }
+    Status st = mailbox_.sendBytes(inbox, bytes);
+    if (!st.ok()) {
+        writeLog(LogLevel::kWarn,
+                 "push to rank " + std::to_string(rank) + " (" + inbox + "): " + st.toString());
+    }
+}
+
+void CoordinatorHost::execute(std::vector<CoordinatorEffect> effects) {
+    for (const CoordinatorEffect& effect : effects) {
+        std::visit(
+            [this](const auto& e) {
+                using T = std::decay_t<decltype(e)>;
+                if constexpr (std::is_same_v<T, SendTo>) {
+                    if (e.rank >= slot_inbox_.size())
+                        return;
+                    std::string inbox = slot_inbox_[e.rank];
+                    if (const auto* reply = std::get_if<RegisterReply>(&e.message.body)) {
+                        // The registrant's own inbox: on a rejection the slot
+                        // may still belong to another process.
+                        inbox = mailbox_.processInbox(e.rank, reply->nonce);
+                        if (reply->accepted)
+                            slot_inbox_[e.rank] = inbox;
+                    }
+                    push(e.rank, inbox, serialize(e.message));
+                } else if constexpr (std::is_same_v<T, Broadcast>) {
+                    const std::string bytes = serialize(e.message);
+                    for (uint32_t r : e.ranks) {
+                        if (r < slot_inbox_.size())
+                            push(r, slot_inbox_[r], bytes);
+                    }
+                } else if constexpr (std::is_same_v<T, Log>) {
+                    writeLog(e.level, e.text);
+                } else if constexpr (std::is_same_v<T, ViewCommitted>) {
+                    // The Coordinator's own Log already announced the commit.
+                    writeLog(LogLevel::kDebug, "epoch " + std::to_string(e.epoch) +
+                                                   " active mask " + maskStr(e.active_mask));
+                } else {
+                    // ProposalFailed, JoinFailed and ReconciliationResult are
+                    // logged by the Coordinator itself; they reach observers.
+                }
+            },
+            effect);
+        if (config_.observer)
+            config_.observer(effect);
+    }
+}
+
+}  // namespace mooncake::pg::control_plane

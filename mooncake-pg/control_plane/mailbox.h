@@ -1,0 +1,75 @@
+// Control messages carried over KVStore FIFO queues (queuePush/queuePop).
+//
+// The store is the one rendezvous every process of a group already shares
+// (torch hands the backend a c10d Store), so the control plane needs no
+// listening sockets of its own. Keys, under the group's key prefix:
+//
+//   <prefix>/cp/coord                    the Coordinator's inbox
+//   <prefix>/cp/proc/<slot>/<nonce>      one process's inbox
+//
+// <nonce> is the process's random registration nonce (16 hex digits), so a
+// replacement in the same slot never reads mail meant for its predecessor and
+// a late message for a dead process lands where nobody looks.
+//
+// Peers find each other's inbox through the endpoint a member publishes in
+// the membership table: the host appends "|inbox=<nonce>" to the data-plane
+// endpoint it is given (encodeEndpoint), and decodes it when probing.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "mooncake-pg/control_plane/messages.h"
+#include "mooncake-transfer-engine/common/deadline.h"
+#include "mooncake-transfer-engine/common/status.h"
+#include "mooncake-transfer-engine/metadata/kv_store.h"
+
+namespace mooncake::pg::control_plane {
+
+std::string coordinatorInboxKey(std::string_view prefix);
+std::string processInboxKey(std::string_view prefix, uint32_t slot, uint64_t nonce);
+
+// What encodeEndpoint adds to a data-plane endpoint.
+inline constexpr std::string_view kInboxMarker = "|inbox=";
+inline constexpr size_t kEncodedEndpointOverhead = kInboxMarker.size() + 16;
+// The longest data-plane endpoint that still fits the wire limit once encoded.
+inline constexpr size_t kMaxDataEndpointBytes = kMaxEndpointBytes - kEncodedEndpointOverhead;
+
+// "<endpoint>|inbox=<16 hex digits>". An empty endpoint stays empty: a member
+// that has not published one is neither probed nor counted as synced.
+std::string encodeEndpoint(std::string_view endpoint, uint64_t nonce);
+
+struct DecodedEndpoint {
+    std::string endpoint;  // the data-plane part
+    uint64_t nonce = 0;
+};
+// nullopt when the marker or a well-formed nonce is missing.
+std::optional<DecodedEndpoint> decodeEndpoint(std::string_view encoded);
+
+// Sends to and receives from inboxes of one group. The store is not owned
+// and must outlive the Mailbox; it is used from several threads, which every
+// KVStore allows.
+class Mailbox {
+public:
+    Mailbox(KVStore* store, std::string prefix) : store_(store), prefix_(std::move(prefix)) {}
+
+    const std::string& prefix() const { return prefix_; }
+    std::string coordinatorInbox() const { return coordinatorInboxKey(prefix_); }
+    std::string processInbox(uint32_t slot, uint64_t nonce) const {
+        return processInboxKey(prefix_, slot, nonce);
+    }
+
+    Status send(const std::string& inbox, const ControlMessage& message);
+    Status sendBytes(const std::string& inbox, const std::string& bytes);
+    // The next message's raw bytes (the caller parses and decides what to do
+    // with garbage), or kTimeout when none arrived before `deadline`.
+    Result<std::string> receive(const std::string& inbox, Deadline deadline);
+
+private:
+    KVStore* store_;
+    std::string prefix_;
+};
+
+}  // namespace mooncake::pg::control_plane
