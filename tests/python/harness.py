@@ -27,6 +27,22 @@ Ranks may be expected to fail: `expect_fail` maps rank -> regex (or one regex
 for every rank); the worker's "ExceptionType: message" must match (re.search,
 re.S). Those ranks then appear in the result list as `RankError` objects.
 
+Elastic scenarios (see tests/python/pg/test_elastic_scenarios.py) need three more
+things, all optional:
+
+* `late={proc: "event"}` starts process `proc` only once some process called
+  `ctx.signal("event")` (a replacement or a joiner launched after the fact);
+  a late process that was never started is reported as a problem.
+* `expect_killed=[proc, ...]` processes that are expected to die from a signal
+  (e.g. `ctx.kill_self()`, SIGKILL in the middle of a collective); they appear
+  in the results as `Killed` objects and do not shorten the others' grace.
+* `ctx.signal(name)` / `ctx.wait_for(name, timeout_s)` / `ctx.signalled(name)`:
+  file-based events shared by every process of the run (no process group
+  needed), e.g. to let a stalled rank sleep until the survivors are done.
+
+With init=False each process does its own init, so a process index (`ctx.rank`,
+the position in the result list) need not be its rank in the group.
+
 The backend under test comes from $MC_TEST_BACKEND (default "mooncake-cpu"; a
 comma-separated list runs the tests once per backend). MC_TEST_BACKEND=gloo runs
 the suites against gloo, which validates the tests themselves.
@@ -182,6 +198,22 @@ class RankError:
 
 
 @dataclass
+class Killed:
+    """A process that died from a signal, as run_ranks(expect_killed=...) expected."""
+    rank: int
+    signal: str
+
+    def __str__(self) -> str:
+        return f"rank {self.rank}: killed by {self.signal}"
+
+
+def _event_path(tmpdir: str, name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", name):
+        raise ValueError(f"event names are [A-Za-z0-9_.-]+, got {name!r}")
+    return os.path.join(tmpdir, f"event.{name}")
+
+
+@dataclass
 class Ctx:
     """What a worker function receives as its first argument."""
     rank: int
@@ -201,6 +233,37 @@ class Ctx:
         if self._notes is not None:
             self._notes.write(f"{time.monotonic():.3f} {msg}\n")
             self._notes.flush()
+
+    # File-based events shared by all processes of one run_ranks call.
+    def signal(self, name: str, payload: str = "") -> None:
+        """Sets event `name` (idempotent); `payload` is readable with event_payload()."""
+        path = _event_path(self.tmpdir, name)
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(payload)
+        os.replace(tmp, path)
+        self.note(f"signal {name}")
+
+    def signalled(self, name: str) -> bool:
+        return os.path.exists(_event_path(self.tmpdir, name))
+
+    def event_payload(self, name: str) -> str:
+        with open(_event_path(self.tmpdir, name)) as f:
+            return f.read()
+
+    def wait_for(self, name: str, timeout_s: float, poll_s: float = 0.01) -> None:
+        """Blocks until event `name` is set; TimeoutError after timeout_s."""
+        self.note(f"wait_for {name}")
+        deadline = time.monotonic() + timeout_s
+        while not self.signalled(name):
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"event {name!r} was not signalled within {timeout_s:g} s")
+            time.sleep(poll_s)
+
+    def kill_self(self) -> None:
+        """SIGKILLs this process at once (no cleanup); pair with expect_killed."""
+        self.note("kill_self (SIGKILL)")
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def init(self, **kwargs) -> None:
         """init_process_group with the backend under test over env:// (for init=False runs)."""
@@ -316,7 +379,9 @@ def run_ranks(fn: Callable, world_size: int, backend: str, timeout_s: float,
               expect_fail: Union[None, str, bool, Mapping[int, Union[str, bool]]] = None,
               init: bool = True, ref_group: bool = True,
               pg_options: Optional[Callable[[int], Any]] = None,
-              pg_timeout_s: Optional[float] = None, grace_s: float = 10.0) -> list:
+              pg_timeout_s: Optional[float] = None, grace_s: float = 10.0,
+              late: Optional[Mapping[int, str]] = None,
+              expect_killed: Sequence[int] = ()) -> list:
     """Runs fn(ctx, *args) on `world_size` spawned ranks; returns results in rank order.
 
     env:        extra environment for the workers (None values unset a variable).
@@ -325,6 +390,8 @@ def run_ranks(fn: Callable, world_size: int, backend: str, timeout_s: float,
                 does its own init (ctx.init(), ctx.port, MASTER_ADDR/PORT are set).
     pg_options: module-level callable world_size -> pg_options for init_process_group.
     expect_fail: see module docstring; matching ranks return RankError objects.
+    late:       {proc: event}: start process `proc` once ctx.signal(event) was called.
+    expect_killed: processes expected to die from a signal; they return Killed objects.
     """
     expected = _normalise_expect(expect_fail, world_size)
     tmpdir = tempfile.mkdtemp(prefix="mc_ranks_")
@@ -333,20 +400,33 @@ def run_ranks(fn: Callable, world_size: int, backend: str, timeout_s: float,
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
         "LOCAL_WORLD_SIZE": str(world_size), **(env or {}),
     })
+    late = dict(late or {})
+    for rank in late:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"late process {rank} is outside [0, {world_size})")
     spawn = multiprocessing.get_context("spawn")
     procs = []
+
+    def start(rank):
+        with _patched_environ({**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank)}):
+            procs[rank].start()
+
     try:
         for rank in range(world_size):
-            with _patched_environ({**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank)}):
-                p = spawn.Process(
-                    target=_worker_main, name=f"rank{rank}",
-                    args=(rank, world_size, backend, fn, tuple(args), tmpdir, port, init,
-                          ref_group, pg_options, pg_timeout_s))
-                p.start()
-            procs.append(p)
-        return _supervise(procs, tmpdir, timeout_s, grace_s, expected)
+            procs.append(spawn.Process(
+                target=_worker_main, name=f"rank{rank}",
+                args=(rank, world_size, backend, fn, tuple(args), tmpdir, port, init,
+                      ref_group, pg_options, pg_timeout_s)))
+        for rank in range(world_size):
+            if rank not in late:
+                start(rank)
+        pending = {rank: _event_path(tmpdir, ev) for rank, ev in late.items()}
+        return _supervise(procs, tmpdir, timeout_s, grace_s, expected,
+                          pending=pending, start=start, killed=set(expect_killed))
     finally:
         for p in procs:
+            if p.pid is None:
+                continue
             if p.is_alive():
                 p.kill()
             p.join(5)
@@ -361,19 +441,25 @@ def _read_result(tmpdir, rank):
         return None
 
 
-def _supervise(procs, tmpdir, timeout_s, grace_s, expected) -> list:
+def _supervise(procs, tmpdir, timeout_s, grace_s, expected, pending=None, start=None,
+               killed=frozenset()) -> list:
     world_size = len(procs)
-    start = time.monotonic()
-    deadline = start + timeout_s
+    pending = dict(pending or {})  # late processes not started yet: rank -> event file
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
     shortened_by = None
     while True:
-        alive = [p for p in procs if p.exitcode is None]
+        for rank, path in list(pending.items()):
+            if os.path.exists(path):
+                del pending[rank]
+                start(rank)
+        alive = [p for p in procs if p.pid is not None and p.exitcode is None]
         if not alive:
             break
         now = time.monotonic()
         if shortened_by is None:
             for rank, p in enumerate(procs):
-                if p.exitcode is None or rank in expected:
+                if p.pid is None or p.exitcode is None or rank in expected or rank in killed:
                     continue
                 res = _read_result(tmpdir, rank)
                 if res is None or res.get("status") != "ok":
@@ -382,9 +468,10 @@ def _supervise(procs, tmpdir, timeout_s, grace_s, expected) -> list:
                     break
         if now >= deadline:
             break
-        multiprocessing.connection.wait([p.sentinel for p in alive], timeout=min(0.2, deadline - now))
+        multiprocessing.connection.wait([p.sentinel for p in alive],
+                                        timeout=min(0.05 if pending else 0.2, deadline - now))
 
-    hung = [rank for rank, p in enumerate(procs) if p.exitcode is None]
+    hung = [rank for rank, p in enumerate(procs) if p.pid is not None and p.exitcode is None]
     stacks = {}
     if hung:
         for rank in hung:
@@ -398,12 +485,30 @@ def _supervise(procs, tmpdir, timeout_s, grace_s, expected) -> list:
             procs[rank].kill()
         for rank in hung:
             procs[rank].join(5)
-    elapsed = time.monotonic() - start
+    elapsed = time.monotonic() - t0
 
     results, problems = [], []
     for rank, p in enumerate(procs):
         res = _read_result(tmpdir, rank)
         notes = _tail(_paths(tmpdir, rank)["notes"], 1500)
+        if p.pid is None:
+            results.append(None)
+            problems.append(f"rank {rank} was never started: its launch event "
+                            f"{os.path.basename(pending.get(rank, '?'))!r} was not signalled")
+            continue
+        if rank in killed:
+            if res is None and rank not in hung and p.exitcode is not None and p.exitcode < 0:
+                results.append(Killed(rank, _describe_exit(p.exitcode)[len("killed by "):]))
+            else:
+                what = ("it hung" if rank in hung else
+                        f"it reported {res.get('status')!r}" if res is not None else
+                        _describe_exit(p.exitcode))
+                results.append(None)
+                problems.append(f"rank {rank} was expected to be killed by a signal, but {what}"
+                                f"\n  last progress notes:\n{_indent(notes)}"
+                                + (f"\n  python stacks:\n{_indent(stacks.get(rank, ''))}" if rank in hung else "")
+                                + (f"\n{_indent(res.get('traceback', ''))}" if res is not None else ""))
+            continue
         if res is None:
             results.append(None)
             if rank in hung:

@@ -46,3 +46,39 @@ def test_expected_failures():
     assert res[1] == 7
     with pytest.raises(harness.WorkersFailed, match="was expected to fail"):
         harness.run_ranks(_fail_on_zero, 2, "gloo", timeout_s=60, init=False, expect_fail=r"bad root")
+
+
+def _late_and_killed(ctx):
+    # proc 0 kills itself once proc 2 (late) is running; proc 1 waits for both.
+    if ctx.rank == 0:
+        ctx.signal("start_late", "hello")
+        ctx.wait_for("late_running", 60)
+        ctx.kill_self()
+    if ctx.rank == 1:
+        ctx.wait_for("late_running", 60)
+        return "waited"
+    if ctx.rank == 2:
+        assert ctx.event_payload("start_late") == "hello"
+        ctx.signal("late_running")
+        return os.getpid()
+    return None
+
+
+def test_late_process_and_expected_kill():
+    res = harness.run_ranks(_late_and_killed, 3, "gloo", timeout_s=60, init=False,
+                            late={2: "start_late"}, expect_killed=[0])
+    assert isinstance(res[0], harness.Killed) and res[0].signal == "SIGKILL"
+    assert res[1] == "waited" and isinstance(res[2], int)
+
+
+def _never_signals(ctx):
+    return ctx.rank
+
+
+def test_late_process_never_started_and_unexpected_survival():
+    with pytest.raises(harness.WorkersFailed) as info:
+        harness.run_ranks(_never_signals, 3, "gloo", timeout_s=30, init=False,
+                          late={2: "never"}, expect_killed=[1])
+    text = str(info.value)
+    assert "rank 2 was never started" in text and "'event.never'" in text
+    assert "rank 1 was expected to be killed by a signal" in text
