@@ -11,6 +11,13 @@
 namespace mooncake::pg::coll {
 namespace {
 
+// Pieces of the chunked path stay at most this large even with bigger
+// slots, so a piece is reduced and read back by the peers while it is still
+// in cache: with 4 ranks on 2 cores, 64 MiB all_reduce measured ~20% faster
+// than with 4 MiB pieces (2 ranks: no difference); smaller pieces lose more
+// to the extra rounds than they gain.
+constexpr size_t kMaxPieceBytes = size_t{1} << 20;
+
 // One round: everyone sends its whole input to everyone and reduces all of
 // them locally, which beats two rounds of smaller messages while the
 // latency of a round dominates.
@@ -49,7 +56,7 @@ Status reduceScatterAllGather(Rounds& rounds, const void* in, void* out, size_t 
     const auto& members = rounds.members();
     const int n = rounds.memberCount();
     const int me = rounds.index();
-    const size_t piece = std::max<size_t>(1, rounds.chunk() / es);
+    const size_t piece = std::max<size_t>(1, std::min(rounds.chunk(), kMaxPieceBytes) / es);
     const size_t pieces = std::max<size_t>(1, ceilDiv(blockOf(count, n, 0).length, piece));
     const auto* src = static_cast<const uint8_t*>(in);
     auto* dst = static_cast<uint8_t*>(out);
