@@ -24,6 +24,9 @@ import harness  # noqa: E402
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "large: 1 GiB-scale test; runs by default (deselect with -m 'not large')")
+    config.addinivalue_line(
+        "markers", "elastic: elastic-membership scenarios in real processes (kills, joins); "
+        "runs by default (deselect with -m 'not elastic')")
 
 
 @pytest.fixture(scope="session", params=harness.backends_under_test())

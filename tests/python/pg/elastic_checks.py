@@ -1,0 +1,287 @@
+"""Helpers for the elastic-membership scenarios (test_elastic_scenarios.py, benchmarks/elastic_bench.py).
+
+Everything here uses the documented public API only (seed 000 / control-plane.md):
+MooncakeBackendOptions overloads, pg.join_group / activate_ranks / recover_ranks /
+deactivate_ranks / sync_after_failure / get_active_ranks / get_peer_state /
+get_num_synced_ranks, and the Work accessors local_success / failed_ranks_hint.
+
+Processes coordinate through the harness's file events (ctx.signal / ctx.wait_for),
+never through a process group that a failure could break. A failing step on any
+process sets the "abort" event, so the others stop waiting instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+# Small timeouts keep the suite fast; both knobs are honoured by the backend.
+TIMEOUT_MS = 3000   # MC_PG_TIMEOUT_MS: per-op (collective) deadline
+WINDOW_MS = 4000    # MC_PG_RECONCILE_WINDOW_MS: reconciliation window
+ELASTIC_ENV = {"MC_PG_TIMEOUT_MS": str(TIMEOUT_MS), "MC_PG_RECONCILE_WINDOW_MS": str(WINDOW_MS)}
+# Scheduling slack on a loaded 2-core machine, added to every time bound.
+SLACK_S = 6.0
+# How long a process waits for another one's step (file event, mask change).
+STEP_S = 60.0
+
+MODES = {
+    # name: (auto_deactivate_on_failure, auto_sync_on_failure)
+    "default": (True, True),
+    "deferred": (True, False),
+    "framework": (False, False),
+}
+
+
+class Abort(Exception):
+    """Another process failed a step; this one stops instead of waiting forever."""
+
+
+def pg():
+    from mooncake import pg as _pg
+    return _pg
+
+
+def options(max_group_size, is_extension=False, mode="default"):
+    """MooncakeBackendOptions through the seed-000 forms (2-arg for the default mode)."""
+    P = pg()
+    if mode == "default":
+        return P.MooncakeBackendOptions(max_group_size, is_extension)
+    auto_deactivate, auto_sync = MODES[mode]
+    return P.MooncakeBackendOptions(max_group_size, is_extension, auto_deactivate, auto_sync)
+
+
+def init(ctx, rank, world_size, pg_options, port=None):
+    """init_process_group(mooncake-cpu) as group rank `rank` (not necessarily ctx.rank)."""
+    ctx.note(f"init rank={rank} world_size={world_size} {pg_options!r}")
+    kwargs = dict(backend=ctx.backend, rank=rank, world_size=world_size, pg_options=pg_options)
+    if port is None:
+        kwargs["init_method"] = "env://"
+    else:
+        kwargs["init_method"] = f"tcp://127.0.0.1:{port}"
+    dist.init_process_group(**kwargs)
+
+
+# ----------------------------------------------------------------------------- events
+
+def wait_event(ctx, name, timeout_s=STEP_S):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if ctx.signalled("abort"):
+            raise Abort(f"while waiting for {name!r}: {ctx.event_payload('abort')}")
+        if ctx.signalled(name):
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"event {name!r} was not signalled within {timeout_s:g} s")
+        time.sleep(0.01)
+
+
+def wait_all(ctx, prefix, ids, timeout_s=STEP_S):
+    for i in ids:
+        wait_event(ctx, f"{prefix}_{i}", timeout_s)
+
+
+class Checks:
+    """Named checks of one process: name -> None (passed) or the failure text.
+
+    `step(name)` is a context manager; an exception inside marks the check failed,
+    sets the abort event (unless it is an Abort itself) and stops the phase by
+    re-raising PhaseFailed. `run(phases)` runs phases in order; after a failed
+    phase the remaining checks of this process are not run.
+    """
+
+    class PhaseFailed(Exception):
+        pass
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.results = {}
+        self.numbers = {}
+
+    def step(self, name, fatal=True):
+        """fatal=False: a failure is recorded but the phase goes on (an observation)."""
+        checks = self
+
+        class _Step:
+            def __enter__(self):
+                checks.ctx.note(f"check {name}")
+                return self
+
+            def __exit__(self, et, e, tb):
+                if et is None:
+                    checks.results.setdefault(name, None)
+                    return False
+                if isinstance(e, Abort):
+                    checks.results[name] = f"not run: {e}"
+                else:
+                    text = f"{et.__name__}: {e}\n{''.join(traceback.format_tb(tb))[-2500:]}"
+                    checks.results[name] = text
+                    checks.ctx.note(f"FAIL {name}: {text[:300]}")
+                    if not fatal:
+                        return True
+                    if not checks.ctx.signalled("abort"):
+                        checks.ctx.signal("abort", f"proc {checks.ctx.rank} failed {name}: {et.__name__}: {e}"[:2000])
+                raise Checks.PhaseFailed(name)
+
+        return _Step()
+
+    def out(self):
+        return {"checks": self.results, "numbers": self.numbers}
+
+
+def run_guarded(checks, body, final=None):
+    """Runs body(), then final() (always); a failed step ends body. Returns checks.out()."""
+    try:
+        body()
+    except Checks.PhaseFailed:
+        pass
+    except Abort as e:
+        checks.results.setdefault("_aborted", f"not run: {e}")
+    if final is not None:
+        try:
+            final()
+        except (Checks.PhaseFailed, Abort):
+            pass
+    return checks.out()
+
+
+# ----------------------------------------------------------------------------- work outcome
+
+def _accessor(work, name):
+    v = getattr(work, name)
+    return v() if callable(v) else v
+
+
+def outcome(work, started):
+    """Waits for `work` (a failed op may raise) and reads local_success / failed_ranks_hint."""
+    error = None
+    try:
+        work.wait()
+    except Exception as e:  # noqa: BLE001 - a failed op raises from wait()
+        error = f"{type(e).__name__}: {e}"
+    elapsed = time.monotonic() - started
+    ok = _accessor(work, "local_success")
+    hint = _accessor(work, "failed_ranks_hint")
+    return {"elapsed_s": elapsed, "error": error, "local_success": bool(ok), "hint": hint}
+
+
+def check_failed_op(res, bad, max_group_size, self_rank, bound_s):
+    hint = res["hint"]
+    assert isinstance(hint, torch.Tensor), f"failed_ranks_hint is {type(hint)}, expected a tensor"
+    assert hint.dtype == torch.int32, f"failed_ranks_hint dtype {hint.dtype}, expected int32"
+    assert hint.numel() == max_group_size, (
+        f"failed_ranks_hint has {hint.numel()} entries, expected max_group_size={max_group_size}")
+    assert res["local_success"] is False, f"local_success is True after rank {bad} failed (error={res['error']})"
+    assert int(hint[bad]) == 1, f"failed_ranks_hint {hint.tolist()} does not mark rank {bad}"
+    assert int(hint[self_rank]) == 0, f"failed_ranks_hint {hint.tolist()} marks this rank ({self_rank})"
+    assert res["elapsed_s"] <= bound_s, (
+        f"the failed op took {res['elapsed_s']:.2f} s, bound {bound_s:.1f} s")
+
+
+# ----------------------------------------------------------------------------- membership
+
+def mask(group=None):
+    return [int(x) for x in pg().get_active_ranks(group or dist.group.WORLD).cpu().tolist()]
+
+
+def wait_mask(ctx, want, timeout_s=STEP_S, group=None):
+    """Polls get_active_ranks until it equals `want` (views are applied asynchronously)."""
+    deadline = time.monotonic() + timeout_s
+    got = mask(group)
+    while got != want:
+        if ctx.signalled("abort"):
+            raise Abort(f"while waiting for mask {want}: {ctx.event_payload('abort')}")
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"get_active_ranks is {got}, expected {want} within {timeout_s:g} s")
+        time.sleep(0.01)
+        got = mask(group)
+    return got
+
+
+def mask_of(active, max_group_size):
+    return [1 if r in active else 0 for r in range(max_group_size)]
+
+
+def wait_peers_ready(ctx, ranks, timeout_s=STEP_S, group=None):
+    """The documented healthy-side loop: poll get_peer_state until all are ready."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = list(pg().get_peer_state(group or dist.group.WORLD, list(ranks)))
+        if len(state) != len(ranks):
+            raise AssertionError(f"get_peer_state({list(ranks)}) returned {state}")
+        if all(state):
+            return
+        if ctx.signalled("abort"):
+            raise Abort(f"while polling get_peer_state({list(ranks)}): {ctx.event_payload('abort')}")
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"get_peer_state({list(ranks)}) still {state} after {timeout_s:g} s")
+        time.sleep(0.02)
+
+
+# ----------------------------------------------------------------------------- data checks
+
+def value_of(rank, salt):
+    """Distinct small integers per (rank, salt): sums are exact in int64."""
+    return (rank + 1) * 1000 + salt
+
+
+def check_all_reduce(active, salt, rank, n=257, group=None):
+    t = torch.full((n,), value_of(rank, salt), dtype=torch.int64)
+    dist.all_reduce(t, group=group)
+    want = sum(value_of(r, salt) for r in active)
+    bad = (t != want).nonzero()
+    assert bad.numel() == 0, (
+        f"all_reduce over {sorted(active)} (salt {salt}): {bad.numel()} of {n} entries wrong, "
+        f"first t[{int(bad[0])}]={int(t[int(bad[0])])}, expected {want}")
+
+
+def payload(src, dst, tag, n=1031):
+    return torch.arange(n, dtype=torch.int64) * 7 + src * 100003 + dst * 1009 + tag
+
+
+def check_p2p_pair(rank, a, b, tag, n=1031):
+    """a <-> b: a sends then receives, b receives then sends; exact payloads."""
+    if rank == a:
+        dist.send(payload(a, b, tag, n), b, tag=tag)
+        out = torch.zeros(n, dtype=torch.int64)
+        dist.recv(out, b, tag=tag + 1)
+        assert torch.equal(out, payload(b, a, tag + 1, n)), f"recv from {b} (tag {tag + 1}) has wrong data"
+    elif rank == b:
+        out = torch.zeros(n, dtype=torch.int64)
+        dist.recv(out, a, tag=tag)
+        assert torch.equal(out, payload(a, b, tag, n)), f"recv from {a} (tag {tag}) has wrong data"
+        dist.send(payload(b, a, tag + 1, n), a, tag=tag + 1)
+
+
+def big_input(rank, numel=4 << 20):
+    """16 MiB of int32 for the collective a rank is killed in the middle of."""
+    return torch.full((numel,), rank + 1, dtype=torch.int32)
+
+
+def leave(ctx, checks, name="leave: destroy_process_group"):
+    """destroy_process_group inside the test (a hang or error is a named check), then
+    tells the store / Coordinator host (process 0) that this process is done."""
+    try:
+        if dist.is_initialized():
+            with checks.step(name, fatal=False):
+                dist.destroy_process_group()
+    finally:
+        ctx.signal(f"left_{ctx.rank}")
+
+
+def last_out(ctx, procs, timeout_s=STEP_S):
+    """Process 0 (TCPStore server, Coordinator) returns after the others have left."""
+    for p in procs:
+        deadline = time.monotonic() + timeout_s
+        while not ctx.signalled(f"left_{p}"):
+            if time.monotonic() >= deadline:
+                ctx.note(f"process {p} did not leave within {timeout_s:g} s")
+                return
+            time.sleep(0.01)
+
+
+def env_pid_note(ctx, what):
+    ctx.note(f"{what} pid={os.getpid()}")
