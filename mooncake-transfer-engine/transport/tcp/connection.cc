@@ -288,7 +288,7 @@ void Connection::abandon(uint64_t request_id) {
 
 // ---- receiving -----------------------------------------------------------------
 
-bool Connection::fill(size_t* budget) {
+bool Connection::fill(size_t* budget, size_t limit) {
     if (*budget == 0)
         return false;  // the socket stays readable; epoll reports it again
     if (rpos_ > 0) {
@@ -296,7 +296,7 @@ bool Connection::fill(size_t* budget) {
         rend_ -= rpos_;
         rpos_ = 0;
     }
-    ssize_t n = ::recv(fd_, rbuf_.data() + rend_, rbuf_.size() - rend_, 0);
+    ssize_t n = ::recv(fd_, rbuf_.data() + rend_, std::min(limit, rbuf_.size() - rend_), 0);
     if (n > 0) {
         rend_ += static_cast<size_t>(n);
         *budget -= std::min(*budget, static_cast<size_t>(n));
@@ -336,7 +336,10 @@ void Connection::readSome() {
                 return;
             }
             if (avail < kFrameHeaderSize) {
-                if (!fill(&budget))
+                // After a payload that went straight to memory the next one
+                // likely does too: staging more than its header would copy
+                // up to a staging buffer's worth of it twice.
+                if (!fill(&budget, rx_direct_ ? kFrameHeaderSize - avail : SIZE_MAX))
                     return;
                 continue;
             }
@@ -375,8 +378,16 @@ void Connection::readSome() {
         } else if (budget == 0) {
             return;
         } else if (rx_sink_.kind == PayloadSink::Kind::kMemory && need >= kDirectRecvBytes) {
+            // The staging buffer is empty: the next frame's header can land at
+            // its start in the same call, so a run of data frames costs no
+            // extra receive per frame.
             uint8_t* dst = rx_sink_.dst + rx_got_;
-            ssize_t n = ::recv(fd_, dst, need, 0);
+            rpos_ = rend_ = 0;
+            iovec iov[2] = {{dst, need}, {rbuf_.data(), kFrameHeaderSize}};
+            msghdr msg{};
+            msg.msg_iov = iov;
+            msg.msg_iovlen = 2;
+            ssize_t n = ::recvmsg(fd_, &msg, 0);
             if (n <= 0) {
                 if (n < 0 && errno == EINTR)
                     continue;
@@ -387,9 +398,12 @@ void Connection::readSome() {
                                                " failed: " + std::strerror(errno)));
                 return;
             }
-            rx_crc_ = crc32c(rx_crc_, dst, static_cast<size_t>(n));
-            rx_got_ += static_cast<uint32_t>(n);
+            const size_t landed = std::min(need, static_cast<size_t>(n));
+            rx_crc_ = crc32c(rx_crc_, dst, landed);
+            rx_got_ += static_cast<uint32_t>(landed);
+            rend_ = static_cast<size_t>(n) - landed;
             budget -= std::min(budget, static_cast<size_t>(n));
+            rx_direct_ = true;
         } else {
             if (!fill(&budget))
                 return;
@@ -402,6 +416,7 @@ void Connection::readSome() {
 
 void Connection::finishFrame() {
     rx_state_ = RxState::kHeader;
+    rx_direct_ = rx_direct_ && rx_hdr_.payload_len >= kDirectRecvBytes;
     if (rx_crc_ != rx_hdr_.payload_crc) {
         close(PeerFailure("tcp peer " + peer_ + " sent a " + frameTypeName(rx_hdr_.type) +
                           " frame whose payload checksum does not match"));

@@ -108,8 +108,9 @@ private:
     void doFlush();
     bool held();
     void updateInterest();
-    // Reads into the staging buffer; false when the caller must stop reading.
-    bool fill(size_t* budget);
+    // Reads at most `limit` bytes into the staging buffer; false when the
+    // caller must stop reading.
+    bool fill(size_t* budget, size_t limit = SIZE_MAX);
     void deliver(const uint8_t* src, size_t n);
     void finishFrame();
     void encodeNext(OutItem* item);
@@ -138,6 +139,8 @@ private:
     uint32_t rx_got_ = 0;
     uint32_t rx_crc_ = 0;
     std::string rx_small_;
+    // The last payload was received straight into memory.
+    bool rx_direct_ = false;
 };
 
 }  // namespace mooncake::te::tcp
