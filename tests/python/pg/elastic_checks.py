@@ -183,6 +183,20 @@ def check_failed_op(res, bad, max_group_size, self_rank, bound_s):
 
 # ----------------------------------------------------------------------------- membership
 
+def join_group(group, timeout_s=None):
+    """pg.join_group(group), with this build's optional `timeout` (seconds) when given."""
+    import inspect
+    fn = pg().join_group
+    if timeout_s is not None:
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            params = {}
+        if "timeout" in params:
+            return fn(group, timeout=timeout_s)
+    return fn(group)
+
+
 def mask(group=None):
     return [int(x) for x in pg().get_active_ranks(group or dist.group.WORLD).cpu().tolist()]
 

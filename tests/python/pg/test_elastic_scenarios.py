@@ -38,13 +38,15 @@ import torch.distributed as dist
 
 import harness
 from elastic_checks import (ELASTIC_ENV, SLACK_S, STEP_S, TIMEOUT_MS, WINDOW_MS, Checks, big_input,
-                            check_all_reduce, check_failed_op, check_p2p_pair, init, last_out, leave,
+                            check_all_reduce, check_failed_op, check_p2p_pair, init, join_group,
+                            last_out, leave,
                             mask, mask_of, options, outcome, pg, run_guarded, wait_all, wait_event,
                             wait_mask, wait_peers_ready)
 
 pytestmark = pytest.mark.elastic
 
 JOB_TIMEOUT_S = 200
+JOIN_TIMEOUT_S = 8  # join_group(timeout=...) where the build takes one (its default is long)
 T_S, W_S = TIMEOUT_MS / 1000.0, WINDOW_MS / 1000.0
 
 
@@ -378,13 +380,15 @@ def _job_join_timeout(ctx):
                 t0 = time.monotonic()
                 err = None
                 try:
-                    P.join_group(dist.group.WORLD)
+                    join_group(dist.group.WORLD, timeout_s=JOIN_TIMEOUT_S)
                 except Exception as e:  # noqa: BLE001
                     err = f"{type(e).__name__}: {e}"
                 took = time.monotonic() - t0
                 checks.numbers["join_timeout_s"] = round(took, 3)
                 assert err is not None, f"join_group returned after {took:.1f} s although nobody activated slot 2"
                 assert "activat" in err.lower(), f"join_group error does not mention activation: {err}"
+                assert took >= 0.9 * JOIN_TIMEOUT_S, f"join_group gave up after {took:.1f} s, before its {JOIN_TIMEOUT_S} s timeout"
+                assert took <= JOIN_TIMEOUT_S + SLACK_S, f"join_group took {took:.1f} s, timeout {JOIN_TIMEOUT_S} s"
             with checks.step("jointimeout: slot 2 still inactive after the failed join", fatal=False):
                 assert mask() == [1, 1, 0], f"get_active_ranks {mask()}"
             ctx.signal("join_failed")
