@@ -2,6 +2,8 @@
 // in core/collectives/, one per file.
 #include "mooncake-pg/core/communicator.h"
 
+#include <utility>
+
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -65,6 +67,9 @@ public:
     }
 
     // Common preconditions of every call; clears the previous failure.
+    uint64_t takeSignature() { return std::exchange(next_signature_, 0); }
+    uint64_t next_signature_ = 0;
+
     Status begin(OpKind kind) {
         state_.failure.failed_ranks.clear();
         if (!init_.ok())
@@ -207,6 +212,7 @@ Status Communicator::allReduce(const void* in, void* out, size_t count, DataType
     MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "in", in, bytes));
     MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "out", out, bytes));
     CallDesc call{kind, dtype, op, -1, count};
+    call.signature = impl_->takeSignature();
     Rounds rounds(impl_->state_, call, deadline);
     return coll::allReduce(rounds, in, out, count, dtype, op);
 }
@@ -217,6 +223,7 @@ Status Communicator::broadcast(void* buf, size_t bytes, int root, Deadline deadl
     MC_RETURN_IF_ERROR(impl_->checkRoot(kind, root));
     MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "buf", buf, bytes));
     CallDesc call{kind, DataType::kUInt8, ReduceOp::kSum, root, bytes};
+    call.signature = impl_->takeSignature();
     Rounds rounds(impl_->state_, call, deadline);
     return coll::broadcast(rounds, buf, bytes, root);
 }
@@ -233,6 +240,7 @@ Status Communicator::reduce(const void* in, void* out, size_t count, DataType dt
     if (rank() == root)
         MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "out", out, bytes));
     CallDesc call{kind, dtype, op, root, count};
+    call.signature = impl_->takeSignature();
     Rounds rounds(impl_->state_, call, deadline);
     return coll::reduce(rounds, in, out, count, dtype, op, root);
 }
@@ -246,6 +254,7 @@ Status Communicator::allGather(const void* in, void* out, size_t bytes_per_rank,
     MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "in", in, bytes_per_rank));
     MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "out", out, total));
     CallDesc call{kind, DataType::kUInt8, ReduceOp::kSum, -1, bytes_per_rank};
+    call.signature = impl_->takeSignature();
     Rounds rounds(impl_->state_, call, deadline);
     return coll::allGather(rounds, in, out, bytes_per_rank);
 }
@@ -262,6 +271,7 @@ Status Communicator::reduceScatter(const void* in, void* out, size_t count_per_r
     MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "in", in, total));
     MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "out", out, block));
     CallDesc call{kind, dtype, op, -1, count_per_rank};
+    call.signature = impl_->takeSignature();
     Rounds rounds(impl_->state_, call, deadline);
     return coll::reduceScatter(rounds, in, out, count_per_rank, dtype, op);
 }
@@ -298,6 +308,7 @@ Status Communicator::allToAllV(const void* in, const std::vector<size_t>& send_b
         return InvalidArgument("all_to_all_v: in and out must not be the same buffer");
     }
     CallDesc call{kind, DataType::kUInt8, ReduceOp::kSum, -1, 0, &send_bytes, &recv_bytes};
+    call.signature = impl_->takeSignature();
     Rounds rounds(impl_->state_, call, deadline);
     return coll::allToAllV(rounds, in, send_bytes, send_offsets, out, recv_bytes, recv_offsets);
 }
@@ -313,6 +324,7 @@ Status Communicator::gather(const void* in, void* out, size_t bytes_per_rank, in
     if (rank() == root)
         MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "out", out, total));
     CallDesc call{kind, DataType::kUInt8, ReduceOp::kSum, root, bytes_per_rank};
+    call.signature = impl_->takeSignature();
     Rounds rounds(impl_->state_, call, deadline);
     return coll::gather(rounds, in, out, bytes_per_rank, root);
 }
@@ -328,6 +340,7 @@ Status Communicator::scatter(const void* in, void* out, size_t bytes_per_rank, i
         MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "in", in, total));
     MC_RETURN_IF_ERROR(Impl::checkBuffer(kind, "out", out, bytes_per_rank));
     CallDesc call{kind, DataType::kUInt8, ReduceOp::kSum, root, bytes_per_rank};
+    call.signature = impl_->takeSignature();
     Rounds rounds(impl_->state_, call, deadline);
     return coll::scatter(rounds, in, out, bytes_per_rank, root);
 }
@@ -336,8 +349,13 @@ Status Communicator::barrier(Deadline deadline) {
     constexpr OpKind kind = OpKind::kBarrier;
     MC_RETURN_IF_ERROR(impl_->begin(kind));
     CallDesc call{kind};
+    call.signature = impl_->takeSignature();
     Rounds rounds(impl_->state_, call, deadline);
     return coll::barrier(rounds);
 }
 
+}  // namespace mooncake::pg
+
+namespace mooncake::pg {
+void Communicator::setNextCallSignature(uint64_t signature) { impl_->next_signature_ = signature; }
 }  // namespace mooncake::pg

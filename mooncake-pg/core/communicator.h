@@ -106,6 +106,12 @@ public:
     Status scatter(const void* in, void* out, size_t bytes_per_rank, int root, Deadline deadline);
     Status barrier(Deadline deadline);
 
+    // Tags the next call with an opaque description of the caller's buffers
+    // (the torch layer hashes dtype and shape). Ranks whose next calls carry
+    // different non-equal signatures fail it with kInvalidArgument on every
+    // rank, like any other disagreement. Consumed by the next call.
+    void setNextCallSignature(uint64_t signature);
+
     // Ranks the last failed call found unresponsive or failed.
     const CollectiveFailure& lastFailure() const;
 

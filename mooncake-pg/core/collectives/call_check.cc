@@ -1,5 +1,7 @@
 #include "mooncake-pg/core/collectives/call_check.h"
 
+#include <cstdio>
+
 #include <string>
 #include <tuple>
 
@@ -53,6 +55,12 @@ bool usesRoot(OpKind kind) {
            kind == OpKind::kScatter;
 }
 
+std::string hexSignature(uint64_t v) {
+    char buf[24];
+    std::snprintf(buf, sizeof(buf), "0x%016llx", static_cast<unsigned long long>(v));
+    return buf;
+}
+
 bool differs(const MsgHeader& h, const MsgHeader& ref, Difference* d) {
     auto set = [&](const char* field, std::string value, std::string reference) {
         d->field = field;
@@ -87,6 +95,13 @@ bool differs(const MsgHeader& h, const MsgHeader& ref, Difference* d) {
     const char* count = countField(kind);
     if (count != nullptr && h.count != ref.count) {
         return set(count, std::to_string(h.count), std::to_string(ref.count));
+    }
+    if (h.signature != ref.signature) {
+        // Same sizes but different shapes or dtypes (e.g. [2, 6] vs [3, 4], or
+        // float32 vs int32 in a broadcast): the bytes would line up while
+        // meaning different things.
+        return set("tensor shape/dtype signature", hexSignature(h.signature),
+                   hexSignature(ref.signature));
     }
     return false;
 }

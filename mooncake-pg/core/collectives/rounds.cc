@@ -126,6 +126,7 @@ MsgHeader Rounds::headerFor(int peer, size_t payload_bytes, size_t published) co
     h.chunk_bytes = clampTo32(state_.layout.chunk);
     h.one_shot_max = clampTo32(state_.one_shot_max);
     h.count = call_.count;
+    h.signature = call_.signature;
     if (call_.kind == OpKind::kAllToAllV) {
         const auto& send = *call_.send_bytes;
         const auto& recv = *call_.recv_bytes;

@@ -104,6 +104,9 @@ struct CallDesc {
     // all-to-all-v only: this rank's send/recv byte counts per rank.
     const std::vector<size_t>* send_bytes = nullptr;
     const std::vector<size_t>* recv_bytes = nullptr;
+    // Opaque description of the caller's buffers (the torch layer hashes
+    // dtype and shape); 0 = not given. Ranks must agree on it.
+    uint64_t signature = 0;
 };
 
 // Header flags of round 0.
@@ -128,7 +131,8 @@ struct MsgHeader {
     uint64_t pair_bytes;  // all-to-all-v: bytes the sender sends to the receiver
     uint64_t max_bytes;   // all-to-all-v: most bytes the sender sends to any peer
     uint64_t digest;      // all-to-all-v: see checkCallHeaders
-    uint8_t padding[kHeaderBytes - 72];
+    uint64_t signature;   // CallDesc::signature
+    uint8_t padding[kHeaderBytes - 80];
 };
 static_assert(sizeof(MsgHeader) == kHeaderBytes);
 

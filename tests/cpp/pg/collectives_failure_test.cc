@@ -44,6 +44,31 @@ TEST(CollectivesMismatch, CountDifferenceFailsEveryRankWithTheSameMessage) {
     }
 }
 
+TEST(CollectivesMismatch, CallSignatureDifferenceFailsEveryRank) {
+    // Same byte count, different buffer description (the torch layer hashes
+    // shape and dtype): a broadcast of float32 vs int32 of one size.
+    Cluster cluster(3);
+    std::vector<Status> results(3);
+    cluster.run([&](int r) {
+        std::vector<uint8_t> buf(16, static_cast<uint8_t>(r));
+        cluster.comm(r).setNextCallSignature(r == 1 ? 0xbeef : 0xcafe);
+        results[r] = cluster.comm(r).broadcast(buf.data(), buf.size(), 0, testutil::generous());
+        if (r != 0) {
+            EXPECT_EQ(buf, std::vector<uint8_t>(16, static_cast<uint8_t>(r)));
+        }
+        // Equal signatures (and the reset to none after each call) pass.
+        cluster.comm(r).setNextCallSignature(0x1234);
+        expectWorkingAllReduce(cluster, r);
+        expectWorkingAllReduce(cluster, r);
+    });
+    for (int r = 0; r < 3; ++r) {
+        EXPECT_EQ(results[r].code(), StatusCode::kInvalidArgument) << results[r].toString();
+        EXPECT_EQ(results[r].message(),
+                  "broadcast: rank 1 passed tensor shape/dtype signature=0x000000000000beef, "
+                  "rank 0 passed tensor shape/dtype signature=0x000000000000cafe");
+    }
+}
+
 TEST(CollectivesMismatch, DtypeRootAndCollectiveDifferences) {
     Cluster cluster(4);
     cluster.run([&](int r) {
