@@ -1,6 +1,7 @@
 #include "mooncake-pg/core/engine_fabric.h"
 
 #include <atomic>
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -60,29 +61,69 @@ Status EngineFabric::bootstrap() {
         bounce_ = static_cast<uint8_t*>(bounce);
     }
 
-    std::ostringstream me;
-    me << eo.segment_name << "\n" << reinterpret_cast<uint64_t>(window_);
-    MC_RETURN_IF_ERROR(store_->set(options_.group_key + "/rank/" + std::to_string(options_.rank), me.str()));
+    segment_name_ = eo.segment_name;
+    MC_RETURN_IF_ERROR(
+        store_->set(options_.group_key + "/rank/" + std::to_string(options_.rank), endpoint()));
 
     peers_.resize(static_cast<size_t>(options_.size));
-    for (int p = 0; p < options_.size; ++p) {
-        if (p == options_.rank) {
-            peers_[p].mapped = window_;
-            continue;
-        }
+    peers_[options_.rank].mapped = window_;
+    const int connect = options_.connect_ranks < 0 ? options_.size
+                                                   : std::min(options_.connect_ranks, options_.size);
+    for (int p = 0; p < connect; ++p) {
+        if (p == options_.rank) continue;
         MC_ASSIGN_OR_RETURN(std::string info,
                             store_->get(options_.group_key + "/rank/" + std::to_string(p), deadline));
-        std::istringstream in(info);
-        std::string segment;
-        uint64_t addr = 0;
-        if (!(in >> segment >> addr)) return Internal("malformed bootstrap record of rank " + std::to_string(p));
-        MC_ASSIGN_OR_RETURN(peers_[p].segment, engine_->openSegment(segment, deadline));
-        peers_[p].window_addr = addr;
-        auto mapped = engine_->mapRemote(peers_[p].segment, addr, options_.window_bytes);
-        if (mapped.ok()) peers_[p].mapped = static_cast<uint8_t*>(mapped.value());
-        MC_LOG(kInfo, "pg") << "rank " << options_.rank << " reaches rank " << p << " via "
-                            << (peers_[p].mapped ? "shared memory" : "the transfer engine");
+        MC_RETURN_IF_ERROR(connectPeer(p, info, deadline));
     }
+    return Status::OK();
+}
+
+std::string EngineFabric::endpoint() const {
+    std::ostringstream me;
+    me << segment_name_ << "#" << reinterpret_cast<uint64_t>(window_);
+    return me.str();
+}
+
+std::string EngineFabric::peerEndpoint(int peer) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (peer < 0 || peer >= options_.size || peers_.empty()) return {};
+    return peers_[peer].endpoint;
+}
+
+Status EngineFabric::connectPeer(int peer, const std::string& endpoint, Deadline deadline) {
+    if (peer < 0 || peer >= options_.size || peer == options_.rank) {
+        return InvalidArgument("connectPeer: rank " + std::to_string(peer) + " is not a peer");
+    }
+    const size_t hash = endpoint.rfind('#');
+    uint64_t addr = 0;
+    if (hash == std::string::npos || hash == 0) {
+        return InvalidArgument("connectPeer: malformed endpoint '" + endpoint + "' of rank " +
+                               std::to_string(peer));
+    }
+    try {
+        addr = std::stoull(endpoint.substr(hash + 1));
+    } catch (const std::exception&) {
+        return InvalidArgument("connectPeer: malformed endpoint '" + endpoint + "' of rank " +
+                               std::to_string(peer));
+    }
+    MC_ASSIGN_OR_RETURN(te::SegmentID segment,
+                        engine_->openSegment(endpoint.substr(0, hash), deadline));
+    auto mapped = engine_->mapRemote(segment, addr, options_.window_bytes);
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        // Writes still queued for a previous process of this slot must not
+        // be mistaken for writes to the new one.
+        while (!inflight_.empty() && reapLocked(true).ok()) {
+        }
+        Peer& p = peers_[peer];
+        p.segment = segment;
+        p.window_addr = addr;
+        p.mapped = mapped.ok() ? static_cast<uint8_t*>(mapped.value()) : nullptr;
+        p.endpoint = endpoint;
+        failed_[peer].store(false);
+    }
+    MC_LOG(kInfo, "pg") << "rank " << options_.rank << " reaches rank " << peer << " via "
+                        << (mapped.ok() ? "shared memory" : "the transfer engine");
     return Status::OK();
 }
 

@@ -25,6 +25,9 @@ struct EngineFabricOptions {
     std::string group_key;
     std::string host_ip;
     std::vector<std::string> device_filter;
+    // Ranks [0, connect_ranks) are connected at bootstrap (-1: all). The
+    // rest are reserved slots that connectPeer() opens once they publish.
+    int connect_ranks = -1;
     // Bootstrap deadline: how long to wait for peers to publish.
     int64_t bootstrap_timeout_ms = 300000;
     // Staging for puts to peers that are not mapped.
@@ -47,6 +50,15 @@ public:
     uint8_t* peerWindow(int peer) override;
     bool peerFailed(int peer) const override;
 
+    // "<segment>#<window address>": what a peer passes to connectPeer().
+    std::string endpoint() const;
+    // Opens `peer`'s window from its endpoint: a reserved slot filled after
+    // bootstrap, or a replacement process with a new segment. Clears the
+    // peer's failed mark. Call it only while no op is using `peer`.
+    Status connectPeer(int peer, const std::string& endpoint, Deadline deadline);
+    // The endpoint `peer` was last connected with ("" if never).
+    std::string peerEndpoint(int peer) const;
+
     // Records transport or protocol evidence that `peer` is dead.
     void markPeerFailed(int peer);
     // Whether every peer's window is mapped (pure shared-memory data path).
@@ -58,6 +70,7 @@ private:
         te::SegmentID segment = -1;
         uint64_t window_addr = 0;
         uint8_t* mapped = nullptr;  // nullptr: reached through the engine
+        std::string endpoint;
     };
     struct InFlight {
         te::BatchID batch;
@@ -81,7 +94,8 @@ private:
     std::vector<Peer> peers_;
     std::unique_ptr<std::atomic<bool>[]> failed_;
 
-    std::mutex mu_;  // guards the bounce ring and in-flight list
+    std::string segment_name_;
+    mutable std::mutex mu_;  // guards the bounce ring, in-flight list, peer endpoints
     uint8_t* bounce_ = nullptr;
     std::deque<InFlight> inflight_;
 };
