@@ -162,10 +162,21 @@ Status Rounds::waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* s
     uint64_t value = 0;
     int failed = -1;
     uint32_t polls = 0;
+    const uint8_t* window = fabric.localWindow();
+    const uint64_t newer = epochFloor(state_.epoch + 1);
+    bool moved_on = false;
     auto ready = [&](uint64_t v) {
         value = v;
         if (v >= want)
             return true;
+        // A peer that applied a newer view acknowledges the new epoch's floor
+        // and then waits for ours before it sends anything; without looking
+        // at its ack flag both sides would wait for each other until the
+        // deadline.
+        if (loadFlag(window, state_.layout.ackFlag(peer)) >= newer) {
+            moved_on = true;
+            return true;
+        }
         if (polls >= kSpinPollsBeforeYield)
             sched_yield();
         // The awaited peer may be alive but itself stuck on a dead rank:
@@ -183,11 +194,11 @@ Status Rounds::waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* s
     Status st = waitFlag(fabric, offset, ready, deadline_, peer);
     if (!st.ok())
         return fail(peer, st);
-    if (value < want)
-        return fail(failed, PeerFailure("rank " + std::to_string(failed) + " failed"));
-    if (value >= epochFloor(state_.epoch + 1)) {
+    if (moved_on || (value >= newer && value != 0)) {
         return fail(-1, Aborted("rank " + std::to_string(peer) + " moved on to a newer epoch"));
     }
+    if (value < want)
+        return fail(failed, PeerFailure("rank " + std::to_string(failed) + " failed"));
     *seen = value;
     return Status::OK();
 }
