@@ -24,7 +24,11 @@
 //
 //   te_bench [--min-bytes N] [--max-bytes N] [--iters N] [--warmup N]
 //            [--rounds N] [--depth N] [--pairs shm,tcp,tcp_stream]
-//            [--json-output FILE]            (N may end in K, M or G)
+//            [--cpus P,C] [--json-output FILE]   (N may end in K, M or G)
+//
+// --cpus pins the parent (initiator) and the child (target) process, with
+// all their threads, to one CPU each, so that the two ends of every pair run
+// in the same placement instead of wherever the scheduler puts them.
 //
 // The parent process initiates every transfer; a forked child owns the target
 // memory, and the receiving end of the raw socket, which mirrors the parent's
@@ -32,6 +36,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -97,6 +103,7 @@ struct Options {
     int rounds = 6;
     int depth = 4;
     bool pairs[kNumPairs] = {true, true, true};
+    int parent_cpu = -1, child_cpu = -1;
     std::string json_output;
 
     bool any(bool raw) const {
@@ -195,6 +202,15 @@ bool parseArgs(int argc, char** argv, Options* o) {
         } else if (flag == "--rounds" || flag == "--depth") {
             ok = ok && parseBytes(value, &n) && n > 0 && n <= 1024;
             (flag == "--rounds" ? o->rounds : o->depth) = static_cast<int>(n);
+        } else if (flag == "--cpus") {
+            char* end = nullptr;
+            o->parent_cpu = static_cast<int>(std::strtol(value.c_str(), &end, 10));
+            ok = ok && *end == ',' && o->parent_cpu >= 0;
+            if (ok) {
+                o->child_cpu = static_cast<int>(std::strtol(end + 1, &end, 10));
+                ok = *end == '\0' && o->child_cpu >= 0 && o->parent_cpu < CPU_SETSIZE &&
+                     o->child_cpu < CPU_SETSIZE;
+            }
         } else if (flag == "--pairs") {
             ok = ok && parsePairs(value, o->pairs);
         } else if (flag == "--json-output") {
@@ -765,7 +781,8 @@ std::string report(const Options& o, const std::vector<Sample>& samples,
         "{\"benchmark\":\"te_bench\",\"config\":{\"min_bytes\":" + std::to_string(o.min_bytes) +
         ",\"max_bytes\":" + std::to_string(o.max_bytes) + ",\"iters\":" + std::to_string(o.iters) +
         ",\"warmup\":" + std::to_string(o.warmup) + ",\"rounds\":" + std::to_string(o.rounds) +
-        ",\"depth\":" + std::to_string(o.depth) +
+        ",\"parent_cpu\":" + std::to_string(o.parent_cpu) +
+        ",\"child_cpu\":" + std::to_string(o.child_cpu) + ",\"depth\":" + std::to_string(o.depth) +
         ",\"gbps_unit\":\"Gbit/s\",\"gbps_basis\":\"p50 iteration time\"," +
         "\"order\":\"per size, each pair in alternating blocks (ABBA)\"},\n" + "\"method\":{";
     bool first = true;
@@ -803,12 +820,23 @@ std::string report(const Options& o, const std::vector<Sample>& samples,
     return j + "]}\n";
 }
 
+// Threads started later inherit the mask.
+bool pinTo(int cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    if (::sched_setaffinity(0, sizeof(set), &set) == 0)
+        return true;
+    std::perror("te_bench: sched_setaffinity");
+    return false;
+}
+
 int benchMain(int argc, char** argv) {
     Options o;
     if (!parseArgs(argc, argv, &o)) {
         std::fprintf(stderr,
                      "usage: te_bench [--min-bytes N] [--max-bytes N] [--iters N] [--warmup N] "
-                     "[--rounds N] [--depth N] [--pairs shm,tcp,tcp_stream] "
+                     "[--rounds N] [--depth N] [--pairs shm,tcp,tcp_stream] [--cpus P,C] "
                      "[--json-output FILE]\n");
         return 2;
     }
@@ -836,7 +864,13 @@ int benchMain(int argc, char** argv) {
     if (child == 0) {
         ::close(ctl_fds[0]);
         Control ctl(ctl_fds[1]);
+        if (o.child_cpu >= 0 && !pinTo(o.child_cpu))
+            ::_exit(1);
         ::_exit(childMain(ctl, listen_fd, dir, o));
+    }
+    if (o.parent_cpu >= 0 && !pinTo(o.parent_cpu)) {
+        ::kill(child, SIGKILL);
+        return 1;
     }
     ::close(ctl_fds[1]);
     ::close(listen_fd);
