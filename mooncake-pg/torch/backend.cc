@@ -25,6 +25,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "mooncake-pg/control_plane/coordinator_host.h"
+#include "mooncake-pg/control_plane/member_host.h"
 #include "mooncake-pg/core/communicator.h"
 #include "mooncake-pg/core/engine_fabric.h"
 #include "mooncake-pg/core/p2p.h"
@@ -102,6 +104,9 @@ MooncakeBackend::MooncakeBackend(const c10::intrusive_ptr<c10d::Store>& store, B
     const auto i32 = at::TensorOptions().dtype(at::kInt);
     if (config_.options->active_ranks.has_value()) {
         active_ranks_ = *config_.options->active_ranks;
+        TORCH_CHECK_VALUE(config_.is_cuda || active_ranks_.is_cpu(),
+                          "Mooncake PG: active_ranks is on ", deviceText(active_ranks_),
+                          "; backend 'mooncake-cpu' needs it on CPU");
         TORCH_CHECK_VALUE(active_ranks_.numel() == max_group_size_,
                           "Mooncake PG: active_ranks has ", active_ranks_.numel(),
                           " entries but the group reserves max_group_size=", max_group_size_,
@@ -109,9 +114,14 @@ MooncakeBackend::MooncakeBackend(const c10::intrusive_ptr<c10d::Store>& store, B
     } else {
         active_ranks_ = at::zeros({max_group_size_}, i32);
     }
-    // Founding members are active; reserved slots wait for a join.
+    // Founding members are active; reserved slots wait for a join. An
+    // extension learns the membership from the control plane.
     active_ranks_.zero_();
-    active_ranks_.narrow(0, 0, config_.size).fill_(1);
+    if (!config_.options->is_extension)
+        active_ranks_.narrow(0, 0, config_.size).fill_(1);
+    // Seed 000: every reserved slot can be activated; extend_group_size_to
+    // (seed 004) only checks a size against the reservation.
+    usable_slots_.store(max_group_size_);
 
     bootstrap(store);
     worker_ = std::thread([this] { workerLoop(); });
@@ -137,24 +147,38 @@ void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
     P2POptions p2p_options;
     p2p_options.pool_bytes_per_peer = static_cast<size_t>(envP2PPoolBytes());
     p2p_options.chunk_bytes = std::min(kMaxP2PChunkBytes, p2p_options.pool_bytes_per_peer);
+    // Windows cover every reserved slot, so joins need no reallocation.
     const size_t comm_bytes =
-        alignUp(Communicator::windowBytesFor(config_.size, comm_options), kWindowAlign);
+        alignUp(Communicator::windowBytesFor(max_group_size_, comm_options), kWindowAlign);
     p2p_options.window_offset = comm_bytes;
     const size_t window_bytes =
-        comm_bytes + alignUp(P2PEngine::windowBytesFor(config_.size, p2p_options), kWindowAlign);
+        comm_bytes + alignUp(P2PEngine::windowBytesFor(max_group_size_, p2p_options), kWindowAlign);
 
     // torch reuses a group's store prefix when a group is destroyed and
-    // created again under the same name; every instance counts itself in, so
-    // each generation bootstraps under keys of its own. Every local check
-    // comes before this, so a rank that gives up does not skew the count.
-    auto ticket = kv->add("mooncake_pg/instances", 1);
-    TORCH_CHECK_WITH(DistBackendError, ticket.ok(), "Mooncake PG: bootstrapping ", where,
-                     " failed: ", ticket.status().toString());
-    const int64_t generation = (ticket.value() - 1) / config_.size;
+    // created again under the same name; every founding instance counts
+    // itself in, so each generation bootstraps under keys of its own. Every
+    // local check comes before this, so a rank that gives up does not skew
+    // the count. Extensions join the generation rank 0 published instead of
+    // counting themselves in (they are not part of the founders' count).
+    const bool extension = config_.options->is_extension;
+    int64_t generation = 0;
+    if (extension) {
+        auto current = kv->get("mooncake_pg/current", Deadline::afterMs(timeout_ms_.load()));
+        TORCH_CHECK_WITH(DistBackendError, current.ok(), "Mooncake PG: ", where,
+                         " (is_extension=True) found no running group to join: ",
+                         current.status().toString());
+        generation = std::stoll(current.value());
+    } else {
+        auto ticket = kv->add("mooncake_pg/instances", 1);
+        TORCH_CHECK_WITH(DistBackendError, ticket.ok(), "Mooncake PG: bootstrapping ", where,
+                         " failed: ", ticket.status().toString());
+        generation = (ticket.value() - 1) / config_.size;
+    }
 
     EngineFabricOptions fabric_options;
     fabric_options.rank = config_.rank;
-    fabric_options.size = config_.size;
+    fabric_options.size = max_group_size_;
+    fabric_options.connect_ranks = extension ? 0 : config_.size;
     fabric_options.window_bytes = window_bytes;
     fabric_options.group_key = "mooncake_pg/" + std::to_string(generation);
     fabric_options.host_ip = config_.host_ip;
@@ -167,8 +191,20 @@ void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
     TORCH_CHECK_WITH(DistBackendError, fabric.ok(), "Mooncake PG: bootstrapping ", where,
                      " failed: ", fabric.status().toString());
     fabric_ = fabric.value();
-    comm_ = std::make_unique<Communicator>(fabric_, comm_options);
+    group_comm_ = std::make_unique<Communicator>(fabric_, comm_options);
     p2p_ = std::make_unique<P2PEngine>(fabric_, p2p_options);
+    CommOptions solo_options;
+    solo_options.chunk_bytes = 4096;
+    solo_fabric_ = std::make_unique<ThreadFabricGroup>(
+        1, Communicator::windowBytesFor(1, solo_options));
+    solo_comm_ = std::make_unique<Communicator>(solo_fabric_->fabric(0), solo_options);
+    comm_ = extension ? solo_comm_.get() : group_comm_.get();
+    if (!extension && config_.rank == 0) {
+        auto st = kv->set("mooncake_pg/current", std::to_string(generation));
+        TORCH_CHECK_WITH(DistBackendError, st.ok(), "Mooncake PG: bootstrapping ", where,
+                         " failed: ", st.toString());
+    }
+    startControlPlane(fabric_options.group_key, where);
 }
 
 const std::string MooncakeBackend::getBackendName() const {
@@ -196,7 +232,8 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::enqueue(
         std::lock_guard<std::mutex> lock(queue_mu_);
         TORCH_CHECK(accepting_, "Mooncake PG: ", op_name, " on group '", config_.group_name,
                     "' after the group was shut down or aborted");
-        queue_.push_back(Task{work, op_name, opTimeout(requested_timeout), std::move(run)});
+        queue_.push_back(
+            Task{work, op_name, opTimeout(requested_timeout), std::move(run), groupSize()});
     }
     queue_cv_.notify_one();
     track(work);
@@ -230,17 +267,8 @@ void MooncakeBackend::workerLoop() {
 
 void MooncakeBackend::runTask(Task& task) {
     const Deadline deadline = Deadline::after(task.timeout);
-    Status status;
     bool from_core = true;
-    try {
-        status = task.run(deadline);
-    } catch (const c10::Error& e) {
-        status = Internal(e.what_without_backtrace());
-        from_core = false;
-    } catch (const std::exception& e) {
-        status = Internal(e.what());
-        from_core = false;
-    }
+    const Status status = runElastic(task, deadline, &from_core);
     if (status.ok()) {
         task.work->markSucceeded();
         return;
@@ -248,7 +276,23 @@ void MooncakeBackend::runTask(Task& task) {
     std::vector<int> failed;
     if (from_core)
         failed = comm_->lastFailure().failed_ranks;
-    task.work->markFailed(failureMessage(task.op_name, status), failed);
+    std::string message = failureMessage(task.op_name, status);
+    // Mismatched calls and ops refused because an earlier one broke the
+    // epoch are not new evidence.
+    const bool evidence = from_core && status.code() != StatusCode::kInvalidArgument &&
+                          status.code() != StatusCode::kAborted;
+    if (evidence) {
+        if (!failed.empty()) {
+            message += " [failed ranks:";
+            for (int r : failed)
+                message += " " + std::to_string(r);
+            message += "]";
+        }
+        // In the default mode this waits for the reconciliation, so the
+        // Work completes with the new view already committed.
+        reportFailure(failed, deadline);
+    }
+    task.work->markFailed(message, failed);
 }
 
 std::string MooncakeBackend::failureMessage(const char* op_name, const Status& status) const {
@@ -277,7 +321,7 @@ void MooncakeBackend::stopWorker(bool abort_pending) {
         // The running collective waits on peers' flags; marking every peer
         // failed turns those waits into immediate errors instead of waits to
         // the deadline.
-        for (int p = 0; p < config_.size; ++p) {
+        for (int p = 0; p < max_group_size_; ++p) {
             if (p != config_.rank)
                 fabric_->markPeerFailed(p);
         }
@@ -288,8 +332,12 @@ void MooncakeBackend::stopWorker(bool abort_pending) {
 void MooncakeBackend::releaseCore() {
     // P2P first: its destructor fails pending sends/recvs (their Works
     // complete with kAborted) and stops its thread before the fabric goes.
+    stopControlPlane();
     p2p_.reset();
-    comm_.reset();
+    comm_ = nullptr;
+    group_comm_.reset();
+    solo_comm_.reset();
+    solo_fabric_.reset();
     // Ranks leave at different times, and the rank hosting the TCPStore may
     // already be gone; withdrawing our keys then only produces store errors.
     // The keys are generation-scoped, so leaving them behind is harmless.

@@ -24,6 +24,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "mooncake-pg/core/types.h"
+#include "mooncake-transfer-engine/metadata/kv_store.h"
 #include "mooncake-pg/torch/options.h"
 #include "mooncake-pg/torch/work.h"
 #include "mooncake-transfer-engine/common/deadline.h"
@@ -35,6 +36,12 @@ class C10dStoreAdapter;
 class Communicator;
 class EngineFabric;
 class P2PEngine;
+class ThreadFabricGroup;
+
+namespace control_plane {
+class CoordinatorHost;
+class MemberHost;
+}  // namespace control_plane
 
 // "torch.float32", as Python users spell dtypes.
 std::string dtypeName(c10::ScalarType type);
@@ -130,6 +137,22 @@ public:
     at::Tensor activeRanks() const { return active_ranks_; }
     bool isCuda() const { return config_.is_cuda; }
 
+    // ---- elastic membership (backend_elastic.cc); each throws c10::Error
+    // subclasses naming the call and the control plane's reason. Blocking
+    // calls must be made without the GIL.
+    void joinGroup(std::chrono::milliseconds timeout);
+    void activateRanks(const std::vector<int64_t>& ranks, std::chrono::milliseconds timeout);
+    void deactivateRanks(const std::vector<int64_t>& ranks, std::chrono::milliseconds timeout);
+    // Reports what this rank's failed ops saw since the last sync, waits for
+    // the reconciliation and returns with the new view committed here; the
+    // data plane switches to it before the next collective.
+    void syncAfterFailure();
+    std::vector<bool> peerState(const std::vector<int64_t>& ranks) const;
+    int numSyncedRanks() const;
+    void extendGroupSizeTo(int64_t size);
+    int usableSlots() const { return usable_slots_.load(); }
+    std::vector<std::string> preferredHca() const;
+
 private:
     // A collective's core calls, run on the worker thread. A non-OK Status
     // comes from the Communicator (its lastFailure() names the ranks).
@@ -139,9 +162,25 @@ private:
         const char* op_name;
         std::chrono::milliseconds timeout;
         CoreOp run;
+        // The committed group size when the op was issued: buffers sized by
+        // it cannot hold the blocks of a larger group.
+        int group_size = 0;
     };
 
     void bootstrap(const c10::intrusive_ptr<c10d::Store>& store);
+    // backend_elastic.cc
+    void startControlPlane(const std::string& group_key, const std::string& where);
+    void stopControlPlane();
+    void onView(const std::vector<int32_t>& mask, int group_size);
+    // Worker thread only: switches the data plane to the host's latest view
+    // if it is newer than the applied one.
+    Status applyLatestView(Deadline deadline);
+    // Worker thread only: runs `task` against the applied view, retrying it
+    // when a peer turns out to be in a newer epoch.
+    Status runElastic(Task& task, Deadline deadline, bool* from_core);
+    // Worker thread only: evidence reporting per failure mode.
+    void reportFailure(const std::vector<int>& failed, Deadline op_deadline);
+    std::vector<uint32_t> slotList(const std::vector<int64_t>& ranks, const char* fn) const;
     void workerLoop();
     void runTask(Task& task);
     void stopWorker(bool abort_pending);
@@ -178,9 +217,26 @@ private:
 
     std::shared_ptr<C10dStoreAdapter> store_;
     std::shared_ptr<EngineFabric> fabric_;
-    // Used only on the worker thread once the worker runs.
-    std::unique_ptr<Communicator> comm_;
+    // Used only on the worker thread once the worker runs. comm_ is
+    // group_comm_ while this rank is active, else solo_comm_ (a group of
+    // one: what an inactive rank's collectives run as).
+    std::unique_ptr<Communicator> group_comm_;
+    std::unique_ptr<ThreadFabricGroup> solo_fabric_;
+    std::unique_ptr<Communicator> solo_comm_;
+    Communicator* comm_ = nullptr;
     std::unique_ptr<P2PEngine> p2p_;
+
+    // Control plane (backend_elastic.cc).
+    std::unique_ptr<control_plane::CoordinatorHost> coordinator_;
+    std::unique_ptr<control_plane::MemberHost> host_;
+    std::chrono::milliseconds reconcile_window_{30000};
+    std::atomic<uint64_t> latest_epoch_{0};  // the host's, set by onView
+    uint64_t applied_epoch_ = 0;             // the data plane's (worker thread)
+    bool view_applied_ = false;              // worker thread
+    std::atomic<int> usable_slots_{0};
+    mutable std::mutex evidence_mu_;  // guards the two below
+    bool unsynced_failure_ = false;
+    std::vector<uint8_t> unsynced_hint_;
 
     std::mutex queue_mu_;  // guards queue_, accepting_, abort_pending_
     std::condition_variable queue_cv_;

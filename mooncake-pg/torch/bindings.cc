@@ -3,6 +3,7 @@
 // re-exports. Our classes derive from torch's own bindings (ProcessGroup,
 // Backend, Work, Backend.Options), so objects torch hands back to Python
 // (dist.group.WORLD, async Works, _get_backend) come out as our subclasses.
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -186,6 +187,73 @@ Forms (seed API):
           "(default: $MC_HOST_IP or 127.0.0.1).");
     m.def("set_device_filter", &setDeviceFilter, py::arg("filters"),
           "NIC/HCA names the transfer engine may use, for groups created afterwards.");
+    // Membership calls. Blocking ones release the GIL: the worker may need
+    // it to complete Futures while they wait.
+    using ms = std::chrono::milliseconds;
+    auto timeoutOf = [](std::optional<double> seconds, int64_t fallback_ms) {
+        if (!seconds.has_value())
+            return ms(fallback_ms);
+        TORCH_CHECK_VALUE(*seconds > 0, "mooncake.pg: timeout must be positive, got ", *seconds);
+        return ms(static_cast<int64_t>(*seconds * 1000.0));
+    };
+    m.def(
+        "join_group",
+        [timeoutOf](const py::handle& group, std::optional<double> timeout) {
+            auto b = backendOf(group, "join_group");
+            py::gil_scoped_release no_gil;
+            b->joinGroup(timeoutOf(timeout, 600000));
+        },
+        py::arg("backend"), py::arg("timeout") = py::none());
+    m.def(
+        "activate_ranks",
+        [timeoutOf](const py::handle& group, const std::vector<int64_t>& ranks,
+                    std::optional<double> timeout) {
+            auto b = backendOf(group, "activate_ranks");
+            py::gil_scoped_release no_gil;
+            b->activateRanks(ranks, timeoutOf(timeout, 60000));
+        },
+        py::arg("backend"), py::arg("ranks"), py::arg("timeout") = py::none());
+    m.def(
+        "deactivate_ranks",
+        [timeoutOf](const py::handle& group, const std::vector<int64_t>& ranks,
+                    std::optional<double> timeout) {
+            auto b = backendOf(group, "deactivate_ranks");
+            py::gil_scoped_release no_gil;
+            b->deactivateRanks(ranks, timeoutOf(timeout, 60000));
+        },
+        py::arg("backend"), py::arg("ranks"), py::arg("timeout") = py::none());
+    m.def(
+        "sync_after_failure",
+        [](const py::handle& group) {
+            auto b = backendOf(group, "sync_after_failure");
+            py::gil_scoped_release no_gil;
+            b->syncAfterFailure();
+        },
+        py::arg("backend"));
+    m.def(
+        "get_peer_state",
+        [](const py::handle& group, const std::vector<int64_t>& ranks) {
+            return backendOf(group, "get_peer_state")->peerState(ranks);
+        },
+        py::arg("backend"), py::arg("ranks"));
+    m.def(
+        "get_num_synced_ranks",
+        [](const py::handle& group) {
+            return backendOf(group, "get_num_synced_ranks")->numSyncedRanks();
+        },
+        py::arg("backend"));
+    m.def(
+        "extend_group_size_to",
+        [](const py::handle& group, int64_t size) {
+            backendOf(group, "extend_group_size_to")->extendGroupSizeTo(size);
+        },
+        py::arg("backend"), py::arg("size"));
+    m.def(
+        "get_preferred_hca",
+        [](const py::handle& group) {
+            return backendOf(group, "get_preferred_hca")->preferredHca();
+        },
+        py::arg("backend"));
     m.def(
         "get_active_ranks",
         [](const py::handle& group) { return backendOf(group, "get_active_ranks")->activeRanks(); },

@@ -27,9 +27,19 @@ __all__ = [
     "MooncakeBackendOptions",
     "MooncakeProcessGroup",
     "MooncakeWork",
+    "activate_ranks",
+    "deactivate_ranks",
+    "extend_group_size_to",
     "get_active_ranks",
+    "get_num_synced_ranks",
+    "get_peer_state",
+    "get_preferred_hca",
+    "join_group",
+    "recover_ranks",
     "set_device_filter",
     "set_host_ip",
+    "set_transfer_engine",
+    "sync_after_failure",
 ]
 
 # name -> (devices, is_cuda)
@@ -101,3 +111,83 @@ def get_active_ranks(backend):
     ``active_ranks`` tensor, that same tensor is returned as the mirror.
     """
     return _lib.get_active_ranks(backend)
+
+
+def set_transfer_engine(engine):
+    """Would make new groups reuse an external ``TransferEngine``.
+
+    This build has no Python binding of the transfer engine, so there is no
+    engine object to accept: every group creates its own engine.
+    """
+    raise NotImplementedError(
+        "mooncake.pg.set_transfer_engine: this build has no Python TransferEngine binding "
+        f"(got {type(engine).__name__}); each process group creates its own engine. "
+        "Missing: a pybind11 module exposing mooncake-transfer-engine's TransferEngine")
+
+
+def _ranks(ranks):
+    if isinstance(ranks, int):
+        return [ranks]
+    return [int(r) for r in ranks]
+
+
+def get_num_synced_ranks(backend):
+    """Number of rank slots whose processes are synced (locally known, no communication)."""
+    return _lib.get_num_synced_ranks(backend)
+
+
+def get_peer_state(backend, ranks):
+    """Per rank in ``ranks``: whether it is ready to be activated.
+
+    A local, best-effort read of the membership mirror; not a collective.
+    """
+    return list(_lib.get_peer_state(backend, _ranks(ranks)))
+
+
+def activate_ranks(backend, ranks, timeout=None):
+    """Proposes activating ``ranks`` through the Coordinator.
+
+    One call from any online rank suffices; redundant calls are safe. Returns
+    once the new view is committed at this rank (``timeout`` in seconds,
+    default 60).
+    """
+    _lib.activate_ranks(backend, _ranks(ranks), timeout)
+
+
+recover_ranks = activate_ranks
+
+
+def deactivate_ranks(backend, ranks, timeout=None):
+    """Proposes deactivating ``ranks``; their slots stay reserved and nobody is renumbered."""
+    _lib.deactivate_ranks(backend, _ranks(ranks), timeout)
+
+
+def join_group(backend, timeout=None):
+    """Joiner side: declares this extension ready and blocks until it is activated.
+
+    Before it returns, collectives on this rank are local-only. ``timeout`` in
+    seconds (default 600).
+    """
+    _lib.join_group(backend, timeout)
+
+
+def sync_after_failure(backend):
+    """Reports this rank's failure evidence, waits for reconciliation, commits the new view.
+
+    Called automatically by failed ops in the default mode. The data plane
+    switches to the new view before the next collective.
+    """
+    _lib.sync_after_failure(backend)
+
+
+def extend_group_size_to(backend, size):
+    """Raises the usable slot count to ``size`` (at most the reserved ``max_group_size``).
+
+    Newly usable slots stay inactive until ``activate_ranks``.
+    """
+    _lib.extend_group_size_to(backend, int(size))
+
+
+def get_preferred_hca(backend):
+    """The engine's RDMA devices (HCAs) for this group; empty without RDMA."""
+    return list(_lib.get_preferred_hca(backend))

@@ -1,0 +1,215 @@
+"""Elastic membership basics of the mooncake-cpu backend (seed 000 API).
+
+Covers: MooncakeBackendOptions validation; the two-sided join example as
+written in the seed (two founders with MooncakeBackendOptions(3, False), a
+joiner with (3, True)); deactivation with holes (world size = highest active
+rank + 1); a SIGKILLed rank in the default failure mode.
+
+Timeouts are short (MC_PG_TIMEOUT_MS=3000, window 4000) so failures resolve
+in seconds. Measured durations are printed (pytest -s shows them).
+"""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+import harness
+
+pytestmark = pytest.mark.skipif(
+    not harness.is_mooncake(harness.backend_under_test()),
+    reason="elastic membership is a mooncake-cpu feature")
+
+BACKEND = "mooncake-cpu"
+FAST = {"MC_PG_TIMEOUT_MS": "3000", "MC_PG_RECONCILE_WINDOW_MS": "4000"}
+
+
+def _pg():
+    from mooncake import pg
+    return pg
+
+
+# --------------------------------------------------------------------------- options
+
+def test_options_overloads_and_validation():
+    pg = _pg()
+    mask = torch.zeros(4, dtype=torch.int32)
+    forms = [
+        pg.MooncakeBackendOptions(4),
+        pg.MooncakeBackendOptions(4, True),
+        pg.MooncakeBackendOptions(4, False, True, False),
+        pg.MooncakeBackendOptions(4, False, False, False),
+        pg.MooncakeBackendOptions(mask),
+        pg.MooncakeBackendOptions(mask, True),
+        pg.MooncakeBackendOptions(mask, False, 4),
+        pg.MooncakeBackendOptions(mask, False, max_world_size=4),
+    ]
+    for o in forms:
+        assert o.max_group_size == 4, o
+    assert forms[1].is_extension and not forms[0].is_extension
+    assert not forms[2].auto_sync_on_failure and forms[2].auto_deactivate_on_failure
+    with pytest.raises(ValueError, match="auto_sync_on_failure=True requires"):
+        pg.MooncakeBackendOptions(4, False, False, True)
+    with pytest.raises(ValueError, match="int32"):
+        pg.MooncakeBackendOptions(torch.zeros(4, dtype=torch.float32))
+    with pytest.raises(ValueError, match="contiguous"):
+        pg.MooncakeBackendOptions(torch.zeros(8, dtype=torch.int32)[::2])
+    with pytest.raises(ValueError, match="max_group_size"):
+        pg.MooncakeBackendOptions(mask, False, 5)
+
+
+def _bad_init(ctx, what):
+    import torch.distributed as dist
+    pg = _pg()
+    if what == "too_small":
+        opts = pg.MooncakeBackendOptions(1)
+    else:  # active_ranks not on CPU
+        opts = pg.MooncakeBackendOptions(torch.zeros(ctx.world_size, dtype=torch.int32,
+                                                     device="meta"))
+    try:
+        ctx.init(pg_options=opts)
+    except ValueError as e:
+        return str(e)
+    dist.destroy_process_group()
+    return None
+
+
+@pytest.mark.parametrize("what,pattern", [("too_small", "smaller than the size 2"),
+                                          ("device", "needs it on CPU")])
+def test_options_rejected_at_init(what, pattern):
+    res = harness.run_ranks(_bad_init, 2, BACKEND, timeout_s=60, env=FAST, args=(what,),
+                            init=False)
+    for msg in res:
+        assert msg is not None and pattern in msg, res
+
+
+# --------------------------------------------------------------------------- join
+
+def _two_sided(ctx):
+    import torch.distributed as dist
+    pg = _pg()
+    if ctx.rank < 2:
+        dist.init_process_group(backend=BACKEND, rank=ctx.rank, world_size=2,
+                                pg_options=pg.MooncakeBackendOptions(3, False))
+        ctx.signal("founders_up")
+        backend = dist.group.WORLD
+        assert dist.get_world_size() == 2
+        assert pg.get_active_ranks(backend).tolist() == [1, 1, 0]
+        join_ranks = [2]
+        while not all(pg.get_peer_state(backend, join_ranks)):
+            time.sleep(0.01)
+        pg.recover_ranks(backend, join_ranks)
+        t_join = None
+    else:
+        ctx.wait_for("founders_up", 60)
+        dist.init_process_group(backend=BACKEND, rank=2, world_size=3,
+                                pg_options=pg.MooncakeBackendOptions(3, True))
+        backend = dist.group.WORLD
+        # Local-only before join_group: a group of one.
+        x = torch.full((4,), 7.0)
+        dist.all_reduce(x)
+        assert x.tolist() == [7.0] * 4, x
+        pg.join_group(backend)
+        t_join = time.monotonic()
+    x = torch.full((4,), float(ctx.rank + 1))
+    dist.all_reduce(x)
+    first_s = None if t_join is None else time.monotonic() - t_join
+    assert x.tolist() == [6.0] * 4, x
+    assert dist.get_world_size() == 3
+    assert pg.get_active_ranks(backend).tolist() == [1, 1, 1]
+    y = torch.tensor([ctx.rank], dtype=torch.int64)
+    dist.all_reduce(y, op=dist.ReduceOp.MAX)
+    assert y.item() == 2
+    return first_s
+
+
+def test_seed_two_sided_join():
+    res = harness.run_ranks(_two_sided, 3, BACKEND, timeout_s=120, env=FAST, init=False)
+    print(f"join_group -> first 3-rank all_reduce done: {res[2] * 1000:.1f} ms")
+
+
+# --------------------------------------------------------------------------- holes
+
+def _holes(ctx):
+    import torch.distributed as dist
+    pg = _pg()
+    backend = dist.group.WORLD
+    x = torch.ones(2)
+    dist.all_reduce(x)
+    assert x.tolist() == [3.0, 3.0]
+    if ctx.rank == 0:
+        pg.deactivate_ranks(backend, [1])
+    deadline = time.monotonic() + 30
+    while pg.get_active_ranks(backend).tolist() != [1, 0, 1, 0]:
+        assert time.monotonic() < deadline, pg.get_active_ranks(backend)
+        time.sleep(0.01)
+    assert dist.get_world_size() == 3  # highest active rank + 1, hole included
+    x = torch.full((2,), float(ctx.rank + 1))
+    dist.all_reduce(x)
+    if ctx.rank == 1:
+        assert x.tolist() == [2.0, 2.0], x  # inactive: local-only
+    else:
+        assert x.tolist() == [4.0, 4.0], x  # ranks 0 and 2
+    if ctx.rank != 1:
+        out = torch.full((3,), -1.0)
+        dist.all_gather_into_tensor(out, torch.tensor([float(ctx.rank)]))
+        assert out[0].item() == 0.0 and out[2].item() == 2.0, out
+        ctx.signal(f"done{ctx.rank}")
+    else:
+        ctx.wait_for("done0", 30)
+        ctx.wait_for("done2", 30)
+    return True
+
+
+def test_deactivate_leaves_hole():
+    res = harness.run_ranks(_holes, 3, BACKEND, timeout_s=120, env=FAST,
+                            pg_options=_opts_four, ref_group=False)
+    assert res == [True] * 3
+
+
+def _opts_four(world_size):
+    return _pg().MooncakeBackendOptions(4)
+
+
+# --------------------------------------------------------------------------- failure
+
+def _killed(ctx):
+    import torch.distributed as dist
+    pg = _pg()
+    backend = dist.group.WORLD
+    x = torch.ones(3)
+    dist.all_reduce(x)
+    assert x.tolist() == [3.0] * 3
+    if ctx.rank == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.2)  # let the kill land
+    t0 = time.monotonic()
+    work = dist.all_reduce(torch.ones(3), async_op=True)
+    try:
+        work.wait()
+        raise AssertionError("all_reduce with a killed peer succeeded")
+    except dist.DistBackendError as e:
+        assert "2" in str(e), str(e)
+    failed_s = time.monotonic() - t0
+    assert work.local_success() is False
+    hint = work.failed_ranks_hint()
+    assert hint.dtype == torch.int32 and hint.tolist() == [0, 0, 1], hint
+    # Default mode: the new view is committed before the Work completes.
+    assert pg.get_active_ranks(backend).tolist() == [1, 1, 0]
+    assert dist.get_world_size() == 2
+    y = torch.full((3,), float(ctx.rank + 1))
+    dist.all_reduce(y)
+    assert y.tolist() == [3.0] * 3, y
+    return failed_s
+
+
+def test_killed_rank_default_mode():
+    res = harness.run_ranks(_killed, 3, BACKEND, timeout_s=120, env=FAST, ref_group=False,
+                            pg_options=_opts_three, expect_killed=[2])
+    print(f"SIGKILL -> survivors' failed completion: {res[0]:.2f} s, {res[1]:.2f} s")
+
+
+def _opts_three(world_size):
+    return _pg().MooncakeBackendOptions(3)
