@@ -59,13 +59,23 @@ Status EventLoop::run(Hooks* hooks, const std::string& thread_name) {
     return Status::OK();
 }
 
-void EventLoop::wakeup() {
-    if (wakefd_ < 0 || wake_pending_.exchange(true, std::memory_order_acq_rel))
-        return;
+namespace {
+
+void signal(int wakefd) {
     uint64_t one = 1;
     // EAGAIN means the counter is already non-zero: the loop will wake anyway.
-    while (::write(wakefd_, &one, sizeof(one)) < 0 && errno == EINTR) {
+    while (::write(wakefd, &one, sizeof(one)) < 0 && errno == EINTR) {
     }
+}
+
+}  // namespace
+
+void EventLoop::wakeup() {
+    // An earlier caller that set work_ already woke the loop, or saw it awake.
+    if (wakefd_ < 0 || work_.exchange(true))
+        return;
+    if (polling_.load())
+        signal(wakefd_);
 }
 
 void EventLoop::stop() {
@@ -74,8 +84,8 @@ void EventLoop::stop() {
             thread_.join();
         return;
     }
-    wake_pending_.store(false);
-    wakeup();
+    if (wakefd_ >= 0)
+        signal(wakefd_);
     if (thread_.joinable() && !inLoopThread())
         thread_.join();
 }
@@ -107,7 +117,9 @@ void EventLoop::loop() {
     epoll_event events[kMaxEventsPerWait];
     int timeout_ms = 0;
     while (!stopping_.load(std::memory_order_acquire)) {
-        int n = ::epoll_wait(epfd_, events, kMaxEventsPerWait, timeout_ms);
+        polling_.store(true);
+        int n = ::epoll_wait(epfd_, events, kMaxEventsPerWait, work_.load() ? 0 : timeout_ms);
+        polling_.store(false, std::memory_order_relaxed);
         if (n < 0) {
             if (errno == EINTR)
                 continue;
@@ -130,13 +142,13 @@ void EventLoop::loop() {
                 uint64_t count = 0;
                 while (::read(wakefd_, &count, sizeof(count)) < 0 && errno == EINTR) {
                 }
-                // Cleared before draining so a submit racing with onWakeup()
-                // writes the eventfd again instead of being lost.
-                wake_pending_.store(false, std::memory_order_release);
-                if (stopping_.load(std::memory_order_acquire))
-                    break;
-                hooks_->onWakeup();
             }
+            if (stopping_.load(std::memory_order_acquire))
+                break;
+            // Cleared before taking the work, so a wakeup() racing with
+            // onWakeup() sets it again and is seen on the next round.
+            if (work_.exchange(false))
+                hooks_->onWakeup();
             timeout_ms = hooks_->onIteration();
         } catch (const std::exception& e) {
             MC_LOG(kError, "tcp") << "event loop handler threw: " << e.what();

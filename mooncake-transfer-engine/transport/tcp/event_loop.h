@@ -27,7 +27,8 @@ public:
     class Hooks {
     public:
         virtual ~Hooks() = default;
-        // The eventfd fired: take over work queued by other threads.
+        // wakeup() was called since the last onWakeup(): take over work
+        // queued by other threads.
         virtual void onWakeup() = 0;
         // After every batch of events: housekeeping (timeouts, freeing closed
         // connections). Returns how long the loop may sleep, in ms (-1 = until
@@ -43,7 +44,9 @@ public:
     // Creates the epoll and eventfd descriptors; the thread starts in run().
     Status open();
     Status run(Hooks* hooks, const std::string& thread_name);
-    // Any thread. Cheap when the loop is already awake.
+    // Any thread, after queueing work for onWakeup(). Writes the eventfd
+    // only when the loop is (about to be) blocked in epoll_wait; a loop busy
+    // with events picks the work up before it blocks again.
     void wakeup();
     // Any thread but the loop's. Idempotent; joins the thread. Descriptors stay
     // open until destruction so late unwatch() calls stay harmless.
@@ -63,8 +66,13 @@ private:
     Hooks* hooks_ = nullptr;
     std::thread thread_;
     std::atomic<bool> stopping_{false};
-    // Set while a wakeup is pending, so bursts of submissions write once.
-    std::atomic<bool> wake_pending_{false};
+    // wakeup() was called and onWakeup() has not run since.
+    std::atomic<bool> work_{false};
+    // The loop is in epoll_wait or about to enter it. With work_ this is a
+    // Dekker pair (both seq_cst): the loop sets polling_ then reads work_,
+    // wakeup() sets work_ then reads polling_, so at least one of them sees
+    // the other and no wakeup is lost.
+    std::atomic<bool> polling_{false};
 };
 
 }  // namespace mooncake::te::tcp
