@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "mooncake-transfer-engine/common/env.h"
 #include "mooncake-transfer-engine/common/logging.h"
@@ -32,10 +33,15 @@ void TransferTask::complete(Status status) {
 
 // ---- CompletionSignal ---------------------------------------------------------
 
-// No lost wakeup: a waiter checks done() and registers under mu_, and
-// complete() stores the state before it takes mu_ here, so either the waiter
-// sees the new state or this sees the waiter.
+// No lost wakeup. complete() stores the task's state, then (after a fence)
+// reads waiters_; a waiter raises waiters_, then (after a fence) reads the
+// state. With the fences at least one sees the other's write: either the
+// waiter finds the task done, or notify() sees the waiter and, under mu_,
+// where the waiter registered before sleeping, wakes it.
 void CompletionSignal::notify(const TransferTask* task) {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (waiters_.load(std::memory_order_relaxed) == 0)
+        return;
     {
         std::lock_guard<std::mutex> lock(mu_);
         if (std::find(awaited_.begin(), awaited_.end(), task) == awaited_.end())
@@ -45,10 +51,12 @@ void CompletionSignal::notify(const TransferTask* task) {
 }
 
 bool CompletionSignal::wait(const TransferTask& task, Deadline deadline) {
-    std::unique_lock<std::mutex> lock(mu_);
     if (task.done())
         return true;
+    std::unique_lock<std::mutex> lock(mu_);
     awaited_.push_back(&task);
+    waiters_.fetch_add(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
     bool done = true;
     while (!task.done()) {
         if (deadline.at() == Deadline::Clock::time_point::max()) {
@@ -59,6 +67,7 @@ bool CompletionSignal::wait(const TransferTask& task, Deadline deadline) {
         }
     }
     awaited_.erase(std::find(awaited_.begin(), awaited_.end(), &task));
+    waiters_.fetch_sub(1, std::memory_order_relaxed);
     return done;
 }
 
@@ -92,10 +101,28 @@ struct TransferEngine::Batch {
     // Guards `tasks`: one thread may submit while another waits or queries.
     std::mutex mu;
     std::vector<std::shared_ptr<TransferTask>> tasks;
+    // tasks.size(), for checks that need no lock.
+    std::atomic<size_t> count{0};
 
     std::vector<std::shared_ptr<TransferTask>> snapshot() {
         std::lock_guard<std::mutex> lock(mu);
         return tasks;
+    }
+    // Task i, or nullptr past the end; *more: whether tasks follow it. Tasks
+    // are only appended and stay owned by `tasks`, so the pointer stays valid
+    // while the batch lives.
+    TransferTask* at(size_t i, bool* more) {
+        std::lock_guard<std::mutex> lock(mu);
+        *more = i + 1 < tasks.size();
+        return i < tasks.size() ? tasks[i].get() : nullptr;
+    }
+    bool allDone() {
+        std::lock_guard<std::mutex> lock(mu);
+        for (const auto& t : tasks) {
+            if (!t->done())
+                return false;
+        }
+        return true;
     }
 };
 
@@ -322,8 +349,9 @@ Result<BatchID> TransferEngine::allocateBatchID(size_t capacity) {
     return id;
 }
 
-Status TransferEngine::validate(const TransferRequest& req, std::shared_ptr<const SegmentDesc>* peer,
-                                const RegionDesc** region, Deadline refresh_deadline) {
+Status TransferEngine::validate(const TransferRequest& req,
+                                std::shared_ptr<const SegmentDesc>* peer, const RegionDesc** region,
+                                std::optional<Deadline>* refresh_deadline) {
     if (req.length == 0) return InvalidArgument("request length is 0");
     if (req.opcode != TransferOpcode::kRead && req.opcode != TransferOpcode::kWrite) {
         return InvalidArgument("unknown opcode " + std::to_string(static_cast<int>(req.opcode)));
@@ -338,7 +366,9 @@ Status TransferEngine::validate(const TransferRequest& req, std::shared_ptr<cons
     *region = (*peer)->findRegion(req.target_offset, req.length);
     if (!*region && req.target_id != kLocalSegment) {
         // The peer may have registered more memory since we opened it.
-        MC_RETURN_IF_ERROR(refreshSegment(req.target_id, refresh_deadline));
+        if (!*refresh_deadline)
+            *refresh_deadline = Deadline::afterMs(1000);
+        MC_RETURN_IF_ERROR(refreshSegment(req.target_id, **refresh_deadline));
         MC_ASSIGN_OR_RETURN(*peer, descFor(req.target_id));
         *region = (*peer)->findRegion(req.target_offset, req.length);
     }
@@ -361,17 +391,16 @@ Status TransferEngine::submitTransfer(BatchID batch_id, const std::vector<Transf
         batch = it->second;
     }
     auto overCapacity = [&](size_t adding) -> Status {
-        if (batch->tasks.size() + adding <= batch->capacity)
+        const size_t total = batch->count.load(std::memory_order_relaxed) + adding;
+        if (total <= batch->capacity)
             return Status::OK();
         return InvalidArgument("batch " + std::to_string(batch_id) + " holds " +
                                std::to_string(batch->capacity) + " requests; " +
-                               std::to_string(batch->tasks.size() + adding) + " submitted");
+                               std::to_string(total) + " submitted");
     };
-    {
-        // Checked again when the tasks are added: another thread may submit meanwhile.
-        std::lock_guard<std::mutex> lock(batch->mu);
-        MC_RETURN_IF_ERROR(overCapacity(requests.size()));
-    }
+    // Checked again under the lock when the tasks are added: another thread
+    // may submit to the batch meanwhile.
+    MC_RETURN_IF_ERROR(overCapacity(requests.size()));
     // Validate all first so a bad request transfers nothing.
     struct Planned {
         std::shared_ptr<TransferTask> task;
@@ -379,11 +408,12 @@ Status TransferEngine::submitTransfer(BatchID batch_id, const std::vector<Transf
     };
     std::vector<Planned> planned;
     planned.reserve(requests.size());
-    Deadline refresh = Deadline::afterMs(1000);
+    // Starts with the first refresh: reading the clock is not free.
+    std::optional<Deadline> refresh;
     for (size_t i = 0; i < requests.size(); ++i) {
         std::shared_ptr<const SegmentDesc> peer;
         const RegionDesc* region = nullptr;
-        Status st = validate(requests[i], &peer, &region, refresh);
+        Status st = validate(requests[i], &peer, &region, &refresh);
         if (!st.ok()) return st.withContext("request " + std::to_string(i));
         Transport* t = nullptr;
         if (requests[i].target_id != kLocalSegment) {
@@ -398,6 +428,7 @@ Status TransferEngine::submitTransfer(BatchID batch_id, const std::vector<Transf
         MC_RETURN_IF_ERROR(overCapacity(planned.size()));
         for (auto& p : planned)
             batch->tasks.push_back(p.task);
+        batch->count.store(batch->tasks.size(), std::memory_order_relaxed);
     }
     for (auto& p : planned) {
         if (p.transport) {
@@ -434,7 +465,12 @@ Status TransferEngine::waitBatch(BatchID batch_id, Deadline deadline) {
         batch = it->second;
     }
     // In index order, so the failure reported is the first one by index.
-    for (auto& task : batch->snapshot()) {
+    // Tasks submitted while this waits are waited for too.
+    bool more = true;
+    for (size_t i = 0; more; ++i) {
+        TransferTask* task = batch->at(i, &more);
+        if (!task)
+            break;
         if (!batch->signal->wait(*task, deadline)) {
             return Timeout("batch " + std::to_string(batch_id) +
                            " did not complete before the deadline");
@@ -449,9 +485,8 @@ Status TransferEngine::freeBatchID(BatchID batch_id) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = batches_.find(batch_id);
     if (it == batches_.end()) return NotFound("batch " + std::to_string(batch_id) + " is not allocated");
-    for (auto& t : it->second->snapshot()) {
-        if (!t->done()) return InvalidArgument("batch " + std::to_string(batch_id) + " still has pending requests");
-    }
+    if (!it->second->allDone())
+        return InvalidArgument("batch " + std::to_string(batch_id) + " still has pending requests");
     batches_.erase(it);
     return Status::OK();
 }

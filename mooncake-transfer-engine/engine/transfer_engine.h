@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -102,8 +103,9 @@ private:
     Result<std::shared_ptr<const SegmentDesc>> descFor(SegmentID id) const;
     // Picks the transport for one validated request; nullptr if none reaches it.
     Transport* select(const SegmentDesc& peer, const RegionDesc& region) const;
+    // Sets *refresh_deadline when it first needs to refresh the peer.
     Status validate(const TransferRequest& req, std::shared_ptr<const SegmentDesc>* peer,
-                    const RegionDesc** region, Deadline refresh_deadline);
+                    const RegionDesc** region, std::optional<Deadline>* refresh_deadline);
     std::string segmentKey(const std::string& name) const;
 
     EngineOptions options_;

@@ -37,6 +37,9 @@ private:
     std::mutex mu_;
     std::condition_variable cv_;
     std::vector<const TransferTask*> awaited_;  // one entry per blocked waiter
+    // awaited_.size(), readable without mu_: a completion nobody waits for
+    // (the common case) then costs no lock.
+    std::atomic<size_t> waiters_{0};
 };
 
 // One request in flight. Shared between the engine (status queries) and the
