@@ -52,6 +52,26 @@ at::Tensor inBuffer(const at::Tensor& t, const at::Tensor& output) {
     return t.is_contiguous() ? t : t.contiguous();
 }
 
+// Dtype and shape hashed (FNV-1a), so ranks whose calls move the same bytes
+// with different tensors fail in the core's round-0 check instead of
+// silently reinterpreting each other's data.
+uint64_t shapeSignature(const at::Tensor& t) {
+    constexpr uint64_t kOffset = 1469598103934665603ull;
+    constexpr uint64_t kPrime = 1099511628211ull;
+    uint64_t h = kOffset;
+    auto mix = [&](int64_t v) {
+        for (int i = 0; i < 8; ++i) {
+            h ^= static_cast<uint64_t>(v >> (8 * i)) & 0xff;
+            h *= kPrime;
+        }
+    };
+    mix(static_cast<int64_t>(t.scalar_type()));
+    mix(t.dim());
+    for (int64_t s : t.sizes())
+        mix(s);
+    return h | 1;  // never 0, which means "no signature"
+}
+
 void copyBack(const at::Tensor& user, const at::Tensor& buffer) {
     if (!buffer.is_same(user))
         user.copy_(buffer);
@@ -91,6 +111,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::broadcast(Tensors& tensors,
     at::Tensor buf = inOutBuffer(t);
     const int root = static_cast<int>(opts.rootRank);
     return enqueue(OpType::BROADCAST, op, {t}, opts.timeout, [this, t, buf, root](Deadline dl) {
+        comm_->setNextCallSignature(shapeSignature(buf));
         MC_RETURN_IF_ERROR(comm_->broadcast(ptrOf(buf), bytesOf(buf), root, dl));
         copyBack(t, buf);
         return Status::OK();
@@ -112,6 +133,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allreduce(Tensors& tensors,
     return enqueue(OpType::ALLREDUCE, op, {t}, opts.timeout,
                    [this, t, buf, dtype, rop](Deadline dl) {
                        void* p = ptrOf(buf);
+                       comm_->setNextCallSignature(shapeSignature(buf));
                        MC_RETURN_IF_ERROR(comm_->allReduce(p, p, buf.numel(), dtype, rop, dl));
                        copyBack(t, buf);
                        return Status::OK();
@@ -137,6 +159,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allreduce_coalesced(
         [this, user = tensors, bufs, dtypes, rops](Deadline dl) {
             for (size_t i = 0; i < bufs.size(); ++i) {
                 void* p = ptrOf(bufs[i]);
+                comm_->setNextCallSignature(shapeSignature(bufs[i]));
                 MC_RETURN_IF_ERROR(comm_->allReduce(p, p, bufs[i].numel(), dtypes[i], rops[i], dl));
                 copyBack(user[i], bufs[i]);
             }
@@ -158,6 +181,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce(Tensors& tensors,
     return enqueue(OpType::REDUCE, op, {t}, opts.timeout,
                    [this, t, buf, dtype, rop, root](Deadline dl) {
                        void* p = ptrOf(buf);
+                       comm_->setNextCallSignature(shapeSignature(buf));
                        MC_RETURN_IF_ERROR(comm_->reduce(p, p, buf.numel(), dtype, rop, root, dl));
                        copyBack(t, buf);
                        return Status::OK();
@@ -201,6 +225,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather(std::vector<Tensors>& 
     const int n = groupSize();
     return enqueue(OpType::ALLGATHER, op, outs, opts.timeout, [this, outs, src, n](Deadline dl) {
         at::Tensor flat = at::empty({n * src.numel()}, src.options());
+        comm_->setNextCallSignature(shapeSignature(src));
         MC_RETURN_IF_ERROR(comm_->allGather(ptrOf(src), ptrOf(flat), bytesOf(src), dl));
         for (int r = 0; r < n; ++r)
             outs[r].copy_(block(flat, r, outs[r]));
@@ -226,6 +251,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::_allgather_base(
     const at::Tensor out = output;
     return enqueue(
         OpType::_ALLGATHER_BASE, op, {out}, opts.timeout, [this, out, src, dst](Deadline dl) {
+            comm_->setNextCallSignature(shapeSignature(src));
             MC_RETURN_IF_ERROR(comm_->allGather(ptrOf(src), ptrOf(dst), bytesOf(src), dl));
             copyBack(out, dst);
             return Status::OK();
@@ -340,6 +366,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::gather(std::vector<Tensors>& out
             at::Tensor flat;
             if (is_root)
                 flat = at::empty({n * src.numel()}, src.options());
+            comm_->setNextCallSignature(shapeSignature(src));
             MC_RETURN_IF_ERROR(
                 comm_->gather(ptrOf(src), is_root ? ptrOf(flat) : nullptr, bytesOf(src), root, dl));
             for (size_t r = 0; r < outs.size(); ++r) {
@@ -380,6 +407,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::scatter(Tensors& outputs,
                        at::Tensor flat;
                        if (is_root)
                            flat = pack(ins, dst.options());
+                       comm_->setNextCallSignature(shapeSignature(dst));
                        MC_RETURN_IF_ERROR(comm_->scatter(is_root ? ptrOf(flat) : nullptr,
                                                          ptrOf(dst), bytesOf(dst), root, dl));
                        copyBack(out, dst);
@@ -406,6 +434,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce_scatter(
     return enqueue(OpType::REDUCE_SCATTER, op, {out}, opts.timeout,
                    [this, out, ins, dst, dtype, rop](Deadline dl) {
                        at::Tensor flat = pack(ins, dst.options());
+                       comm_->setNextCallSignature(shapeSignature(dst));
                        MC_RETURN_IF_ERROR(comm_->reduceScatter(ptrOf(flat), ptrOf(dst), dst.numel(),
                                                                dtype, rop, dl));
                        copyBack(out, dst);
@@ -432,6 +461,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::_reduce_scatter_base(
     const at::Tensor out = output;
     return enqueue(OpType::_REDUCE_SCATTER_BASE, op, {out}, opts.timeout,
                    [this, out, src, dst, dtype, rop](Deadline dl) {
+                       comm_->setNextCallSignature(shapeSignature(dst));
                        MC_RETURN_IF_ERROR(comm_->reduceScatter(ptrOf(src), ptrOf(dst), dst.numel(),
                                                                dtype, rop, dl));
                        copyBack(out, dst);
