@@ -336,6 +336,13 @@ void Connection::readSome() {
                 return;
             }
             if (avail < kFrameHeaderSize) {
+                // Replies queued so far (COMPLETIONs) leave before a receive
+                // that may find nothing, not after it.
+                if (!out_.empty()) {
+                    doFlush();
+                    if (fd_ < 0)
+                        return;
+                }
                 // After a payload that went straight to memory the next one
                 // likely does too: staging more than its header would copy
                 // up to a staging buffer's worth of it twice.
