@@ -208,6 +208,9 @@ void Coordinator::closeWindow() {
             summary + (result.unhealthy_active.empty()
                            ? ""
                            : "; framework-managed mode: call deactivate_ranks to remove them"));
+        // The failed operation left the members' data planes out of step;
+        // a fresh epoch with the same Active set is their common restart point.
+        commitActiveSet({}, {}, "resync after reconciliation #" + std::to_string(id));
     }
 
     ReconcileResult msg;

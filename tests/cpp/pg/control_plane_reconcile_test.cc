@@ -80,10 +80,16 @@ TEST(CoordinatorTest, FrameworkManagedModeOnlyReports) {
     ASSERT_EQ(res.size(), 1u);
     EXPECT_EQ(res[0].unhealthy_active, (std::vector<uint32_t>{3}));
     EXPECT_FALSE(res[0].deactivated);
-    EXPECT_TRUE(effectsOf<ViewCommitted>(fx).empty());
+    // Membership is unchanged, but a fresh epoch restarts the data planes
+    // the failed operation left out of step.
+    auto commits = effectsOf<ViewCommitted>(fx);
+    ASSERT_EQ(commits.size(), 1u);
+    EXPECT_TRUE(commits[0].activated.empty());
+    EXPECT_TRUE(commits[0].deactivated.empty());
+    EXPECT_EQ(commits[0].active_mask, mask({1, 1, 1, 1, 0, 0, 0, 0}));
     EXPECT_EQ(d.view().slots[3].member, GMS::kActive);
     EXPECT_EQ(d.view().slots[3].rank, RankState::kOffline);
-    EXPECT_EQ(d.view().epoch, 1u);
+    EXPECT_EQ(d.view().epoch, 2u);
     EXPECT_FALSE(sentTo<ReconcileResult>(fx, 0).at(0).deactivated);
     // The framework decides.
     fx = d.deactivate(0, {3});

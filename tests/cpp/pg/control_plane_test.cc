@@ -297,7 +297,11 @@ TEST(CoordinatorTest, PendingActivationCommitsAfterReconciliationCloses) {
     EXPECT_FALSE(d.coord().reconciling());
     ASSERT_EQ(effectsOf<ReconciliationResult>(fx).size(), 1u);
     EXPECT_TRUE(effectsOf<ReconciliationResult>(fx)[0].unhealthy_active.empty());
-    ASSERT_EQ(effectsOf<ViewCommitted>(fx).size(), 1u);
+    // First the resync epoch that closes the reconciliation, then the activation.
+    auto commits = effectsOf<ViewCommitted>(fx);
+    ASSERT_EQ(commits.size(), 2u);
+    EXPECT_TRUE(commits[0].activated.empty());
+    EXPECT_EQ(commits[1].activated, (std::vector<uint32_t>{4}));
     EXPECT_EQ(d.view().slots[4].member, GMS::kActive);
 }
 
