@@ -201,7 +201,10 @@ def mask(group=None):
     return [int(x) for x in pg().get_active_ranks(group or dist.group.WORLD).cpu().tolist()]
 
 
-def wait_mask(ctx, want, timeout_s=STEP_S, group=None):
+MASK_WAIT_S = 20.0  # a committed view reaches every member well within this
+
+
+def wait_mask(ctx, want, timeout_s=MASK_WAIT_S, group=None):
     """Polls get_active_ranks until it equals `want` (views are applied asynchronously)."""
     deadline = time.monotonic() + timeout_s
     got = mask(group)

@@ -210,7 +210,7 @@ def _job_replace(ctx):
             with checks.step("replace: join_group returns once active"):
                 t0 = time.monotonic()
                 ctx.signal("replacement_joining")
-                P.join_group(dist.group.WORLD)
+                join_group(dist.group.WORLD, timeout_s=STEP_S)
                 checks.numbers["join_group_s"] = round(time.monotonic() - t0, 3)
                 got = mask()
                 assert got == mask_of({0, 1, 2, 3}, MAX), f"get_active_ranks {got} after join_group"
@@ -267,7 +267,7 @@ def _scale_up(ctx, checks, proc, slot, MAX):
             init(ctx, 4, MAX, options(MAX, True))
         with checks.step("scaleup: join_group returns once active"):
             ctx.signal("joiner_joining")
-            P.join_group(dist.group.WORLD)
+            join_group(dist.group.WORLD, timeout_s=STEP_S)
             got = mask()
             assert got == mask_of({0, 1, 2, 3, 4}, MAX), f"get_active_ranks {got} after join_group"
     elif slot in (0, 1):
@@ -333,7 +333,7 @@ def _job_holes(ctx):
                 if slot == r:
                     t0 = time.monotonic()
                     ctx.signal(f"rejoin_{r}_joining")
-                    P.join_group(dist.group.WORLD)
+                    join_group(dist.group.WORLD, timeout_s=STEP_S)
                     checks.numbers[f"rejoin_{r}_join_group_s"] = round(time.monotonic() - t0, 3)
                     assert mask() == mask_of(active, MAX), f"get_active_ranks {mask()} after join_group"
                 elif slot == 0:
@@ -399,7 +399,7 @@ def _job_join_timeout(ctx):
         with checks.step("jointimeout: a later join_group that is activated succeeds"):
             if proc == 2:
                 ctx.signal("join_again")
-                P.join_group(dist.group.WORLD)
+                join_group(dist.group.WORLD, timeout_s=STEP_S)
             elif proc == 0:
                 wait_event(ctx, "join_again")
                 wait_peers_ready(ctx, [2])
