@@ -16,6 +16,7 @@
 //                              a member stuck in a collective cannot report
 //                              before that collective times out.
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -80,7 +81,10 @@ void MooncakeBackend::startControlPlane(const std::string& group_key, const std:
         // invalid; the window is only checked against explicit timeouts.
         if (reconcile_window_ > std::chrono::milliseconds(timeout_ms_.load())) {
             cc.coordinator.collective_timeout = std::chrono::milliseconds(timeout_ms_.load());
-        } else {
+        } else if (std::getenv("MC_PG_RECONCILE_WINDOW_MS") != nullptr) {
+            // Only worth a warning when the user chose the window; with both
+            // defaults (30 s window, torch's 30 min timeout) it would print
+            // on every init.
             MC_LOG(kWarn, "pg") << where << ": MC_PG_RECONCILE_WINDOW_MS=" << window
                                 << " does not exceed the collective timeout " << timeout_ms_.load()
                                 << " ms; a rank stuck in a collective may be judged dead";
