@@ -24,11 +24,14 @@
 //
 //   te_bench [--min-bytes N] [--max-bytes N] [--iters N] [--warmup N]
 //            [--rounds N] [--depth N] [--pairs shm,tcp,tcp_stream]
-//            [--cpus P,C] [--json-output FILE]   (N may end in K, M or G)
+//            [--cpus P,C] [--congestion ALGO] [--json-output FILE]
+//                                            (N may end in K, M or G)
 //
 // --cpus pins the parent (initiator) and the child (target) process, with
 // all their threads, to one CPU each, so that the two ends of every pair run
 // in the same placement instead of wherever the scheduler puts them.
+// --congestion sets the TCP congestion control of the raw sockets and, via
+// MC_TCP_CONGESTION, of the engine's (default: the system's).
 //
 // The parent process initiates every transfer; a forked child owns the target
 // memory, and the receiving end of the raw socket, which mirrors the parent's
@@ -104,6 +107,7 @@ struct Options {
     int depth = 4;
     bool pairs[kNumPairs] = {true, true, true};
     int parent_cpu = -1, child_cpu = -1;
+    std::string congestion;  // empty: the system's
     std::string json_output;
 
     bool any(bool raw) const {
@@ -213,6 +217,8 @@ bool parseArgs(int argc, char** argv, Options* o) {
             }
         } else if (flag == "--pairs") {
             ok = ok && parsePairs(value, o->pairs);
+        } else if (flag == "--congestion") {
+            o->congestion = value;
         } else if (flag == "--json-output") {
             o->json_output = value;
         } else {
@@ -410,9 +416,30 @@ bool recvAll(int fd, char* p, uint64_t n) {
     return true;
 }
 
-void setNoDelay(int fd) {
+// As the engine sets its sockets, so the comparison is like for like.
+bool setRawOptions(int fd, const std::string& congestion) {
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (!congestion.empty() && ::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, congestion.data(),
+                                            static_cast<socklen_t>(congestion.size())) != 0) {
+        std::perror(("te_bench: TCP_CONGESTION " + congestion).c_str());
+        return false;
+    }
+    return true;
+}
+
+// The congestion control new sockets get.
+std::string systemCongestion() {
+    std::string name;
+    if (FILE* f = std::fopen("/proc/sys/net/ipv4/tcp_congestion_control", "r")) {
+        char buf[64] = {};
+        if (std::fgets(buf, sizeof(buf), f))
+            name = buf;
+        std::fclose(f);
+    }
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' '))
+        name.pop_back();
+    return name;
 }
 
 std::unique_ptr<TransferEngine> makeEngine(const std::string& dir, const std::string& name,
@@ -465,9 +492,11 @@ void serveRaw(Control& ctl, int listen_fd, const Options& o) {
     if (::poll(p, 2, static_cast<int>(kControlTimeoutMs)) <= 0 || !(p[0].revents & POLLIN))
         return;
     int fd = ::accept(listen_fd, nullptr, nullptr);
-    if (fd < 0)
+    if (fd < 0 || !setRawOptions(fd, o.congestion)) {
+        if (fd >= 0)
+            ::close(fd);
         return;
-    setNoDelay(fd);
+    }
     Buffer buf(o.max_bytes);
     const char ack = 1;
     bool ok = buf.data != nullptr;
@@ -503,18 +532,17 @@ int childMain(Control& ctl, int listen_fd, const std::string& dir, const Options
 
 // ---- parent: initiates every transfer -------------------------------------------------------
 
-int connectRaw(uint16_t port) {
+int connectRaw(uint16_t port, const std::string& congestion) {
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(port);
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd >= 0 && ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    if (fd >= 0 && (!setRawOptions(fd, congestion) ||
+                    ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0)) {
         ::close(fd);
         return -1;
     }
-    if (fd >= 0)
-        setNoDelay(fd);
     return fd;
 }
 
@@ -554,7 +582,7 @@ public:
     // Everything before the first block; failures disable the pairs they affect.
     void setup(uint16_t raw_port) {
         if (o_.any(true)) {
-            raw_fd_ = connectRaw(raw_port);
+            raw_fd_ = connectRaw(raw_port, o_.congestion);
             if (raw_fd_ < 0)
                 errors_.push_back(std::string("raw_tcp: connect to the child: ") +
                                   std::strerror(errno));
@@ -782,7 +810,9 @@ std::string report(const Options& o, const std::vector<Sample>& samples,
         ",\"max_bytes\":" + std::to_string(o.max_bytes) + ",\"iters\":" + std::to_string(o.iters) +
         ",\"warmup\":" + std::to_string(o.warmup) + ",\"rounds\":" + std::to_string(o.rounds) +
         ",\"parent_cpu\":" + std::to_string(o.parent_cpu) +
-        ",\"child_cpu\":" + std::to_string(o.child_cpu) + ",\"depth\":" + std::to_string(o.depth) +
+        ",\"child_cpu\":" + std::to_string(o.child_cpu) + ",\"congestion\":\"" +
+        jsonEscape(o.congestion.empty() ? systemCongestion() : o.congestion) + "\"" +
+        ",\"depth\":" + std::to_string(o.depth) +
         ",\"gbps_unit\":\"Gbit/s\",\"gbps_basis\":\"p50 iteration time\"," +
         "\"order\":\"per size, each pair in alternating blocks (ABBA)\"},\n" + "\"method\":{";
     bool first = true;
@@ -837,9 +867,12 @@ int benchMain(int argc, char** argv) {
         std::fprintf(stderr,
                      "usage: te_bench [--min-bytes N] [--max-bytes N] [--iters N] [--warmup N] "
                      "[--rounds N] [--depth N] [--pairs shm,tcp,tcp_stream] [--cpus P,C] "
-                     "[--json-output FILE]\n");
+                     "[--congestion ALGO] [--json-output FILE]\n");
         return 2;
     }
+    // Before any engine exists, in both processes.
+    if (!o.congestion.empty())
+        ::setenv("MC_TCP_CONGESTION", o.congestion.c_str(), 1);
     std::string tmpl = (std::filesystem::temp_directory_path() / "te_bench.XXXXXX").string();
     if (!::mkdtemp(tmpl.data()))
         return 1;

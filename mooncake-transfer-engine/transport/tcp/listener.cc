@@ -9,10 +9,26 @@
 
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 
+#include "mooncake-transfer-engine/common/env.h"
 #include "mooncake-transfer-engine/common/logging.h"
 
 namespace mooncake::te::tcp {
+namespace {
+
+// Congestion control of the transport's sockets; empty keeps the system's
+// (net.ipv4.tcp_congestion_control). Over loopback BBR keeps the window near
+// a couple of 64 KiB segments and paces, so a large WRITE runs at about half
+// of what the same socket does with reno or cubic (docs/transfer-engine.md).
+// Unprivileged processes may pick only what
+// net.ipv4.tcp_allowed_congestion_control lists.
+const std::string& congestionControl() {
+    static const std::string value = envString("MC_TCP_CONGESTION", "");
+    return value;
+}
+
+}  // namespace
 
 Status setSocketOptions(int fd) {
     int one = 1;
@@ -23,6 +39,17 @@ Status setSocketOptions(int fd) {
     }
     // Keepalive notices a peer host that vanished without a FIN or RST.
     (void)::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    const std::string& cc = congestionControl();
+    if (!cc.empty() && ::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, cc.data(),
+                                    static_cast<socklen_t>(cc.size())) != 0) {
+        // A knob that does not apply must not cut the transport off.
+        static std::once_flag warned;
+        const int err = errno;
+        std::call_once(warned, [&] {
+            MC_LOG(kWarn, "tcp") << "MC_TCP_CONGESTION=" << cc << " not applied ("
+                                 << std::strerror(err) << "); using the system default";
+        });
+    }
     return Status::OK();
 }
 
