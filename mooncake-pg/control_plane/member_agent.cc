@@ -143,10 +143,14 @@ std::vector<bool> MemberAgent::peerState(const std::vector<uint32_t>& ranks) con
     std::vector<bool> ready;
     ready.reserve(ranks.size());
     for (uint32_t r : ranks) {
-        bool ok = r < view_.slots.size() &&
-                  view_.slots[r].member == GroupMemberState::kAwaitingActivation &&
-                  view_.slots[r].rank == RankState::kHealthy && !view_.slots[r].endpoint.empty();
-        ready.push_back(ok);
+        if (r >= view_.slots.size()) {
+            ready.push_back(false);
+            continue;
+        }
+        const SlotInfo& s = view_.slots[r];
+        const bool awaiting = s.member == GroupMemberState::kAwaitingActivation &&
+                              s.rank == RankState::kHealthy && !s.endpoint.empty();
+        ready.push_back(awaiting || s.member == GroupMemberState::kActive);
     }
     return ready;
 }
@@ -353,6 +357,11 @@ void MemberAgent::onReconcileResult(const ReconcileResult& b) {
 }
 
 void MemberAgent::onJoinRejected(const JoinRejected& b) {
+    // A join succeeds only through the applied view that shows this slot
+    // Active (onView); a "rejection" carrying OK proves nothing locally.
+    if (b.code == StatusCode::kOk) {
+        return log(LogLevel::kWarn, "dropped JoinRejected without an error code");
+    }
     std::vector<uint64_t> ids;
     for (const auto& [id, op] : ops_) {
         if (op.kind == OpKind::kJoin)

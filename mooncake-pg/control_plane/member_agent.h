@@ -153,9 +153,14 @@ public:
     // ---- local, non-collective queries (the mirror) ----
     const std::vector<int32_t>& activeRanks() const { return active_mask_; }
     int32_t groupSize() const { return groupSizeFromMask(active_mask_); }
-    // Per rank: AwaitingActivation, Healthy and an endpoint published, i.e.
-    // an activation proposal for it would not be refused for the target's
-    // own state. Out-of-range ranks read false.
+    // Per rank, whether it is ready to be activated: AwaitingActivation,
+    // Healthy and an endpoint published (an activation proposal for it would
+    // not be refused for the target's own state), or already Active (a
+    // proposal for it succeeds at once). Active counts as ready so that the
+    // documented loop `while not all(get_peer_state(...)): ...;
+    // recover_ranks(...)` on every member ends even on those that see
+    // another member's activation commit first. Out-of-range ranks read
+    // false.
     std::vector<bool> peerState(const std::vector<uint32_t>& ranks) const;
     // Slots whose process is registered (Synced or Healthy) and published an
     // endpoint: the ranks this process knows how to reach.

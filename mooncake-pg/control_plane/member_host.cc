@@ -125,6 +125,12 @@ void MemberHost::run() {
             if (on_view_ && v.active_set_changed)
                 on_view_(v.active_mask, static_cast<uint32_t>(v.epoch), v.group_size);
         }
+        if (!views.empty()) {
+            // Releases the completions that waited for these views.
+            std::lock_guard<std::mutex> lock(mu_);
+            views_delivered_ += views.size();
+            cv_.notify_all();
+        }
         if (store_failed && !stop_flag_.load()) {
             // A failing store answers at once; back off instead of spinning,
             // bounded by the poll interval so stop() stays prompt.
@@ -174,10 +180,11 @@ void MemberHost::execute(std::vector<AgentEffect> effects) {
             requestProbe(hostNow(), std::move(*probe));
         } else if (auto* view = std::get_if<ViewApplied>(&effect)) {
             views_to_deliver_.push_back(std::move(*view));
+            ++views_queued_;
             cv_.notify_all();
         } else if (auto* done = std::get_if<OpCompleted>(&effect)) {
             if (waiting_ops_.count(done->request_id)) {
-                done_ops_[done->request_id] = std::move(done->status);
+                done_ops_[done->request_id] = DoneOp{std::move(done->status), views_queued_};
                 cv_.notify_all();
             }
         } else if (auto* log = std::get_if<Log>(&effect)) {
@@ -336,15 +343,21 @@ Millis MemberHost::wireTimeout(Deadline deadline) const {
 
 Status MemberHost::await(uint64_t id, Deadline deadline, const Describe& timed_out) {
     std::unique_lock<std::mutex> lock(mu_);
-    auto ready = [&] { return stopping_ || done_ops_.count(id) != 0; };
+    auto delivered = [&] {
+        auto it = done_ops_.find(id);
+        return it != done_ops_.end() && views_delivered_ >= it->second.views_before;
+    };
+    auto ready = [&] { return stopping_ || delivered(); };
     if (isNever(deadline)) {
         cv_.wait(lock, ready);
     } else {
         cv_.wait_until(lock, deadline.at(), ready);
     }
     waiting_ops_.erase(id);
+    // A completion still waiting for the callback at the deadline counts:
+    // the agent's mirror already holds its view.
     if (auto it = done_ops_.find(id); it != done_ops_.end()) {
-        Status st = std::move(it->second);
+        Status st = std::move(it->second.status);
         done_ops_.erase(it);
         return st;
     }

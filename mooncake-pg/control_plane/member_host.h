@@ -30,7 +30,10 @@
 //
 // Threads: every method may be called from any thread. The view callback
 // runs on the host thread, in order, never concurrently with itself; it may
-// call the queries but not the blocking calls, leave() or stop().
+// call the queries but not the blocking calls, leave() or stop(). A blocking
+// call returns only after the callback ran for every view applied before the
+// call completed, so the caller's own copy of the membership (active_ranks,
+// size) is current when joinGroup or activateRanks returns.
 #pragma once
 
 #include <atomic>
@@ -97,10 +100,12 @@ public:
     Status start(const std::string& endpoint, Deadline deadline);
     // Not blocking: the Coordinator learns it asynchronously.
     Status publishEndpoint(const std::string& endpoint);
-    // Inactive -> AwaitingActivation; returns once Active, or with the
+    // Inactive -> AwaitingActivation; returns once the applied view shows
+    // this slot Active (and the view callback has seen it), or with the
     // Coordinator's reason when no activation committed before `deadline`.
     Status joinGroup(Deadline deadline);
-    // Also recover_ranks. Returns once the commit's view is applied here.
+    // Also recover_ranks. Returns once the commit's view is applied here and
+    // has been through the view callback.
     Status activateRanks(const std::vector<uint32_t>& ranks, Deadline deadline);
     Status deactivateRanks(const std::vector<uint32_t>& ranks, Deadline deadline);
     // Reports the evidence (failed_ranks_hint: empty or one 0/1 entry per
@@ -179,8 +184,18 @@ private:
     mutable std::mutex mu_;
     mutable std::condition_variable cv_;  // ops completed, views applied, stop
     std::optional<MemberAgent> agent_;
+    // A completion is handed to its caller only once every view the agent
+    // applied before it has been through the view callback: otherwise
+    // join_group could return while the torch layer's active_ranks and size
+    // still show the old membership (the callback runs outside mu_).
+    struct DoneOp {
+        Status status;
+        uint64_t views_before = 0;  // views_queued_ when it completed
+    };
     std::set<uint64_t> waiting_ops_;
-    std::map<uint64_t, Status> done_ops_;
+    std::map<uint64_t, DoneOp> done_ops_;
+    uint64_t views_queued_ = 0;     // ViewApplied effects seen
+    uint64_t views_delivered_ = 0;  // of those, passed to on_view_
     uint64_t next_request_ = 0;
     ProbeRound round_;
     std::optional<std::vector<PeerToProbe>> rerun_;

@@ -24,11 +24,11 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "mooncake-pg/core/types.h"
-#include "mooncake-transfer-engine/metadata/kv_store.h"
 #include "mooncake-pg/torch/options.h"
 #include "mooncake-pg/torch/work.h"
 #include "mooncake-transfer-engine/common/deadline.h"
 #include "mooncake-transfer-engine/common/status.h"
+#include "mooncake-transfer-engine/metadata/kv_store.h"
 
 namespace mooncake::pg {
 
@@ -175,6 +175,9 @@ private:
     // Worker thread only: switches the data plane to the host's latest view
     // if it is newer than the applied one.
     Status applyLatestView(Deadline deadline);
+    // Any thread: has the worker switch the data plane to the host's latest
+    // view (after the ops already queued) and waits for it until `deadline`.
+    Status applyViewOnWorker(const char* call, Deadline deadline);
     // Worker thread only: runs `task` against the applied view, retrying it
     // when a peer turns out to be in a newer epoch.
     Status runElastic(Task& task, Deadline deadline, bool* from_core);

@@ -267,10 +267,43 @@ std::vector<uint32_t> MooncakeBackend::slotList(const std::vector<int64_t>& rank
     return out;
 }
 
+Status MooncakeBackend::applyViewOnWorker(const char* call, Deadline deadline) {
+    // The data plane is switched only on the worker (file comment); a no-op
+    // task makes it apply the view there, in order with queued ops.
+    auto work = c10::make_intrusive<MooncakeWork>(rank_, c10d::OpType::UNKNOWN,
+                                                  std::vector<at::Tensor>{}, max_group_size_);
+    const auto left =
+        std::max(std::chrono::duration_cast<std::chrono::milliseconds>(deadline.remaining()),
+                 std::chrono::milliseconds(1));
+    {
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        if (!accepting_)
+            return Aborted("the group was shut down");
+        queue_.push_back(
+            Task{work, call, left, [](Deadline) { return Status::OK(); }, groupSize()});
+    }
+    queue_cv_.notify_one();
+    try {
+        work->wait(left);
+    } catch (const c10::Error& e) {
+        return Unavailable(e.what_without_backtrace());
+    }
+    return Status::OK();
+}
+
 void MooncakeBackend::joinGroup(std::chrono::milliseconds timeout) {
     TORCH_CHECK(host_, "mooncake.pg.join_group: the group has no control plane (shut down?)");
-    Status st = host_->joinGroup(Deadline::after(timeout));
+    const Deadline deadline = Deadline::after(timeout);
+    Status st = host_->joinGroup(deadline);
     TORCH_CHECK_WITH(DistBackendError, st.ok(), describeStatus("join_group", st));
+    // The host returns only after onView saw the activation (active_ranks,
+    // size); return only with the data plane in the new membership as well,
+    // so the next collective starts from it.
+    st = applyViewOnWorker("join_group", deadline);
+    TORCH_CHECK_WITH(
+        DistBackendError, st.ok(),
+        describeStatus("join_group", st.withContext("activated, but switching the data plane to "
+                                                    "the new membership failed")));
 }
 
 void MooncakeBackend::activateRanks(const std::vector<int64_t>& ranks,

@@ -227,9 +227,9 @@ TEST(MemberAgentTest, LocalQueriesReadTheMirror) {
     EXPECT_TRUE(applied[0].active_set_changed);
     EXPECT_EQ(a.activeRanks(), (std::vector<int32_t>{1, 0, 1, 0, 0, 0}));
     EXPECT_EQ(a.groupSize(), 3);  // [1,0,1]: the hole counts
-    // Ready = AwaitingActivation & Healthy & endpoint published.
+    // Ready = (AwaitingActivation & Healthy & endpoint published) or Active.
     EXPECT_EQ(a.peerState({3, 4, 5, 0, 1, 99}),
-              (std::vector<bool>{true, false, false, false, false, false}));
+              (std::vector<bool>{true, false, false, true, false, false}));
     EXPECT_EQ(a.numSyncedRanks(), 5);
 
     // An older or equal revision is ignored.
@@ -361,6 +361,75 @@ TEST(MemberAgentTest, SyncAfterFailureWaitsForTheWindowItWasGiven) {
     a.handle(SyncAfterFailureCmd{50000ms, 12, false, {}});
     fx = a.handle(Tick{52000ms});
     EXPECT_EQ(completions(fx).at(0).status.code(), StatusCode::kTimeout);
+}
+
+// The documented loop runs on every member: `while not all(get_peer_state(
+// ranks)): ...; recover_ranks(ranks)`. A member whose mirror already shows
+// another member's activation committed must leave the loop, not spin.
+TEST(MemberAgentTest, PeerStateStaysReadyOnceTheTargetIsActive) {
+    auto a = std::move(MemberAgent::create(agentConfig(0, 3, false, 5)).value());
+    a.handle(RegisterCmd{0ms, 1, "ep"});
+    a.handle(Received{0ms, fromCoordinator(RegisterReply{5, true, 1, ""}, 0)});
+    ViewUpdate v{1,
+                 true,
+                 {{GMS::kActive, RankState::kHealthy, 1, "a"},
+                  {GMS::kActive, RankState::kHealthy, 1, "b"},
+                  {GMS::kAwaitingActivation, RankState::kHealthy, 1, "c"}}};
+    a.handle(Received{0ms, fromCoordinator(v, 1)});
+    EXPECT_EQ(a.peerState({2}), std::vector<bool>{true});
+    // Rank 1's proposal committed first: rank 2 is Active in epoch 2.
+    v.revision = 2;
+    v.slots[2].member = GMS::kActive;
+    a.handle(Received{0ms, fromCoordinator(v, 2)});
+    EXPECT_EQ(a.peerState({2, 1, 0}), (std::vector<bool>{true, true, true}));
+    // Its own proposal is then redundant and succeeds without a new epoch.
+    auto fx = a.handle(ActivateRanksCmd{0ms, 7, {2}, 0ms});
+    ASSERT_EQ(sentBodies<ActivateProposal>(fx).size(), 1u);
+    fx = a.handle(Received{0ms, fromCoordinator(ProposalResult{7, StatusCode::kOk, ""}, 2)});
+    ASSERT_EQ(completions(fx).size(), 1u);
+    EXPECT_TRUE(completions(fx)[0].status.ok());
+    // Left or inactive again: not ready.
+    v.revision = 3;
+    v.slots[2].member = GMS::kInactive;
+    a.handle(Received{0ms, fromCoordinator(v, 3)});
+    EXPECT_EQ(a.peerState({2}), std::vector<bool>{false});
+}
+
+// join_group succeeds only through an applied view showing this slot Active.
+TEST(MemberAgentTest, JoinCompletesOnlyWithTheViewThatShowsItActive) {
+    auto a = std::move(MemberAgent::create(agentConfig(1, 2, true, 5)).value());
+    a.handle(RegisterCmd{0ms, 1, "ep"});
+    a.handle(Received{0ms, fromCoordinator(RegisterReply{5, true, 1, ""}, 0)});
+    ViewUpdate v{1,
+                 true,
+                 {{GMS::kActive, RankState::kHealthy, 1, "a"},
+                  {GMS::kInactive, RankState::kHealthy, 1, "b"}}};
+    a.handle(Received{0ms, fromCoordinator(v, 1)});
+    a.handle(JoinGroupCmd{0ms, 2, 0ms});
+    // A malformed "rejection" carrying OK must not complete the join.
+    auto fx = a.handle(Received{0ms, fromCoordinator(JoinRejected{StatusCode::kOk, ""}, 1)});
+    EXPECT_TRUE(completions(fx).empty());
+    v.revision = 2;
+    v.slots[1].member = GMS::kAwaitingActivation;
+    fx = a.handle(Received{0ms, fromCoordinator(v, 1)});
+    EXPECT_TRUE(completions(fx).empty());
+    v.revision = 3;
+    v.slots[1].member = GMS::kActive;
+    fx = a.handle(Received{0ms, fromCoordinator(v, 2)});
+    ASSERT_EQ(completions(fx).size(), 1u);
+    EXPECT_TRUE(completions(fx)[0].status.ok());
+    // The ViewApplied that shows it Active comes first, so a host applying
+    // effects in order has it before the caller resumes.
+    size_t view_at = fx.size(), done_at = fx.size();
+    for (size_t i = 0; i < fx.size(); ++i) {
+        if (std::holds_alternative<ViewApplied>(fx[i]))
+            view_at = i;
+        if (std::holds_alternative<OpCompleted>(fx[i]))
+            done_at = i;
+    }
+    ASSERT_LT(view_at, done_at);
+    EXPECT_EQ(std::get<ViewApplied>(fx[view_at]).self_state, GMS::kActive);
+    EXPECT_EQ(a.activeRanks(), (std::vector<int32_t>{1, 1}));
 }
 
 TEST(MemberAgentTest, ProposalCompletesOnlyOnceTheCommittedViewArrived) {

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -64,6 +65,9 @@ class ViewLog {
 public:
     ViewCallback callback() {
         return [this](const std::vector<int32_t>& mask, uint32_t epoch, int size) {
+            // A slow consumer (the torch layer copying into a tensor): the
+            // host must not let a blocking call return before this is done.
+            std::this_thread::sleep_for(delay_.load());
             std::lock_guard<std::mutex> lock(mu_);
             mask_ = mask;
             epoch_ = epoch;
@@ -79,6 +83,11 @@ public:
         std::lock_guard<std::mutex> lock(mu_);
         return size_;
     }
+    std::vector<int32_t> mask() const {
+        std::lock_guard<std::mutex> lock(mu_);
+        return mask_;
+    }
+    void setDelay(std::chrono::milliseconds d) { delay_.store(d); }
     uint32_t epoch() const {
         std::lock_guard<std::mutex> lock(mu_);
         return epoch_;
@@ -90,6 +99,7 @@ private:
     std::vector<int32_t> mask_;
     uint32_t epoch_ = 0;
     int size_ = -1;
+    std::atomic<std::chrono::milliseconds> delay_{std::chrono::milliseconds(0)};
 };
 
 MemberHostConfig memberConfig(uint32_t rank, uint32_t max, bool is_extension, FailureMode mode) {
@@ -320,6 +330,52 @@ TEST(ControlPlaneHostTest, DeactivateThenRejoinInPlace) {
     EXPECT_EQ(g.log(0).size(), 4);
 }
 
+// join_group and activate_ranks return only once the view callback (what
+// the torch layer's active_ranks and size follow) has seen the commit, even
+// when that callback is slow: checked from right after the calls return.
+TEST(ControlPlaneHostTest, JoinAndActivateReturnAfterTheViewCallbackRan) {
+    HostGroup g(4, 4);
+    ASSERT_NO_FATAL_FAILURE(g.bootstrap());
+    Status st = g.host(0).deactivateRanks({3}, in(5s));
+    ASSERT_TRUE(st.ok()) << st.toString();
+    g.expectAllSee({0, 1, 2, 3}, maskOf(4, {0, 1, 2}));
+    for (uint32_t r = 0; r < 4; ++r)
+        g.log(r).setDelay(300ms);
+
+    Status joined;
+    std::vector<int32_t> joiner_saw;
+    int joiner_size = -1;
+    std::thread t([&] {
+        joined = g.host(3).joinGroup(in(10s));
+        joiner_saw = g.log(3).mask();
+        joiner_size = g.log(3).size();
+    });
+    Status ready = g.host(0).awaitView(
+        [](const GroupView& v) {
+            return v.slots[3].member == GMS::kAwaitingActivation &&
+                   v.slots[3].rank == RankState::kHealthy && !v.slots[3].endpoint.empty();
+        },
+        in(10s));
+    ASSERT_TRUE(ready.ok()) << ready.toString();
+    Status activated = g.host(0).activateRanks({3}, in(10s));
+    const std::vector<int32_t> proposer_saw = g.log(0).mask();
+    t.join();
+    ASSERT_TRUE(activated.ok()) << activated.toString();
+    ASSERT_TRUE(joined.ok()) << joined.toString();
+    EXPECT_EQ(joiner_saw, maskOf(4, {0, 1, 2, 3}));
+    EXPECT_EQ(joiner_size, 4);
+    EXPECT_EQ(proposer_saw, maskOf(4, {0, 1, 2, 3}));
+    // Every member that polls get_peer_state sees the Active rank as ready,
+    // so a redundant recover_ranks from the loop's losers follows and succeeds.
+    for (uint32_t r : {1u, 2u}) {
+        Status seen = g.host(r).awaitView([](const GroupView& v) { return v.isActive(3); }, in(5s));
+        ASSERT_TRUE(seen.ok()) << seen.toString();
+        EXPECT_EQ(g.host(r).peerState({3}), std::vector<bool>{true}) << "rank " << r;
+        Status again = g.host(r).activateRanks({3}, in(5s));
+        EXPECT_TRUE(again.ok()) << again.toString();
+    }
+}
+
 TEST(ControlPlaneHostTest, VanishedMemberIsDeactivatedByReconciliation) {
     HostGroup g(4, 4);
     ASSERT_NO_FATAL_FAILURE(g.bootstrap());
@@ -376,8 +432,8 @@ TEST(ControlPlaneHostTest, FrameworkManagedModeOnlyReports) {
     for (uint32_t r = 0; r < 4; ++r) {
         // Reported, not acted upon: rank 3 is still Active, but Offline. The
         // reconciliation still ends in a fresh epoch (a data-plane restart).
-        Status resynced = g.host(r).awaitView(
-            [](const GroupView& v) { return v.epoch == 2; }, in(5s));
+        Status resynced =
+            g.host(r).awaitView([](const GroupView& v) { return v.epoch == 2; }, in(5s));
         EXPECT_TRUE(resynced.ok()) << "rank " << r << ": " << resynced.toString();
         EXPECT_EQ(g.host(r).activeRanks(), maskOf(4, {0, 1, 2, 3})) << "rank " << r;
     }
