@@ -1,7 +1,13 @@
 #include "mooncake-pg/core/engine_fabric.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <sstream>
 
@@ -12,12 +18,59 @@ namespace mooncake::pg {
 
 namespace {
 constexpr size_t kSecretBytes = 16;
+
+int64_t steadyNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+// What /proc/<pid>/stat says about a process: whether it can still run (not
+// a zombie) and its start time in clock ticks since boot. False when the
+// process does not exist.
+bool readProcStat(int32_t pid, bool* runnable, uint64_t* start) {
+    const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    char buf[1024];
+    const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+    ::close(fd);
+    if (n <= 0) return false;
+    buf[n] = '\0';
+    // The command name in parentheses may hold spaces and parentheses; the
+    // fields after the last ')' are plain: state is field 3, starttime 22.
+    const char* p = std::strrchr(buf, ')');
+    if (p == nullptr) return false;
+    ++p;
+    char state = '?';
+    int field = 2;
+    uint64_t start_ticks = 0;
+    while (*p != '\0' && field < 22) {
+        while (*p == ' ') ++p;
+        ++field;
+        if (field == 3) state = *p;
+        if (field == 22) start_ticks = std::strtoull(p, nullptr, 10);
+        while (*p != '\0' && *p != ' ') ++p;
+    }
+    if (field < 22) return false;
+    *runnable = state != 'Z' && state != 'X' && state != 'x';
+    *start = start_ticks;
+    return true;
+}
 }  // namespace
 
 EngineFabric::EngineFabric(std::shared_ptr<KVStore> store, EngineFabricOptions options)
     : store_(std::move(store)), options_(std::move(options)),
-      failed_(new std::atomic<bool>[static_cast<size_t>(options_.size)]) {
-    for (int i = 0; i < options_.size; ++i) failed_[i].store(false);
+      failed_(new std::atomic<bool>[static_cast<size_t>(options_.size)]),
+      local_pid_(new std::atomic<int32_t>[static_cast<size_t>(options_.size)]),
+      local_start_(new std::atomic<uint64_t>[static_cast<size_t>(options_.size)]),
+      next_probe_ns_(new std::atomic<int64_t>[static_cast<size_t>(options_.size)]) {
+    for (int i = 0; i < options_.size; ++i) {
+        failed_[i].store(false);
+        local_pid_[i].store(0);
+        local_start_[i].store(0);
+        next_probe_ns_[i].store(0);
+    }
 }
 
 Result<std::shared_ptr<EngineFabric>> EngineFabric::create(std::shared_ptr<KVStore> store,
@@ -109,6 +162,17 @@ Status EngineFabric::connectPeer(int peer, const std::string& endpoint, Deadline
     MC_ASSIGN_OR_RETURN(te::SegmentID segment,
                         engine_->openSegment(endpoint.substr(0, hash), deadline));
     auto mapped = engine_->mapRemote(segment, addr, options_.window_bytes);
+    // A dead process on this host writes nothing and fails no write of ours
+    // (its window stays mapped), so only its pid tells that it is gone.
+    // Probing starts only when the pid exists now: a peer in another pid
+    // namespace (same boot and network namespace) names a pid we cannot see.
+    int32_t pid = 0;
+    uint64_t start = 0;
+    auto desc = engine_->segmentDesc(segment);
+    if (desc.ok() && desc->pid > 0 && desc->host_id == te::localHostId()) {
+        bool runnable = false;
+        if (readProcStat(desc->pid, &runnable, &start) && runnable) pid = desc->pid;
+    }
     {
         std::lock_guard<std::mutex> lock(mu_);
         // Writes still queued for a previous process of this slot must not
@@ -120,6 +184,10 @@ Status EngineFabric::connectPeer(int peer, const std::string& endpoint, Deadline
         p.window_addr = addr;
         p.mapped = mapped.ok() ? static_cast<uint8_t*>(mapped.value()) : nullptr;
         p.endpoint = endpoint;
+        local_pid_[peer].store(0);
+        local_start_[peer].store(start);
+        next_probe_ns_[peer].store(0);
+        local_pid_[peer].store(pid);
         failed_[peer].store(false);
     }
     MC_LOG(kInfo, "pg") << "rank " << options_.rank << " reaches rank " << peer << " via "
@@ -180,7 +248,36 @@ uint8_t* EngineFabric::peerWindow(int peer) {
 }
 
 bool EngineFabric::peerFailed(int peer) const {
-    return peer >= 0 && peer < options_.size && failed_[peer].load(std::memory_order_relaxed);
+    if (peer < 0 || peer >= options_.size) return false;
+    if (failed_[peer].load(std::memory_order_relaxed)) return true;
+    const int32_t pid = local_pid_[peer].load(std::memory_order_acquire);
+    if (pid <= 0) return false;
+    // Waiters poll this in spin loops on several threads: one of them wins
+    // the due probe, the others answer from the flag without a syscall.
+    const int64_t now = steadyNs();
+    int64_t due = next_probe_ns_[peer].load(std::memory_order_relaxed);
+    if (now < due) return false;
+    if (!next_probe_ns_[peer].compare_exchange_strong(
+            due, now + kLivenessProbeMs * 1000000, std::memory_order_relaxed)) {
+        return failed_[peer].load(std::memory_order_relaxed);
+    }
+    bool gone = ::kill(pid, 0) == -1 && errno == ESRCH;
+    if (!gone) {
+        // kill() still finds a zombie (its parent has not reaped it yet)
+        // and a different process that reused the pid.
+        bool runnable = false;
+        uint64_t start = 0;
+        gone = !readProcStat(pid, &runnable, &start) || !runnable ||
+               start != local_start_[peer].load(std::memory_order_relaxed);
+    }
+    // connectPeer may have installed a replacement meanwhile; its pid is not
+    // the one found dead.
+    if (gone && local_pid_[peer].load(std::memory_order_acquire) == pid) {
+        MC_LOG(kWarn, "pg") << "rank " << options_.rank << ": process " << pid << " of rank "
+                               << peer << " is gone";
+        failed_[peer].store(true);
+    }
+    return failed_[peer].load(std::memory_order_relaxed);
 }
 
 void EngineFabric::markPeerFailed(int peer) {

@@ -48,7 +48,11 @@ public:
     Status put(int peer, uint64_t offset, const void* src, size_t len) override;
     Status putFlag(int peer, uint64_t offset, uint64_t value) override;
     uint8_t* peerWindow(int peer) override;
+    // Transport evidence (failed writes) for every peer; for a peer on this
+    // host also whether its process is gone, probed at most every
+    // kLivenessProbeMs per peer so that callers may poll it in a spin loop.
     bool peerFailed(int peer) const override;
+    static constexpr int64_t kLivenessProbeMs = 25;
 
     // "<segment>#<window address>": what a peer passes to connectPeer().
     std::string endpoint() const;
@@ -93,6 +97,12 @@ private:
     uint8_t* window_ = nullptr;
     std::vector<Peer> peers_;
     std::unique_ptr<std::atomic<bool>[]> failed_;
+    // By rank: pid of a same-host peer whose process can be probed (0: not
+    // probed), its start time (to tell a reused pid apart) and when the next
+    // probe is due (steady clock, ns).
+    std::unique_ptr<std::atomic<int32_t>[]> local_pid_;
+    std::unique_ptr<std::atomic<uint64_t>[]> local_start_;
+    std::unique_ptr<std::atomic<int64_t>[]> next_probe_ns_;
 
     std::string segment_name_;
     mutable std::mutex mu_;  // guards the bounce ring, in-flight list, peer endpoints

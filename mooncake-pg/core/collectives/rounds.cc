@@ -78,6 +78,7 @@ Rounds::Rounds(CommState& state, const CallDesc& call, Deadline deadline)
       call_(call),
       deadline_(deadline),
       seq_(state.seq),
+      first_round_(state.round),
       sent_(state.scratch.sent),
       payload_(state.scratch.payload),
       payload_bytes_(state.scratch.payload_bytes),
@@ -146,15 +147,58 @@ MsgHeader Rounds::headerFor(int peer, size_t payload_bytes, size_t published) co
     return h;
 }
 
-Status Rounds::fail(int peer, const Status& status) {
+void Rounds::blame(int peer) {
     auto& failed = state_.failure.failed_ranks;
     if (peer >= 0 && std::find(failed.begin(), failed.end(), peer) == failed.end()) {
         failed.push_back(peer);
     }
+}
+
+Status Rounds::fail(int peer, const Status& status) {
+    blame(peer);
     Status out = status.withContext(std::string(opKindName(call_.kind)) + " round " +
                                     std::to_string(call_round_));
     state_.broken = out.toString();
     return out;
+}
+
+Status Rounds::failWait(int peer, const Status& status) {
+    // Every round is full mesh, so when one member stops, every other one
+    // ends up waiting on *some* member, often one that is itself blocked
+    // behind the culprit. Blaming the awaited peer would name healthy ranks
+    // and get them deactivated, so the blame comes from evidence about all
+    // members of the call.
+    Fabric& fabric = *state_.fabric;
+    std::string names;
+    for (int m : state_.members) {
+        if (m != state_.rank && fabric.peerFailed(m)) {
+            blame(m);
+            names += (names.empty() ? "" : ", ") + std::to_string(m);
+        }
+    }
+    if (!names.empty())
+        return fail(-1, PeerFailure("rank(s) " + names + " failed (" + status.toString() + ")"));
+    if (status.code() == StatusCode::kTimeout) {
+        // No member is known dead. Every member that entered this call sent
+        // its round-0 message to every other member before waiting on
+        // anyone, so a missing one names a rank that is alive but never
+        // joined the call; the ranks blocked behind it all did send theirs.
+        const uint8_t* window = fabric.localWindow();
+        const uint64_t first = makeToken(state_.epoch, first_round_);
+        for (int m : state_.members) {
+            if (m != state_.rank && loadFlag(window, state_.layout.dataFlag(m)) < first) {
+                blame(m);
+                names += (names.empty() ? "" : ", ") + std::to_string(m);
+            }
+        }
+        if (!names.empty()) {
+            return fail(-1, Timeout("rank(s) " + names + " never entered the call (" +
+                                    status.toString() + ")"));
+        }
+    }
+    // Every member is alive as far as this rank can tell and entered the
+    // call: the awaited peer is the best remaining guess.
+    return fail(peer, status);
 }
 
 Status Rounds::waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* seen) {
@@ -193,12 +237,12 @@ Status Rounds::waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* s
     };
     Status st = waitFlag(fabric, offset, ready, deadline_, peer);
     if (!st.ok())
-        return fail(peer, st);
+        return failWait(peer, st);
     if (moved_on || (value >= newer && value != 0)) {
         return fail(-1, Aborted("rank " + std::to_string(peer) + " moved on to a newer epoch"));
     }
     if (value < want)
-        return fail(failed, PeerFailure("rank " + std::to_string(failed) + " failed"));
+        return failWait(failed, PeerFailure("rank " + std::to_string(failed) + " failed"));
     *seen = value;
     return Status::OK();
 }
@@ -250,7 +294,7 @@ Status Rounds::send(int peer, const void* a, size_t a_len, const void* b, size_t
     if (st.ok())
         st = fabric.putFlag(peer, state_.layout.dataFlag(state_.rank), h.token);
     if (!st.ok())
-        return fail(peer, st);
+        return failWait(peer, st);
     sent_[peer] = 1;
     return Status::OK();
 }
@@ -297,7 +341,7 @@ Status Rounds::receiveAll() {
         const uint8_t* peer_window =
             h.published_bytes != 0 ? state_.fabric->peerWindow(m) : nullptr;
         if (h.published_bytes != 0 && peer_window == nullptr && state_.fabric->peerFailed(m))
-            return fail(m, PeerFailure("rank " + std::to_string(m) + " failed"));
+            return failWait(m, PeerFailure("rank " + std::to_string(m) + " failed"));
         if (h.token != token || h.payload_bytes > state_.layout.chunk ||
             h.published_bytes > state_.layout.chunk ||
             (h.published_bytes != 0 && peer_window == nullptr)) {
@@ -365,7 +409,7 @@ Status Rounds::finishRound() {
             continue;
         Status st = fabric.putFlag(m, state_.layout.ackFlag(state_.rank), token);
         if (!st.ok())
-            return fail(m, st);
+            return failWait(m, st);
     }
     ++state_.round;
     ++call_round_;

@@ -236,6 +236,10 @@ private:
     uint8_t* ownSlot(uint64_t round);
     Status waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* seen);
     Status fail(int peer, const Status& status);
+    // fail() for a wait on, or a write to, `peer` that failed with kTimeout
+    // or kPeerFailure: blames from what is known about every member.
+    Status failWait(int peer, const Status& status);
+    void blame(int peer);
     void learnFromHeaders();
 
     CommState& state_;
@@ -243,6 +247,7 @@ private:
     Deadline deadline_;
     uint32_t seq_ = 0;
     int call_round_ = 0;
+    uint64_t first_round_ = 0;  // state_.round of this call's round 0
     bool everyone_in_place_ = false;
     // All indexed by rank; they live in state_.scratch.
     std::vector<uint8_t>& sent_;

@@ -3,7 +3,9 @@
 // communicator must keep working when the ranks are still in step.
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/cpp/pg/collectives_test_util.h"
@@ -399,6 +401,100 @@ TEST(CollectivesFailure, LargeCallTimesOutWhenAPeerNeverCalls) {
         {0});
     EXPECT_EQ(result.code(), StatusCode::kTimeout) << result.toString();
     EXPECT_EQ(cluster.comm(0).lastFailure().failed_ranks, std::vector<int>{1});
+}
+
+// Kills its own rank (ThreadFabricGroup::kill) at its `kill_at`-th put, so
+// the rank dies at a chosen point inside a call.
+class DyingFabric : public Fabric {
+public:
+    DyingFabric(ThreadFabricGroup& group, int rank, int kill_at)
+        : group_(group), inner_(group.fabric(rank)), kill_at_(kill_at) {}
+    int rank() const override { return inner_->rank(); }
+    int size() const override { return inner_->size(); }
+    size_t windowBytes() const override { return inner_->windowBytes(); }
+    uint8_t* localWindow() override { return inner_->localWindow(); }
+    Status put(int peer, uint64_t offset, const void* src, size_t len) override {
+        tick();
+        return inner_->put(peer, offset, src, len);
+    }
+    Status putFlag(int peer, uint64_t offset, uint64_t value) override {
+        tick();
+        return inner_->putFlag(peer, offset, value);
+    }
+    uint8_t* peerWindow(int peer) override { return inner_->peerWindow(peer); }
+    bool peerFailed(int peer) const override { return inner_->peerFailed(peer); }
+
+private:
+    void tick() {
+        if (++puts_ == kill_at_)
+            group_.kill(inner_->rank());
+    }
+    ThreadFabricGroup& group_;
+    std::shared_ptr<Fabric> inner_;
+    int kill_at_;
+    int puts_ = 0;
+};
+
+// Rank 3 dies part-way through a many-round all_reduce. By then the
+// survivors are spread over the round: some wait for rank 3, others for a
+// survivor that is itself stuck on rank 3. Each must name rank 3 and only
+// rank 3 (naming a live rank gets it deactivated by the control plane).
+TEST(CollectivesFailure, RankDiesMidCallOnlyItIsBlamed) {
+    const CommOptions options = testutil::smallOptions();
+    for (int kill_at : {2, 9, 40, 150}) {
+        ThreadFabricGroup group(4, Communicator::windowBytesFor(4, options));
+        std::vector<std::unique_ptr<Communicator>> comms;
+        for (int r = 0; r < 4; ++r) {
+            std::shared_ptr<Fabric> fabric = group.fabric(r);
+            if (r == 3)
+                fabric = std::make_shared<DyingFabric>(group, r, kill_at);
+            comms.push_back(std::make_unique<Communicator>(fabric, options));
+        }
+        std::vector<Status> results(4);
+        std::vector<double> seconds(4);
+        std::vector<std::thread> threads;
+        for (int r = 0; r < 4; ++r) {
+            threads.emplace_back([&, r] {
+                std::vector<float> v(100000, 1.0f);
+                const auto start = Clock::now();
+                results[r] =
+                    comms[r]->allReduce(v.data(), v.data(), v.size(), DataType::kFloat32,
+                                        ReduceOp::kSum, Deadline::after(std::chrono::seconds(20)));
+                seconds[r] = std::chrono::duration<double>(Clock::now() - start).count();
+            });
+        }
+        for (auto& t : threads)
+            t.join();
+        for (int r = 0; r < 3; ++r) {
+            EXPECT_EQ(results[r].code(), StatusCode::kPeerFailure)
+                << "kill_at " << kill_at << " rank " << r << ": " << results[r].toString();
+            EXPECT_EQ(comms[r]->lastFailure().failed_ranks, std::vector<int>{3})
+                << "kill_at " << kill_at << " rank " << r << ": " << results[r].toString();
+            EXPECT_LT(seconds[r], 10.0);
+        }
+    }
+}
+
+// Rank 3 is alive but never enters the call: the survivors all wait, each on
+// whichever rank it is blocked on, until the deadline. Only rank 3's round-0
+// message is missing everywhere, so each survivor names rank 3 alone.
+TEST(CollectivesFailure, StalledRankIsTheOnlyOneBlamedAtTheDeadline) {
+    Cluster cluster(4);
+    cluster.run([&](int r) { expectWorkingAllReduce(cluster, r); });
+    std::vector<Status> results(4);
+    cluster.run(
+        [&](int r) {
+            std::vector<float> v(60000, 1.0f);
+            results[r] = cluster.comm(r).allReduce(
+                v.data(), v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum,
+                Deadline::after(std::chrono::milliseconds(300 + 100 * r)));
+        },
+        {0, 1, 2});
+    for (int r = 0; r < 3; ++r) {
+        EXPECT_EQ(results[r].code(), StatusCode::kTimeout) << results[r].toString();
+        EXPECT_EQ(cluster.comm(r).lastFailure().failed_ranks, std::vector<int>{3})
+            << "rank " << r << ": " << results[r].toString();
+    }
 }
 
 }  // namespace

@@ -1,0 +1,121 @@
+// EngineFabric across real processes on one host: a SIGKILLed peer writes
+// nothing and fails none of our writes (its window stays mapped), so the
+// fabric must notice the dead process itself, and a collective blocked on it
+// must fail naming that rank rather than run to its deadline.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "mooncake-pg/core/communicator.h"
+#include "mooncake-pg/core/engine_fabric.h"
+#include "mooncake-transfer-engine/metadata/kv_store.h"
+
+namespace mooncake::pg {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kRanks = 3;
+constexpr int kVictim = 2;
+
+// Child exit codes, so the parent can say which check failed.
+enum Exit : int {
+    kOk = 0,
+    kBootstrap = 10,
+    kFirstCall = 11,
+    kWrongCode = 12,
+    kWrongBlame = 13,
+    kNotFailed = 14,
+};
+
+int runRank(const std::string& dir, int rank) {
+    auto store = std::make_shared<FileKVStore>(dir);
+    CommOptions options;
+    options.chunk_bytes = 64 << 10;
+    EngineFabricOptions fo;
+    fo.rank = rank;
+    fo.size = kRanks;
+    fo.window_bytes = Communicator::windowBytesFor(kRanks, options);
+    fo.group_key = "liveness";
+    fo.bootstrap_timeout_ms = 8000;
+    auto made = EngineFabric::create(store, fo);
+    if (!made.ok())
+        return kBootstrap;
+    std::shared_ptr<EngineFabric> fabric = made.value();
+    Communicator comm(fabric, options);
+    std::vector<float> v(1 << 16, 1.0f);
+    if (!comm.allReduce(v.data(), v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum,
+                        Deadline::after(std::chrono::seconds(8)))
+             .ok()) {
+        return kFirstCall;
+    }
+    if (rank == kVictim) {
+        // Tell the parent it may kill us now, and wait for it.
+        (void)store->set("victim_ready", "1");
+        for (;;)
+            ::pause();
+    }
+    // Blocks on the victim (and on the other survivor, which blocks on the
+    // victim too) until the victim's death is noticed.
+    Status st = comm.allReduce(v.data(), v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum,
+                               Deadline::after(std::chrono::seconds(20)));
+    const std::vector<int> blamed = comm.lastFailure().failed_ranks;
+    // A survivor that exits is a dead peer too: stay until both are done.
+    (void)store->set("done" + std::to_string(rank), "1");
+    (void)store->get("done" + std::to_string(1 - rank), Deadline::after(std::chrono::seconds(20)));
+    if (st.code() != StatusCode::kPeerFailure)
+        return kWrongCode;
+    if (blamed != std::vector<int>{kVictim})
+        return kWrongBlame;
+    if (!fabric->peerFailed(kVictim))
+        return kNotFailed;
+    return kOk;
+}
+
+TEST(EngineFabricLiveness, KilledSameHostPeerIsNoticedAndBlamed) {
+    char tmpl[] = "/tmp/mc_pg_liveness_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    const std::string dir = tmpl;
+    std::vector<pid_t> kids;
+    // Fork before this process starts any thread of its own.
+    for (int r = 0; r < kRanks; ++r) {
+        const pid_t pid = ::fork();
+        ASSERT_GE(pid, 0);
+        if (pid == 0)
+            ::_exit(runRank(dir, r));
+        kids.push_back(pid);
+    }
+    FileKVStore store(dir);
+    auto ready = store.get("victim_ready", Deadline::after(std::chrono::seconds(8)));
+    ASSERT_TRUE(ready.ok()) << ready.status().toString();
+    ASSERT_EQ(::kill(kids[kVictim], SIGKILL), 0);
+    const auto killed = Clock::now();
+    // The victim is reaped only after the survivors finish: until then it is
+    // a zombie, which the liveness probe must count as dead too.
+    for (int r = 0; r < kRanks; ++r) {
+        if (r == kVictim)
+            continue;
+        int status = 0;
+        ASSERT_EQ(::waitpid(kids[r], &status, 0), kids[r]);
+        EXPECT_TRUE(WIFEXITED(status)) << "rank " << r;
+        EXPECT_EQ(WEXITSTATUS(status), kOk) << "rank " << r;
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
+    EXPECT_LT(seconds, 3.0);
+    int status = 0;
+    ASSERT_EQ(::waitpid(kids[kVictim], &status, 0), kids[kVictim]);
+    EXPECT_TRUE(WIFSIGNALED(status));
+    const std::string cmd = "rm -rf '" + dir + "'";
+    EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
+}  // namespace
+}  // namespace mooncake::pg
