@@ -406,8 +406,12 @@ def _job_join_timeout(ctx):
             with checks.step("jointimeout: nobody else sees slot 2 active meanwhile", fatal=False):
                 wait_event(ctx, "join_failed", timeout_s=JOB_TIMEOUT_S)
                 assert mask() == [1, 1, 0], f"get_active_ranks {mask()}"
+            # The second join must not start before the check above ran: on a
+            # slow machine it could otherwise already be activated when we look.
+            ctx.signal(f"checked_inactive_{proc}")
         with checks.step("jointimeout: a later join_group that is activated succeeds"):
             if proc == 2:
+                wait_all(ctx, "checked_inactive", [0, 1])
                 ctx.signal("join_again")
                 join_group(dist.group.WORLD, timeout_s=STEP_S)
             elif proc == 0:
