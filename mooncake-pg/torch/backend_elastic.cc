@@ -116,6 +116,13 @@ void MooncakeBackend::startControlPlane(const std::string& group_key, const std:
     TORCH_CHECK_WITH(DistBackendError, st.ok(), "Mooncake PG: ", where,
                      ": registering with the Coordinator failed: ", st.toString());
     onView(host_->activeRanks(), host_->groupSize());
+    // The bootstrap view goes to the data plane now, while no op can be
+    // queued yet (the worker stays idle until the constructor returns).
+    // Applied lazily at the first collective, its new epoch would restart
+    // the P2P engine under sends the user had already posted.
+    st = applyLatestView(Deadline::afterMs(timeout_ms_.load()));
+    TORCH_CHECK_WITH(DistBackendError, st.ok(), "Mooncake PG: ", where,
+                     ": applying the initial membership failed: ", st.toString());
 }
 
 void MooncakeBackend::stopControlPlane() {
