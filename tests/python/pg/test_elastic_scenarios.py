@@ -43,17 +43,7 @@ from elastic_checks import (ELASTIC_ENV, SLACK_S, STEP_S, TIMEOUT_MS, WINDOW_MS,
                             mask, mask_of, options, outcome, pg, run_guarded, wait_all, wait_event,
                             wait_mask, wait_peers_ready)
 
-pytestmark = [
-    pytest.mark.elastic,
-    # Issue 4 is open: these scenarios pass in most runs on an idle machine
-    # (19 of 22 in the last run) but still fail intermittently under load:
-    # in-place rejoin and the seed-000 example can time out in the first
-    # collective after the activation (a rank that has not yet switched to
-    # the new epoch), and a SIGKILL landing mid-send can be blamed on a
-    # survivor blocked behind the dead rank. They run in CI and report
-    # XFAIL/XPASS until that work lands; test_elastic_basic.py stays strict.
-    pytest.mark.xfail(strict=False, reason="issue 4: elastic scenarios still flaky under load"),
-]
+pytestmark = pytest.mark.elastic
 
 JOB_TIMEOUT_S = 200
 JOIN_TIMEOUT_S = 8  # join_group(timeout=...) where the build takes one (its default is long)
