@@ -5,21 +5,11 @@
 #include <type_traits>
 #include <utility>
 
+#include "mooncake-pg/control_plane/mailbox.h"
 #include "mooncake-transfer-engine/common/logging.h"
 
 namespace mooncake::pg::control_plane {
 namespace {
-
-constexpr const char* kSubsys = "coord";
-
-Millis hostNow() {
-    return std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now().time_since_epoch());
-}
-
-void writeLog(LogLevel level, const std::string& text) {
-    if (logEnabled(level, kSubsys))
-        logWrite(level, kSubsys, __FILE__, __LINE__, text);
-}
 
 std::string maskStr(const std::vector<int32_t>& mask) {
     std::string s = "[";
@@ -69,7 +59,7 @@ GroupView CoordinatorHost::view() const {
 }
 
 void CoordinatorHost::run() {
-    writeLog(LogLevel::kInfo,
+    hostLog(LogLevel::kInfo,
              "coordinator for group '" + config_.coordinator.group_id + "' serving " + inbox_);
     while (!stopping_.load()) {
         // Wake for the next deadline, or after one poll interval to notice stop().
@@ -83,11 +73,11 @@ void CoordinatorHost::run() {
         const bool store_failed = !got.ok() && got.status().code() != StatusCode::kTimeout;
         if (store_failed && !store_error_logged_) {
             // Logged once: a broken store would otherwise flood the log.
-            writeLog(LogLevel::kError, "cannot read the Coordinator's inbox " + inbox_ + ": " +
+            hostLog(LogLevel::kError, "cannot read the Coordinator's inbox " + inbox_ + ": " +
                                            got.status().toString());
             store_error_logged_ = true;
         } else if (got.ok() && store_error_logged_) {
-            writeLog(LogLevel::kInfo, "the Coordinator's inbox is readable again");
+            hostLog(LogLevel::kInfo, "the Coordinator's inbox is readable again");
             store_error_logged_ = false;
         }
 
@@ -108,19 +98,19 @@ void CoordinatorHost::run() {
             std::this_thread::sleep_for(config_.poll_interval);
         }
     }
-    writeLog(LogLevel::kInfo,
+    hostLog(LogLevel::kInfo,
              "coordinator for group '" + config_.coordinator.group_id + "' stopped");
 }
 
 void CoordinatorHost::push(uint32_t rank, const std::string& inbox, const std::string& bytes) {
     if (inbox.empty()) {
-        writeLog(LogLevel::kWarn,
+        hostLog(LogLevel::kWarn,
                  "no inbox known for rank " + std::to_string(rank) + "; message dropped");
         return;
     }
     Status st = mailbox_.sendBytes(inbox, bytes);
     if (!st.ok()) {
-        writeLog(LogLevel::kWarn,
+        hostLog(LogLevel::kWarn,
                  "push to rank " + std::to_string(rank) + " (" + inbox + "): " + st.toString());
     }
 }
@@ -149,10 +139,10 @@ void CoordinatorHost::execute(std::vector<CoordinatorEffect> effects) {
                             push(r, slot_inbox_[r], bytes);
                     }
                 } else if constexpr (std::is_same_v<T, Log>) {
-                    writeLog(e.level, e.text);
+                    hostLog(e.level, e.text);
                 } else if constexpr (std::is_same_v<T, ViewCommitted>) {
                     // The Coordinator's own Log already announced the commit.
-                    writeLog(LogLevel::kDebug, "epoch " + std::to_string(e.epoch) +
+                    hostLog(LogLevel::kDebug, "epoch " + std::to_string(e.epoch) +
                                                    " active mask " + maskStr(e.active_mask));
                 } else {
                     // ProposalFailed, JoinFailed and ReconciliationResult are

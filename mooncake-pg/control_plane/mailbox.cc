@@ -1,5 +1,6 @@
 #include "mooncake-pg/control_plane/mailbox.h"
 
+#include <chrono>
 #include <cstdio>
 
 namespace mooncake::pg::control_plane {
@@ -67,6 +68,16 @@ Status Mailbox::sendBytes(const std::string& inbox, const std::string& bytes) {
 
 Result<std::string> Mailbox::receive(const std::string& inbox, Deadline deadline) {
     return store_->queuePop(inbox, deadline);
+}
+
+Millis hostNow() {
+    return std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now().time_since_epoch());
+}
+
+void hostLog(LogLevel level, const std::string& text) {
+    constexpr const char* kSubsys = "coord";
+    if (logEnabled(level, kSubsys))
+        logWrite(level, kSubsys, __FILE__, __LINE__, text);
 }
 
 }  // namespace mooncake::pg::control_plane

@@ -21,8 +21,10 @@
 #include <string>
 #include <string_view>
 
+#include "mooncake-pg/control_plane/events.h"
 #include "mooncake-pg/control_plane/messages.h"
 #include "mooncake-transfer-engine/common/deadline.h"
+#include "mooncake-transfer-engine/common/logging.h"
 #include "mooncake-transfer-engine/common/status.h"
 #include "mooncake-transfer-engine/metadata/kv_store.h"
 
@@ -71,5 +73,11 @@ private:
     KVStore* store_;
     std::string prefix_;
 };
+
+// Steady time as the state machines count it (their Tick/Received `now`).
+Millis hostNow();
+
+// Logs a host-side message under the control plane's subsystem ("coord").
+void hostLog(LogLevel level, const std::string& text);
 
 }  // namespace mooncake::pg::control_plane

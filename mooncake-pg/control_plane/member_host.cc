@@ -5,22 +5,12 @@
 #include <type_traits>
 #include <utility>
 
+#include "mooncake-pg/control_plane/mailbox.h"
 #include "mooncake-transfer-engine/common/logging.h"
 #include "mooncake-transfer-engine/common/random.h"
 
 namespace mooncake::pg::control_plane {
 namespace {
-
-constexpr const char* kSubsys = "coord";
-
-Millis hostNow() {
-    return std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now().time_since_epoch());
-}
-
-void writeLog(LogLevel level, const std::string& text) {
-    if (logEnabled(level, kSubsys))
-        logWrite(level, kSubsys, __FILE__, __LINE__, text);
-}
 
 uint64_t randomNonce() {
     uint64_t nonce = 0;
@@ -104,7 +94,7 @@ void MemberHost::run() {
         auto got = mailbox_.receive(inbox_, Deadline::after(wait));
         const bool store_failed = !got.ok() && got.status().code() != StatusCode::kTimeout;
         if (store_failed && !store_error_logged_) {
-            writeLog(LogLevel::kError, "rank " + std::to_string(rank_) + ": cannot read inbox " +
+            hostLog(LogLevel::kError, "rank " + std::to_string(rank_) + ": cannot read inbox " +
                                            inbox_ + ": " + got.status().toString());
             store_error_logged_ = true;
         } else if (got.ok()) {
@@ -188,7 +178,7 @@ void MemberHost::execute(std::vector<AgentEffect> effects) {
                 cv_.notify_all();
             }
         } else if (auto* log = std::get_if<Log>(&effect)) {
-            writeLog(log->level, "rank " + std::to_string(rank_) + ": " + log->text);
+            hostLog(log->level, "rank " + std::to_string(rank_) + ": " + log->text);
         }
     }
 }
@@ -196,7 +186,7 @@ void MemberHost::execute(std::vector<AgentEffect> effects) {
 void MemberHost::push(const std::string& inbox, const std::string& bytes, const char* what) {
     Status st = mailbox_.sendBytes(inbox, bytes);
     if (!st.ok()) {
-        writeLog(LogLevel::kWarn, "rank " + std::to_string(rank_) + ": cannot send " + what +
+        hostLog(LogLevel::kWarn, "rank " + std::to_string(rank_) + ": cannot send " + what +
                                       " to " + inbox + ": " + st.toString());
     }
 }
@@ -213,7 +203,7 @@ bool MemberHost::admitPeer(const MessageHeader& h, const char* what) const {
         why = "sender is not a slot";
     }
     if (why != nullptr) {
-        writeLog(LogLevel::kWarn,
+        hostLog(LogLevel::kWarn,
                  "rank " + std::to_string(rank_) + ": dropped " + what + ": " + why);
     }
     return why == nullptr;
@@ -278,7 +268,7 @@ void MemberHost::startRound(Millis now, std::vector<PeerToProbe> peers) {
         }
         auto decoded = decodeEndpoint(peer.endpoint);
         if (!decoded) {
-            writeLog(LogLevel::kDebug, "rank " + std::to_string(rank_) + ": rank " +
+            hostLog(LogLevel::kDebug, "rank " + std::to_string(rank_) + ": rank " +
                                            std::to_string(peer.rank) +
                                            " published no inbox; counted unreachable");
             continue;
@@ -422,7 +412,7 @@ Status MemberHost::start(const std::string& endpoint, Deadline deadline) {
             return Aborted(who + ": the control-plane host stopped while registering");
         if (deadline.expired())
             return Timeout(who + ": registration still refused at the deadline: " + st.message());
-        writeLog(LogLevel::kInfo, who + ": " + st.message() + "; retrying");
+        hostLog(LogLevel::kInfo, who + ": " + st.message() + "; retrying");
     }
 }
 
