@@ -226,15 +226,8 @@ Status Rounds::waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* s
         // The awaited peer may be alive but itself stuck on a dead rank:
         // watching every member turns that into an early failure here too.
         if ((++polls & 255) == 0) {
-            const uint64_t this_round = makeToken(state_.epoch, state_.round);
             for (int m : state_.members) {
-                // A member that already delivered this round's message is not
-                // holding anyone up now: a rank that finished its part and
-                // then exited must not fail a call the others can complete.
-                // If a later round needs it, waiting on it notices.
-                if (m == state_.rank || loadFlag(window, state_.layout.dataFlag(m)) >= this_round)
-                    continue;
-                if (fabric.peerFailed(m)) {
+                if (m != state_.rank && fabric.peerFailed(m)) {
                     failed = m;
                     return true;
                 }
