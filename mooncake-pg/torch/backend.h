@@ -203,6 +203,9 @@ private:
     // Torch-boundary validation; each throws c10::Error naming the op, the
     // argument, its value and what was expected.
     void checkTensor(const at::Tensor& t, const char* op, const std::string& what) const;
+    std::vector<at::Tensor> rootList(std::vector<std::vector<at::Tensor>>& lists,
+                                     const at::Tensor& like, int root, const char* op,
+                                     const char* name);
     DataType checkDtype(const at::Tensor& t, const char* op, const std::string& what) const;
     ReduceOp checkReduceOp(const c10d::ReduceOp& op, DataType dtype, const char* op_name) const;
     void checkRank(int64_t rank, const char* op, const char* what) const;

@@ -334,6 +334,27 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather_coalesced(
                    });
 }
 
+// The per-rank list of a rooted call (gather_list / scatter_list): checked
+// and returned on the root; on other ranks it must be absent.
+Tensors MooncakeBackend::rootList(std::vector<Tensors>& lists, const at::Tensor& like, int root,
+                                  const char* op, const char* name) {
+    Tensors list;
+    if (root == config_.rank) {
+        TORCH_CHECK(lists.size() == 1, "Mooncake PG: ", op, ": the root (rank ", root,
+                    ") takes one ", name, ", got ", lists.size(), " lists");
+        list = lists[0];
+        checkPerRankList(*this, list, like, op, name);
+        for (size_t r = 0; r < list.size(); ++r) {
+            checkTensor(list[r], op, std::string(name) + "[" + std::to_string(r) + "]");
+        }
+    } else {
+        TORCH_CHECK(lists.empty() || (lists.size() == 1 && lists[0].empty()), "Mooncake PG: ", op,
+                    ": only the root (rank ", root, ") takes a ", name, "; rank ", config_.rank,
+                    " passed one");
+    }
+    return list;
+}
+
 c10::intrusive_ptr<c10d::Work> MooncakeBackend::gather(std::vector<Tensors>& outputs,
                                                        Tensors& inputs,
                                                        const c10d::GatherOptions& opts) {
@@ -345,20 +366,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::gather(std::vector<Tensors>& out
     checkDtype(in, op, "tensor");
     const int root = static_cast<int>(opts.rootRank);
     const bool is_root = root == config_.rank;
-    Tensors outs;
-    if (is_root) {
-        TORCH_CHECK(outputs.size() == 1, "Mooncake PG: gather: the root (rank ", root,
-                    ") takes one gather_list, got ", outputs.size(), " lists");
-        outs = outputs[0];
-        checkPerRankList(*this, outs, in, op, "gather_list");
-        for (size_t r = 0; r < outs.size(); ++r) {
-            checkTensor(outs[r], op, "gather_list[" + std::to_string(r) + "]");
-        }
-    } else {
-        TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
-                    "Mooncake PG: gather: only the root (rank ", root,
-                    ") takes a gather_list; rank ", config_.rank, " passed one");
-    }
+    const Tensors outs = rootList(outputs, in, root, op, "gather_list");
     at::Tensor src = inBuffer(in, at::Tensor());
     const int n = groupSize();
     return enqueue(
@@ -387,20 +395,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::scatter(Tensors& outputs,
     checkDtype(out, op, "tensor");
     const int root = static_cast<int>(opts.rootRank);
     const bool is_root = root == config_.rank;
-    Tensors ins;
-    if (is_root) {
-        TORCH_CHECK(inputs.size() == 1, "Mooncake PG: scatter: the root (rank ", root,
-                    ") takes one scatter_list, got ", inputs.size(), " lists");
-        ins = inputs[0];
-        checkPerRankList(*this, ins, out, op, "scatter_list");
-        for (size_t r = 0; r < ins.size(); ++r) {
-            checkTensor(ins[r], op, "scatter_list[" + std::to_string(r) + "]");
-        }
-    } else {
-        TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
-                    "Mooncake PG: scatter: only the root (rank ", root,
-                    ") takes a scatter_list; rank ", config_.rank, " passed one");
-    }
+    const Tensors ins = rootList(inputs, out, root, op, "scatter_list");
     at::Tensor dst = outBuffer(out);
     return enqueue(OpType::SCATTER, op, {out}, opts.timeout,
                    [this, out, ins, dst, root, is_root](Deadline dl) {
