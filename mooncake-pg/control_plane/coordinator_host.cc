@@ -58,9 +58,29 @@ GroupView CoordinatorHost::view() const {
     return coordinator_.view();
 }
 
+bool CoordinatorHost::awaitOthersGone(const std::function<bool(uint32_t)>& gone,
+                                      Deadline deadline) const {
+    // Leaves arrive through the store queue the host thread polls; there is
+    // no condition to wait on, so poll the table at a fraction of that.
+    constexpr auto kPoll = std::chrono::milliseconds(5);
+    while (true) {
+        bool all_gone = true;
+        {
+            const GroupView v = view();
+            for (uint32_t r = 0; r < v.slots.size() && all_gone; ++r)
+                all_gone = v.slots[r].rank == RankState::kOffline || gone(r);
+        }
+        if (all_gone)
+            return true;
+        if (deadline.expired())
+            return false;
+        std::this_thread::sleep_for(kPoll);
+    }
+}
+
 void CoordinatorHost::run() {
     hostLog(LogLevel::kInfo,
-             "coordinator for group '" + config_.coordinator.group_id + "' serving " + inbox_);
+            "coordinator for group '" + config_.coordinator.group_id + "' serving " + inbox_);
     while (!stopping_.load()) {
         // Wake for the next deadline, or after one poll interval to notice stop().
         Millis wait = config_.poll_interval;
@@ -74,7 +94,7 @@ void CoordinatorHost::run() {
         if (store_failed && !store_error_logged_) {
             // Logged once: a broken store would otherwise flood the log.
             hostLog(LogLevel::kError, "cannot read the Coordinator's inbox " + inbox_ + ": " +
-                                           got.status().toString());
+                                          got.status().toString());
             store_error_logged_ = true;
         } else if (got.ok() && store_error_logged_) {
             hostLog(LogLevel::kInfo, "the Coordinator's inbox is readable again");
@@ -99,19 +119,19 @@ void CoordinatorHost::run() {
         }
     }
     hostLog(LogLevel::kInfo,
-             "coordinator for group '" + config_.coordinator.group_id + "' stopped");
+            "coordinator for group '" + config_.coordinator.group_id + "' stopped");
 }
 
 void CoordinatorHost::push(uint32_t rank, const std::string& inbox, const std::string& bytes) {
     if (inbox.empty()) {
         hostLog(LogLevel::kWarn,
-                 "no inbox known for rank " + std::to_string(rank) + "; message dropped");
+                "no inbox known for rank " + std::to_string(rank) + "; message dropped");
         return;
     }
     Status st = mailbox_.sendBytes(inbox, bytes);
     if (!st.ok()) {
         hostLog(LogLevel::kWarn,
-                 "push to rank " + std::to_string(rank) + " (" + inbox + "): " + st.toString());
+                "push to rank " + std::to_string(rank) + " (" + inbox + "): " + st.toString());
     }
 }
 
@@ -142,8 +162,8 @@ void CoordinatorHost::execute(std::vector<CoordinatorEffect> effects) {
                     hostLog(e.level, e.text);
                 } else if constexpr (std::is_same_v<T, ViewCommitted>) {
                     // The Coordinator's own Log already announced the commit.
-                    hostLog(LogLevel::kDebug, "epoch " + std::to_string(e.epoch) +
-                                                   " active mask " + maskStr(e.active_mask));
+                    hostLog(LogLevel::kDebug, "epoch " + std::to_string(e.epoch) + " active mask " +
+                                                  maskStr(e.active_mask));
                 } else {
                     // ProposalFailed, JoinFailed and ReconciliationResult are
                     // logged by the Coordinator itself; they reach observers.

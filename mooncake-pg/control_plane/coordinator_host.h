@@ -54,6 +54,12 @@ public:
     // A copy of the Coordinator's table.
     GroupView view() const;
 
+    // Waits until every slot's process has left (RankState Offline) or
+    // `gone(rank)` says it is dead, or the deadline passes; whether they all
+    // went. The group's store usually lives in this process: leaving before
+    // the members stopped reading it fills their logs with store errors.
+    bool awaitOthersGone(const std::function<bool(uint32_t)>& gone, Deadline deadline) const;
+
 private:
     CoordinatorHost(CoordinatorHostConfig config, Coordinator coordinator, KVStore* store);
 

@@ -181,6 +181,7 @@ Status Communicator::setMembership(const std::vector<uint8_t>& active, uint32_t 
         impl_->setMembers();
         return Status::OK();
     }
+    const std::vector<int> old_members = s.members;
     s.active = std::move(mask);
     impl_->setMembers();
     s.epoch = epoch;
@@ -198,6 +199,15 @@ Status Communicator::setMembership(const std::vector<uint8_t>& active, uint32_t 
         if (m == s.rank)
             continue;
         (void)s.fabric->putFlag(m, s.layout.ackFlag(s.rank), coll::epochFloor(epoch));
+    }
+    // A member this view dropped may still be inside a call of the old
+    // epoch, waiting for ranks that will never send again: the notice ends
+    // that call (rounds.h). It is dead or unreachable if the write fails.
+    for (int m : old_members) {
+        if (m != s.rank && s.active[m] == 0) {
+            (void)s.fabric->putFlag(m, s.layout.abortFlag(s.rank),
+                                    coll::encodeAbortNotice(epoch, coll::kRemovedReason, m));
+        }
     }
     return Status::OK();
 }
@@ -357,5 +367,7 @@ Status Communicator::barrier(Deadline deadline) {
 }  // namespace mooncake::pg
 
 namespace mooncake::pg {
-void Communicator::setNextCallSignature(uint64_t signature) { impl_->next_signature_ = signature; }
+void Communicator::setNextCallSignature(uint64_t signature) {
+    impl_->next_signature_ = signature;
+}
 }  // namespace mooncake::pg

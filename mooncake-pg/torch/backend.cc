@@ -163,11 +163,11 @@ void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
     const bool extension = config_.options->is_extension;
     int64_t generation = 0;
     if (extension) {
-        auto current = kv->get("mooncake_pg/current", Deadline::afterMs(timeout_ms_.load()));
+        auto current = liveGeneration(*kv, Deadline::afterMs(timeout_ms_.load()));
         TORCH_CHECK_WITH(DistBackendError, current.ok(), "Mooncake PG: ", where,
                          " (is_extension=True) found no running group to join: ",
                          current.status().toString());
-        generation = std::stoll(current.value());
+        generation = current.value();
     } else {
         auto ticket = kv->add("mooncake_pg/instances", 1);
         TORCH_CHECK_WITH(DistBackendError, ticket.ok(), "Mooncake PG: bootstrapping ", where,
@@ -204,7 +204,31 @@ void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
         TORCH_CHECK_WITH(DistBackendError, st.ok(), "Mooncake PG: bootstrapping ", where,
                          " failed: ", st.toString());
     }
-    startControlPlane(fabric_options.group_key, where);
+    group_key_ = fabric_options.group_key;
+    startControlPlane(group_key_, where);
+}
+
+Result<int64_t> MooncakeBackend::liveGeneration(KVStore& kv, Deadline deadline) {
+    // A destroyed group of the same name leaves its generation in "current"
+    // until the next founders publish theirs; joining it would wait for a
+    // Coordinator that is gone. Its Coordinator marked it closed on the way
+    // out (stopControlPlane), so wait for a generation that is not.
+    constexpr auto kPoll = std::chrono::milliseconds(10);
+    std::string last;
+    while (true) {
+        auto current = kv.get("mooncake_pg/current", deadline);
+        if (!current.ok())
+            return current.status();
+        last = current.value();
+        auto closed = kv.get("mooncake_pg/" + last + "/closed", Deadline::afterMs(0));
+        if (!closed.ok())
+            return static_cast<int64_t>(std::stoll(last));
+        if (deadline.expired()) {
+            return Timeout("the only published generation (" + last +
+                           ") belongs to a destroyed group; no new founders published theirs");
+        }
+        std::this_thread::sleep_for(kPoll);
+    }
 }
 
 const std::string MooncakeBackend::getBackendName() const {

@@ -170,6 +170,9 @@ private:
     void bootstrap(const c10::intrusive_ptr<c10d::Store>& store);
     // backend_elastic.cc
     void startControlPlane(const std::string& group_key, const std::string& where);
+    // The generation an extension process joins: the published one, unless
+    // its group was destroyed (then the next one to be published).
+    static Result<int64_t> liveGeneration(KVStore& kv, Deadline deadline);
     void stopControlPlane();
     void onView(const std::vector<int32_t>& mask, int group_size);
     // Worker thread only: switches the data plane to the host's latest view
@@ -222,6 +225,8 @@ private:
     std::atomic<int64_t> timeout_ms_;
 
     std::shared_ptr<C10dStoreAdapter> store_;
+    // "mooncake_pg/<generation>": the prefix of this group instance's keys.
+    std::string group_key_;
     std::shared_ptr<EngineFabric> fabric_;
     // Used only on the worker thread once the worker runs. comm_ is
     // group_comm_ while this rank is active, else solo_comm_ (a group of

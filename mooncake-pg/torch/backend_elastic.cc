@@ -40,6 +40,10 @@ namespace {
 
 MC_ENV_INT(ReconcileWindowMs, "MC_PG_RECONCILE_WINDOW_MS", 30000)
 
+// How long the Coordinator's process waits at shutdown for the other
+// members to leave (CoordinatorHost::awaitOthersGone).
+constexpr int64_t kLeaveDrainMs = 5000;
+
 // The Communicator's and P2P tokens carry 16 epoch bits.
 constexpr uint64_t kEpochMask = 0xffff;
 
@@ -126,10 +130,29 @@ void MooncakeBackend::startControlPlane(const std::string& group_key, const std:
 }
 
 void MooncakeBackend::stopControlPlane() {
+    // Leaving (not just stopping) frees the slot at once instead of after a
+    // failure reconciliation, and tells the Coordinator this process is done
+    // with the store.
     if (host_)
-        host_->stop();
-    if (coordinator_)
+        (void)host_->leave();
+    if (coordinator_) {
+        const Deadline d = Deadline::afterMs(std::min<int64_t>(timeout_ms_.load(), kLeaveDrainMs));
+        const bool all_left = coordinator_->awaitOthersGone(
+            [this](uint32_t r) {
+                return fabric_ && static_cast<int>(r) < max_group_size_ &&
+                       static_cast<int>(r) != config_.rank &&
+                       fabric_->peerFailed(static_cast<int>(r));
+            },
+            d);
+        if (!all_left)
+            MC_LOG(kInfo, "pg") << "leaving before every member of the group did";
         coordinator_->stop();
+        // Joiners must not take this generation for a running group
+        // (MooncakeBackend::liveGeneration).
+        Status st = store_->set(group_key_ + "/closed", "1");
+        if (!st.ok())
+            MC_LOG(kDebug, "pg") << "marking the group closed: " << st.toString();
+    }
 }
 
 void MooncakeBackend::onView(const std::vector<int32_t>& mask, int group_size) {

@@ -154,12 +154,49 @@ void Rounds::blame(int peer) {
     }
 }
 
-Status Rounds::fail(int peer, const Status& status) {
+Status Rounds::failQuietly(int peer, const Status& status) {
     blame(peer);
     Status out = status.withContext(std::string(opKindName(call_.kind)) + " round " +
                                     std::to_string(call_round_));
     state_.broken = out.toString();
     return out;
+}
+
+Status Rounds::fail(int peer, const Status& status) {
+    Status out = failQuietly(peer, status);
+    const auto& failed = state_.failure.failed_ranks;
+    const uint64_t notice = encodeAbortNotice(state_.epoch, static_cast<uint8_t>(status.code()),
+                                              failed.empty() ? -1 : failed.front());
+    for (int m : state_.members) {
+        // Best effort: a member that cannot be reached is dead or will meet
+        // this rank's silence at its own deadline.
+        if (m != state_.rank)
+            (void)state_.fabric->putFlag(m, state_.layout.abortFlag(state_.rank), notice);
+    }
+    return out;
+}
+
+Status Rounds::checkAbortNotices() {
+    const uint8_t* window = state_.fabric->localWindow();
+    for (int m : state_.members) {
+        if (m == state_.rank)
+            continue;
+        const uint64_t v = loadFlag(window, state_.layout.abortFlag(m));
+        if (!abortNoticeApplies(v, state_.epoch))
+            continue;
+        const AbortNotice n = decodeAbortNotice(v);
+        if (n.reason == kRemovedReason) {
+            return failQuietly(
+                -1, Aborted("rank " + std::to_string(state_.rank) + " was deactivated in epoch " +
+                            std::to_string(n.epoch) + " (told by rank " + std::to_string(m) + ")"));
+        }
+        const auto code = static_cast<StatusCode>(n.reason);
+        const std::string culprit =
+            n.culprit >= 0 ? "rank " + std::to_string(n.culprit) : std::string("an unknown rank");
+        return failQuietly(n.culprit, Status(code, "rank " + std::to_string(m) +
+                                                       " failed the call because of " + culprit));
+    }
+    return Status::OK();
 }
 
 Status Rounds::failWait(int peer, const Status& status) {
@@ -204,11 +241,11 @@ Status Rounds::failWait(int peer, const Status& status) {
 Status Rounds::waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* seen) {
     Fabric& fabric = *state_.fabric;
     uint64_t value = 0;
-    int failed = -1;
     uint32_t polls = 0;
     const uint8_t* window = fabric.localWindow();
     const uint64_t newer = epochFloor(state_.epoch + 1);
     bool moved_on = false;
+    bool noticed = false;
     auto ready = [&](uint64_t v) {
         value = v;
         if (v >= want)
@@ -223,12 +260,15 @@ Status Rounds::waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* s
         }
         if (polls >= kSpinPollsBeforeYield)
             sched_yield();
-        // The awaited peer may be alive but itself stuck on a dead rank:
-        // watching every member turns that into an early failure here too.
-        if ((++polls & 255) == 0) {
+        // The awaited peer may be alive but itself stuck on a dead rank; it
+        // says so with an abort notice. Only notices, not the liveness of
+        // members nobody waits on, end the wait early (rounds.h).
+        if ((++polls & 15) == 0) {
             for (int m : state_.members) {
-                if (m != state_.rank && fabric.peerFailed(m)) {
-                    failed = m;
+                if (m != state_.rank &&
+                    abortNoticeApplies(loadFlag(window, state_.layout.abortFlag(m)),
+                                       state_.epoch)) {
+                    noticed = true;
                     return true;
                 }
             }
@@ -238,11 +278,14 @@ Status Rounds::waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* s
     Status st = waitFlag(fabric, offset, ready, deadline_, peer);
     if (!st.ok())
         return failWait(peer, st);
+    if (noticed)
+        return checkAbortNotices();
     if (moved_on || (value >= newer && value != 0)) {
-        return fail(-1, Aborted("rank " + std::to_string(peer) + " moved on to a newer epoch"));
+        // Not broadcast: the others learn of the newer epoch from the
+        // members that applied it, and retry the call in it.
+        return failQuietly(-1,
+                           Aborted("rank " + std::to_string(peer) + " moved on to a newer epoch"));
     }
-    if (value < want)
-        return failWait(failed, PeerFailure("rank " + std::to_string(failed) + " failed"));
     *seen = value;
     return Status::OK();
 }
@@ -407,9 +450,11 @@ Status Rounds::finishRound() {
     for (int m : state_.members) {
         if (m == state_.rank)
             continue;
-        Status st = fabric.putFlag(m, state_.layout.ackFlag(state_.rank), token);
-        if (!st.ok())
-            return failWait(m, st);
+        // A member that cannot take the ack is gone; it needs nothing more
+        // from this call, and the others must not fail a call they finished
+        // because it left right after finishing too (rounds.h). If it is
+        // still alive it meets the missing ack in its next call.
+        (void)fabric.putFlag(m, state_.layout.ackFlag(state_.rank), token);
     }
     ++state_.round;
     ++call_round_;

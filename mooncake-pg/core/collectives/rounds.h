@@ -4,6 +4,7 @@
 //   data flag [s]   N x 64 B   written by sender s: token of its last message
 //   ack flag  [r]   N x 64 B   written by receiver r: token of the last message
 //                              from this window's owner that r consumed
+//   abort flag [s]  N x 64 B   written by sender s: an abort notice (below)
 //   slots [s][k]    N x 2 x (128 B header + chunk payload), written by sender s
 //
 // A rank's own slots in its own window (s = itself) are never written by
@@ -27,6 +28,15 @@
 // header; every rank checks every header against its own call before it
 // consumes any payload, so disagreeing ranks all fail the same call and stay
 // in step.
+//
+// Abort notices. A rank whose call fails writes a notice naming the culprit
+// into every member's abort line, so members blocked on *it* (not on the
+// culprit) fail at once with the same blame; waiters watch only the peer they
+// wait on plus these lines, so a member that exits right after finishing its
+// part of a call, which nobody waits on any more, fails nobody. A rank that
+// applies a view which drops a member writes that member a "removed" notice
+// of the new epoch, so a call it is still inside fails instead of waiting for
+// peers that moved on.
 #pragma once
 
 #include <cstddef>
@@ -71,14 +81,41 @@ struct Layout {
 
     uint64_t dataFlag(int sender) const { return base + kLineBytes * sender; }
     uint64_t ackFlag(int receiver) const { return base + kLineBytes * (size + receiver); }
+    uint64_t abortFlag(int sender) const { return base + kLineBytes * (2 * size + sender); }
     uint64_t slot(int sender, int k) const {
-        return base + kLineBytes * 2 * size +
+        return base + kLineBytes * kFlagLines * size +
                (2 * static_cast<uint64_t>(sender) + k) * (kHeaderBytes + chunk);
     }
     static size_t bytes(int size, size_t chunk) {
-        return kLineBytes * 2 * size + 2 * static_cast<size_t>(size) * (kHeaderBytes + chunk);
+        return kLineBytes * kFlagLines * size +
+               2 * static_cast<size_t>(size) * (kHeaderBytes + chunk);
     }
+    // Data, ack and abort flag lines per rank.
+    static constexpr size_t kFlagLines = 3;
 };
+
+// An abort notice in one 8-byte flag: epoch (16 bits) | reason (8) | unused
+// (8) | culprit + 1 (32; 0 = no culprit). The reason is the StatusCode of the
+// sender's failure, or kRemovedReason. Notices of epochs older than the
+// reader's are stale and ignored; a zero flag is no notice.
+constexpr uint8_t kRemovedReason = 0xff;
+struct AbortNotice {
+    uint32_t epoch = 0;
+    uint8_t reason = 0;
+    int culprit = -1;
+};
+inline uint64_t encodeAbortNotice(uint32_t epoch, uint8_t reason, int culprit) {
+    return (static_cast<uint64_t>(epoch) << kRoundBits) | (static_cast<uint64_t>(reason) << 40) |
+           static_cast<uint32_t>(culprit + 1);
+}
+inline AbortNotice decodeAbortNotice(uint64_t v) {
+    return AbortNotice{static_cast<uint32_t>(v >> kRoundBits), static_cast<uint8_t>(v >> 40),
+                       static_cast<int>(static_cast<uint32_t>(v)) - 1};
+}
+// Whether `v` is a notice that concerns a reader in `epoch`.
+inline bool abortNoticeApplies(uint64_t v, uint32_t epoch) {
+    return v != 0 && (v >> kRoundBits) >= epoch;
+}
 
 enum class OpKind : uint8_t {
     kAllReduce = 1,
@@ -236,6 +273,12 @@ private:
     uint8_t* ownSlot(uint64_t round);
     Status waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* seen);
     Status fail(int peer, const Status& status);
+    // fail() without telling the other members (for failures they learnt
+    // about themselves or from the same notice).
+    Status failQuietly(int peer, const Status& status);
+    // The first applicable abort notice in this rank's window, as a failure
+    // of this call; OK when there is none.
+    Status checkAbortNotices();
     // fail() for a wait on, or a write to, `peer` that failed with kTimeout
     // or kPeerFailure: blames from what is known about every member.
     Status failWait(int peer, const Status& status);

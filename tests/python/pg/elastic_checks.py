@@ -204,11 +204,14 @@ def mask(group=None):
 MASK_WAIT_S = 20.0  # a committed view reaches every member well within this
 
 
-def wait_mask(ctx, want, timeout_s=MASK_WAIT_S, group=None):
-    """Polls get_active_ranks until it equals `want` (views are applied asynchronously)."""
+def wait_mask(ctx, want, timeout_s=MASK_WAIT_S, group=None, match=None):
+    """Polls get_active_ranks until it equals `want` (views are applied asynchronously).
+
+    With `match`, until match(mask) holds instead (`want` then only names it).
+    """
     deadline = time.monotonic() + timeout_s
     got = mask(group)
-    while got != want:
+    while not (match(got) if match else got == want):
         if ctx.signalled("abort"):
             raise Abort(f"while waiting for mask {want}: {ctx.event_payload('abort')}")
         if time.monotonic() >= deadline:

@@ -182,17 +182,11 @@ def _killed(ctx):
     x = torch.ones(3)
     dist.all_reduce(x)
     assert x.tolist() == [3.0] * 3
-    # Rank 2 dies only once the others have finished the first call too: a
-    # rank exiting while a peer is still inside a call it has completed makes
-    # that peer fail the call (documented limitation), which is not what
-    # this test is about.
-    ctx.signal(f"first_done_{ctx.rank}")
     if ctx.rank == 2:
-        for r in (0, 1):
-            ctx.wait_for(f"first_done_{r}", timeout_s=60)
+        # Dies right after its own part of the call, while the others may
+        # still be inside it: they need nothing more from rank 2 and must
+        # finish the call (abort notices, docs/design/pg-core.md).
         os.kill(os.getpid(), signal.SIGKILL)
-    ctx.wait_for("first_done_2", timeout_s=60)
-    time.sleep(0.2)  # let the kill land
     t0 = time.monotonic()
     work = dist.all_reduce(torch.ones(3), async_op=True)
     try:
@@ -221,3 +215,121 @@ def test_killed_rank_default_mode():
 
 def _opts_three(world_size):
     return _pg().MooncakeBackendOptions(3)
+
+
+# --------------------------------------------------------------------------- deactivated mid-op
+
+def _deactivated_inside(ctx):
+    import torch.distributed as dist
+    pg = _pg()
+    backend = dist.group.WORLD
+    dist.barrier()
+    if ctx.rank == 2:
+        # Queued right behind the barrier, so the worker is inside it long
+        # before the deactivation below can commit (that takes a round trip
+        # through the Coordinator); ranks 0 and 1 never enter it.
+        t0 = time.monotonic()
+        work = dist.all_reduce(torch.ones(2), async_op=True)
+        ctx.signal("inside")
+        try:
+            work.wait()
+            raise AssertionError("the dropped rank's all_reduce succeeded")
+        except dist.DistBackendError as e:
+            message = str(e)
+        told_s = time.monotonic() - t0
+        assert "rank 2 was deactivated in epoch" in message, message
+        assert work.local_success() is False
+        assert work.failed_ranks_hint().tolist() == [0, 0, 0]
+        # The notice (data plane) may arrive before the view (control plane).
+        deadline = time.monotonic() + 30
+        while pg.get_active_ranks(backend).tolist() != [1, 1, 0]:
+            assert time.monotonic() < deadline, pg.get_active_ranks(backend)
+            time.sleep(0.01)
+        # Inactive now: local-only until it joins again.
+        x = torch.full((2,), 5.0)
+        dist.all_reduce(x)
+        assert x.tolist() == [5.0, 5.0], x
+        ctx.signal("rejoining")
+        pg.join_group(backend)
+    else:
+        ctx.wait_for("inside", 60)
+        if ctx.rank == 0:
+            pg.deactivate_ranks(backend, [2])
+        deadline = time.monotonic() + 30
+        while pg.get_active_ranks(backend).tolist() != [1, 1, 0]:
+            assert time.monotonic() < deadline, pg.get_active_ranks(backend)
+            time.sleep(0.01)
+        # The first op in the new view tells rank 2.
+        x = torch.full((2,), float(ctx.rank + 1))
+        dist.all_reduce(x)
+        assert x.tolist() == [3.0, 3.0], x
+        ctx.wait_for("rejoining", 60)
+        if ctx.rank == 0:
+            while not all(pg.get_peer_state(backend, [2])):
+                assert time.monotonic() < deadline + 30
+                time.sleep(0.01)
+            pg.activate_ranks(backend, [2])
+        told_s = None
+    y = torch.full((2,), float(ctx.rank + 1))
+    dist.all_reduce(y)
+    assert y.tolist() == [6.0, 6.0], y
+    return told_s
+
+
+def test_rank_deactivated_inside_a_call_is_told():
+    # A 20 s collective timeout: without the notice rank 2 would wait that long.
+    env = dict(FAST, MC_PG_TIMEOUT_MS="20000", MC_PG_RECONCILE_WINDOW_MS="25000")
+    res = harness.run_ranks(_deactivated_inside, 3, BACKEND, timeout_s=120, env=env,
+                            ref_group=False, pg_options=_opts_three)
+    assert res[2] < 10.0, res
+    print(f"deactivation -> dropped rank's op failed: {res[2]:.2f} s")
+
+
+# --------------------------------------------------------------------------- stale generation
+
+def _stale_generation(ctx):
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    pg = _pg()
+    # One store for both group instances, so the destroyed instance's
+    # generation is still published when the joiner looks.
+    store = dist.TCPStore("127.0.0.1", ctx.port, is_master=ctx.rank == 0,
+                          wait_for_workers=False, timeout=timedelta(seconds=60))
+    if ctx.rank < 2:
+        dist.init_process_group(backend=BACKEND, store=store, rank=ctx.rank, world_size=2,
+                                pg_options=pg.MooncakeBackendOptions(3, False))
+        x = torch.ones(1)
+        dist.all_reduce(x)
+        assert x.item() == 2.0
+        dist.destroy_process_group()
+        ctx.signal(f"destroyed_{ctx.rank}")
+        ctx.wait_for("joiner_starting", 60)
+        # Gives the joiner time to find the destroyed generation first; if it
+        # is slower it finds the new one directly, which is also right.
+        time.sleep(0.5)
+        dist.init_process_group(backend=BACKEND, store=store, rank=ctx.rank, world_size=2,
+                                pg_options=pg.MooncakeBackendOptions(3, False))
+        backend = dist.group.WORLD
+        if ctx.rank == 0:
+            deadline = time.monotonic() + 60
+            while not all(pg.get_peer_state(backend, [2])):
+                assert time.monotonic() < deadline, "the joiner never became ready"
+                time.sleep(0.01)
+            pg.activate_ranks(backend, [2])
+    else:
+        ctx.wait_for("destroyed_0", 60)
+        ctx.wait_for("destroyed_1", 60)
+        ctx.signal("joiner_starting")
+        dist.init_process_group(backend=BACKEND, store=store, rank=2, world_size=3,
+                                pg_options=pg.MooncakeBackendOptions(3, True))
+        pg.join_group(dist.group.WORLD)
+    y = torch.full((2,), float(ctx.rank + 1))
+    dist.all_reduce(y)
+    assert y.tolist() == [6.0, 6.0], y
+    return True
+
+
+def test_joiner_skips_a_destroyed_generation():
+    res = harness.run_ranks(_stale_generation, 3, BACKEND, timeout_s=120, env=FAST, init=False)
+    assert res == [True] * 3

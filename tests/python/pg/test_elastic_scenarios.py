@@ -86,7 +86,10 @@ def _phase_stall(ctx, checks, mode, slot, staller, active, max_group_size, salt)
         with checks.step(f"{mode}/stall: the stalled rank sleeps until the survivors are done"):
             wait_event(ctx, f"stall{salt}_done", timeout_s=STEP_S + 60)
         with checks.step(f"{mode}/stall: the stalled rank's mirror shows it inactive", fatal=False):
-            wait_mask(ctx, mask_of(set(survivors), max_group_size), timeout_s=15)
+            # Survivors that already finished may have left the group too
+            # (destroy_process_group leaves), so only this slot is checked.
+            wait_mask(ctx, f"slot {staller} inactive", timeout_s=15,
+                      match=lambda m: m[staller] == 0)
         return set(survivors)
     with checks.step(f"{mode}/stall: survivors' op fails in time with local_success/hint", fatal=False):
         t0 = time.monotonic()

@@ -1,0 +1,169 @@
+// Abort notices (core/collectives/rounds.h): who fails a call, and who must
+// not. A member that leaves right after finishing its part fails nobody; a
+// member dropped from the membership while inside a call is told at once.
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "tests/cpp/pg/collectives_test_util.h"
+
+namespace mooncake::pg {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Holds back this rank's flag writes to one peer until open(): the peer then
+// keeps waiting on this rank while everything else proceeds. Data puts pass
+// (they are invisible until the flag that follows them).
+class GatedFabric : public Fabric {
+public:
+    GatedFabric(std::shared_ptr<Fabric> inner, int gated_peer)
+        : inner_(std::move(inner)), gated_peer_(gated_peer) {}
+    int rank() const override { return inner_->rank(); }
+    int size() const override { return inner_->size(); }
+    size_t windowBytes() const override { return inner_->windowBytes(); }
+    uint8_t* localWindow() override { return inner_->localWindow(); }
+    Status put(int peer, uint64_t offset, const void* src, size_t len) override {
+        return inner_->put(peer, offset, src, len);
+    }
+    Status putFlag(int peer, uint64_t offset, uint64_t value) override {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (peer == gated_peer_ && !open_) {
+            held_.emplace_back(offset, value);
+            return Status::OK();
+        }
+        return inner_->putFlag(peer, offset, value);
+    }
+    uint8_t* peerWindow(int peer) override { return inner_->peerWindow(peer); }
+    bool peerFailed(int peer) const override { return inner_->peerFailed(peer); }
+
+    // Applies the held flags in order and lets later ones through.
+    void open() {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const auto& [offset, value] : held_)
+            ASSERT_TRUE(inner_->putFlag(gated_peer_, offset, value).ok());
+        held_.clear();
+        open_ = true;
+    }
+
+private:
+    std::shared_ptr<Fabric> inner_;
+    int gated_peer_;
+    std::mutex mu_;
+    bool open_ = false;
+    std::vector<std::pair<uint64_t, uint64_t>> held_;
+};
+
+// Rank 3 finishes a one-round all_reduce and dies while rank 0 still waits
+// for rank 1's message (held back). Nobody needs anything more from rank 3,
+// so every survivor's call must succeed with the full sum.
+TEST(CollectivesAbort, MemberLeavingRightAfterItsPartFailsNobody) {
+    const CommOptions options = testutil::smallOptions();
+    ThreadFabricGroup group(4, Communicator::windowBytesFor(4, options));
+    auto gated = std::make_shared<GatedFabric>(group.fabric(1), /*gated_peer=*/0);
+    std::vector<std::unique_ptr<Communicator>> comms;
+    for (int r = 0; r < 4; ++r) {
+        std::shared_ptr<Fabric> fabric = r == 1 ? gated : group.fabric(r);
+        comms.push_back(std::make_unique<Communicator>(fabric, options));
+    }
+    std::vector<Status> results(4);
+    std::vector<std::vector<int32_t>> values(4);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 4; ++r) {
+        threads.emplace_back([&, r] {
+            values[r].assign(8, r + 1);
+            results[r] = comms[r]->allReduce(values[r].data(), values[r].data(), values[r].size(),
+                                             DataType::kInt32, ReduceOp::kSum,
+                                             Deadline::after(std::chrono::seconds(20)));
+            if (r != 3)
+                return;
+            group.kill(3);
+            // Long enough for rank 0 to look at every member's state many
+            // times while it waits for rank 1; only then does rank 1's
+            // message reach it.
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            gated->open();
+        });
+    }
+    for (auto& t : threads)
+        t.join();
+    for (int r = 0; r < 4; ++r) {
+        ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].toString();
+        EXPECT_EQ(values[r], std::vector<int32_t>(8, 10)) << "rank " << r;
+        EXPECT_TRUE(comms[r]->lastFailure().failed_ranks.empty()) << "rank " << r;
+    }
+}
+
+// Ranks 0 and 1 drop rank 2 while rank 2 sits in a barrier they will never
+// enter: rank 2 fails at once instead of at its deadline, and all three work
+// together again in a later epoch (the old notice is then stale).
+TEST(CollectivesAbort, DroppedMemberInsideACallIsToldAtOnce) {
+    testutil::Cluster cluster(3);
+    Status dropped;
+    double dropped_seconds = 0;
+    cluster.run([&](int r) {
+        if (r == 2) {
+            const auto start = Clock::now();
+            dropped = cluster.comm(r).barrier(Deadline::after(std::chrono::seconds(20)));
+            dropped_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+            return;
+        }
+        ASSERT_TRUE(cluster.comm(r).setMembership({1, 1, 0}, 1).ok());
+        std::vector<int32_t> v(4, r + 1);
+        Status st = cluster.comm(r).allReduce(v.data(), v.data(), v.size(), DataType::kInt32,
+                                              ReduceOp::kSum, testutil::generous());
+        ASSERT_TRUE(st.ok()) << st.toString();
+        EXPECT_EQ(v, std::vector<int32_t>(4, 3));
+    });
+    EXPECT_EQ(dropped.code(), StatusCode::kAborted) << dropped.toString();
+    EXPECT_NE(dropped.toString().find("rank 2 was deactivated in epoch 1"), std::string::npos)
+        << dropped.toString();
+    EXPECT_LT(dropped_seconds, 10.0);
+    EXPECT_TRUE(cluster.comm(2).lastFailure().failed_ranks.empty());
+
+    cluster.run([&](int r) {
+        ASSERT_TRUE(cluster.comm(r).setMembership({1, 1, 1}, 2).ok());
+        std::vector<int32_t> v(4, r + 1);
+        Status st = cluster.comm(r).allReduce(v.data(), v.data(), v.size(), DataType::kInt32,
+                                              ReduceOp::kSum, testutil::generous());
+        ASSERT_TRUE(st.ok()) << "rank " << r << ": " << st.toString();
+        EXPECT_EQ(v, std::vector<int32_t>(4, 6));
+    });
+}
+
+// A survivor blocked on another survivor (not on the dead rank) learns the
+// culprit from the notice: the status names both the reporter and rank 3.
+TEST(CollectivesAbort, NoticeCarriesTheCulpritAndTheCode) {
+    testutil::Cluster cluster(3);
+    std::vector<Status> results(3);
+    std::vector<double> seconds(3);
+    cluster.run(
+        [&](int r) {
+            std::vector<float> v(20000, 1.0f);
+            const auto start = Clock::now();
+            results[r] = cluster.comm(r).allReduce(
+                v.data(), v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum,
+                Deadline::after(std::chrono::milliseconds(r == 0 ? 200 : 20000)));
+            seconds[r] = std::chrono::duration<double>(Clock::now() - start).count();
+        },
+        {0, 1});
+    // Rank 0 timed out on rank 2 (never entered); rank 1, with a 20 s
+    // deadline, fails right after with rank 0's verdict.
+    for (int r = 0; r < 2; ++r) {
+        EXPECT_EQ(results[r].code(), StatusCode::kTimeout) << results[r].toString();
+        EXPECT_EQ(cluster.comm(r).lastFailure().failed_ranks, std::vector<int>{2})
+            << "rank " << r << ": " << results[r].toString();
+    }
+    EXPECT_NE(results[1].toString().find("rank 0 failed the call because of rank 2"),
+              std::string::npos)
+        << results[1].toString();
+    EXPECT_LT(seconds[1], 10.0);
+}
+
+}  // namespace
+}  // namespace mooncake::pg
