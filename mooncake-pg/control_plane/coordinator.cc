@@ -442,8 +442,16 @@ void Coordinator::broadcast(MessageBody body) {
 
 void Coordinator::commitActiveSet(const std::vector<uint32_t>& activated,
                                   const std::vector<uint32_t>& deactivated,
-                                  const std::string& cause) {
+                                  const std::string& cause, bool restart_all) {
     ++view_.epoch;
+    for (SlotInfo& info : view_.slots) {
+        if (info.member != GroupMemberState::kActive)
+            info.active_since = 0;
+        else if (restart_all || info.active_since == 0)
+            info.active_since = view_.epoch;
+    }
+    for (uint32_t r : activated)
+        view_.slots[r].active_since = view_.epoch;
     tableChanged();
     ViewCommitted c;
     c.epoch = view_.epoch;

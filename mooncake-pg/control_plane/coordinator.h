@@ -189,8 +189,13 @@ private:
     void send(uint32_t rank, MessageBody body);
     void broadcast(MessageBody body);
     void sendViewTo(uint32_t rank) { view_requests_.push_back(rank); }
+    // Starts the next epoch. Slot member states are already updated; this
+    // stamps active_since: the new epoch for `activated` (and for every Active
+    // member when `restart_all`, so their P2P pairs restart in step), 0 for
+    // slots that are not Active.
     void commitActiveSet(const std::vector<uint32_t>& activated,
-                         const std::vector<uint32_t>& deactivated, const std::string& cause);
+                         const std::vector<uint32_t>& deactivated, const std::string& cause,
+                         bool restart_all = false);
     void tableChanged() {
         view_changed_ = true;
         ++change_count_;

@@ -202,7 +202,7 @@ void Coordinator::closeWindow() {
         result.deactivated = true;
         log(LogLevel::kWarn, summary + "; deactivating them");
         commitActiveSet({}, result.unhealthy_active,
-                        "failure reconciliation #" + std::to_string(id));
+                        "failure reconciliation #" + std::to_string(id), /*restart_all=*/true);
     } else {
         log(result.unhealthy_active.empty() ? LogLevel::kInfo : LogLevel::kWarn,
             summary + (result.unhealthy_active.empty()
@@ -210,7 +210,8 @@ void Coordinator::closeWindow() {
                            : "; framework-managed mode: call deactivate_ranks to remove them"));
         // The failed operation left the members' data planes out of step;
         // a fresh epoch with the same Active set is their common restart point.
-        commitActiveSet({}, {}, "resync after reconciliation #" + std::to_string(id));
+        commitActiveSet({}, {}, "resync after reconciliation #" + std::to_string(id),
+                        /*restart_all=*/true);
     }
 
     ReconcileResult msg;

@@ -142,6 +142,7 @@ void putBody(ByteWriter& w, const ViewUpdate& b) {
         w.put<uint8_t>(static_cast<uint8_t>(s.rank));
         w.put<uint32_t>(s.incarnation);
         w.putString(s.endpoint);
+        w.put<uint64_t>(s.active_since);
     }
 }
 void putBody(ByteWriter&, const Leave&) {}
@@ -325,8 +326,8 @@ void getBody(Decoder& d, ReconcileResult& b) {
 void getBody(Decoder& d, ViewUpdate& b) {
     b.revision = d.get<uint64_t>("revision");
     b.bootstrapped = d.getBool("bootstrapped");
-    // member + rank + incarnation + endpoint length.
-    constexpr size_t kMinSlotBytes = 1 + 1 + 4 + 4;
+    // member + rank + incarnation + endpoint length + active_since.
+    constexpr size_t kMinSlotBytes = 1 + 1 + 4 + 4 + 8;
     uint32_t n = d.getCount("slots", kMaxGroupSlots, kMinSlotBytes);
     b.slots.reserve(n);
     for (uint32_t i = 0; i < n && d.ok(); ++i) {
@@ -341,6 +342,7 @@ void getBody(Decoder& d, ViewUpdate& b) {
         s.rank = *rank;
         s.incarnation = d.get<uint32_t>("slots.incarnation");
         s.endpoint = d.getString("slots.endpoint", kMaxEndpointBytes);
+        s.active_since = d.get<uint64_t>("slots.active_since");
         b.slots.push_back(std::move(s));
     }
 }
@@ -469,6 +471,21 @@ Result<ControlMessage> parseControlMessage(std::string_view bytes) {
     if (!d.atEnd()) {
         return invalid(std::to_string(d.remaining()) + " trailing bytes after " +
                        messageTypeName(static_cast<MessageType>(type)));
+    }
+    if (const auto* view = std::get_if<ViewUpdate>(&m.body)) {
+        // P2P restart decisions hang on active_since, so a value the
+        // Coordinator cannot have sent is refused here.
+        for (size_t r = 0; r < view->slots.size(); ++r) {
+            const SlotInfo& s = view->slots[r];
+            const bool active = s.member == GroupMemberState::kActive;
+            if ((!active && s.active_since != 0) || s.active_since > m.header.view_epoch) {
+                return invalid("ViewUpdate.slots[" + std::to_string(r) + "].active_since " +
+                               std::to_string(s.active_since) + " with member state " +
+                               groupMemberStateName(s.member) + " and view epoch " +
+                               std::to_string(m.header.view_epoch) +
+                               " (must be 0 unless Active, and at most the view epoch)");
+            }
+        }
     }
     return m;
 }

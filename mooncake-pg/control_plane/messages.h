@@ -33,7 +33,7 @@ inline constexpr size_t kMaxReasonBytes = 4096;
 inline constexpr size_t kMaxControlMessageBytes = 16u << 20;
 
 inline constexpr uint32_t kControlMagic = 0x5043434Du;  // "MCCP"
-inline constexpr uint8_t kControlVersion = 1;
+inline constexpr uint8_t kControlVersion = 2;           // 2: SlotInfo.active_since
 
 enum class MessageType : uint8_t {
     kRegisterRequest = 1,
@@ -204,6 +204,11 @@ struct SlotInfo {
     RankState rank = RankState::kOffline;
     uint32_t incarnation = 0;
     std::string endpoint;
+    // The view epoch at which this slot's current member became Active (or
+    // was restarted in step with every other Active member by a failure
+    // reconciliation); 0 when not Active. A P2P pair restarts exactly when
+    // max(active_since) of its two ranks changes (docs/design/control-plane.md).
+    uint64_t active_since = 0;
     bool operator==(const SlotInfo&) const = default;
 };
 

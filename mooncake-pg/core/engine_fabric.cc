@@ -61,11 +61,14 @@ bool readProcStat(int32_t pid, bool* runnable, uint64_t* start) {
 
 EngineFabric::EngineFabric(std::shared_ptr<KVStore> store, EngineFabricOptions options)
     : store_(std::move(store)), options_(std::move(options)),
+      peers_(new std::atomic<const Peer*>[static_cast<size_t>(options_.size)]),
       failed_(new std::atomic<bool>[static_cast<size_t>(options_.size)]),
       local_pid_(new std::atomic<int32_t>[static_cast<size_t>(options_.size)]),
       local_start_(new std::atomic<uint64_t>[static_cast<size_t>(options_.size)]),
       next_probe_ns_(new std::atomic<int64_t>[static_cast<size_t>(options_.size)]) {
+    peer_records_.push_back(std::make_unique<const Peer>());
     for (int i = 0; i < options_.size; ++i) {
+        peers_[i].store(peer_records_.front().get());
         failed_[i].store(false);
         local_pid_[i].store(0);
         local_start_[i].store(0);
@@ -118,8 +121,12 @@ Status EngineFabric::bootstrap() {
     MC_RETURN_IF_ERROR(
         store_->set(options_.group_key + "/rank/" + std::to_string(options_.rank), endpoint()));
 
-    peers_.resize(static_cast<size_t>(options_.size));
-    peers_[options_.rank].mapped = window_;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        Peer self;
+        self.mapped = window_;
+        publishPeer(options_.rank, std::move(self));
+    }
     const int connect = options_.connect_ranks < 0 ? options_.size
                                                    : std::min(options_.connect_ranks, options_.size);
     for (int p = 0; p < connect; ++p) {
@@ -139,8 +146,14 @@ std::string EngineFabric::endpoint() const {
 
 std::string EngineFabric::peerEndpoint(int peer) const {
     std::lock_guard<std::mutex> lock(mu_);
-    if (peer < 0 || peer >= options_.size || peers_.empty()) return {};
-    return peers_[peer].endpoint;
+    if (peer < 0 || peer >= options_.size)
+        return {};
+    return peerRecord(peer).endpoint;
+}
+
+void EngineFabric::publishPeer(int peer, Peer record) {
+    peer_records_.push_back(std::make_unique<const Peer>(std::move(record)));
+    peers_[peer].store(peer_records_.back().get(), std::memory_order_release);
 }
 
 Status EngineFabric::connectPeer(int peer, const std::string& endpoint, Deadline deadline) {
@@ -179,11 +192,12 @@ Status EngineFabric::connectPeer(int peer, const std::string& endpoint, Deadline
         // be mistaken for writes to the new one.
         while (!inflight_.empty() && reapLocked(true).ok()) {
         }
-        Peer& p = peers_[peer];
+        Peer p;
         p.segment = segment;
         p.window_addr = addr;
         p.mapped = mapped.ok() ? static_cast<uint8_t*>(mapped.value()) : nullptr;
         p.endpoint = endpoint;
+        publishPeer(peer, std::move(p));
         local_pid_[peer].store(0);
         local_start_[peer].store(start);
         next_probe_ns_[peer].store(0);
@@ -223,7 +237,7 @@ Status EngineFabric::checkPut(int peer, uint64_t offset, size_t len) const {
 Status EngineFabric::put(int peer, uint64_t offset, const void* src, size_t len) {
     MC_RETURN_IF_ERROR(checkPut(peer, offset, len));
     if (len == 0) return Status::OK();
-    if (uint8_t* dst = peers_[peer].mapped) {
+    if (uint8_t* dst = peerRecord(peer).mapped) {
         std::memcpy(dst + offset, src, len);
         return Status::OK();
     }
@@ -232,7 +246,7 @@ Status EngineFabric::put(int peer, uint64_t offset, const void* src, size_t len)
 
 Status EngineFabric::putFlag(int peer, uint64_t offset, uint64_t value) {
     MC_RETURN_IF_ERROR(checkPut(peer, offset, sizeof(value)));
-    if (uint8_t* dst = peers_[peer].mapped) {
+    if (uint8_t* dst = peerRecord(peer).mapped) {
         std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(dst + offset))
             .store(value, std::memory_order_release);
         return Status::OK();
@@ -244,7 +258,7 @@ Status EngineFabric::putFlag(int peer, uint64_t offset, uint64_t value) {
 
 uint8_t* EngineFabric::peerWindow(int peer) {
     if (peer < 0 || peer >= options_.size) return nullptr;
-    return peers_[peer].mapped;
+    return peerRecord(peer).mapped;
 }
 
 bool EngineFabric::peerFailed(int peer) const {
@@ -285,8 +299,9 @@ void EngineFabric::markPeerFailed(int peer) {
 }
 
 bool EngineFabric::allPeersMapped() const {
-    for (const auto& p : peers_) {
-        if (!p.mapped) return false;
+    for (int p = 0; p < options_.size; ++p) {
+        if (!peerRecord(p).mapped)
+            return false;
     }
     return true;
 }
@@ -321,8 +336,12 @@ Status EngineFabric::remotePut(int peer, uint64_t offset, const void* src, size_
         te::TransferRequest req;
         req.opcode = te::TransferOpcode::kWrite;
         req.source = bounce_ + begin;
-        req.target_id = peers_[peer].segment;
-        req.target_offset = peers_[peer].window_addr + offset;
+        // Loaded under mu_, which connectPeer holds while it drains the
+        // writes to the previous connection and publishes the new one: no
+        // write to a replaced connection is queued after that drain.
+        const Peer& target = peerRecord(peer);
+        req.target_id = target.segment;
+        req.target_offset = target.window_addr + offset;
         req.length = piece;
         MC_ASSIGN_OR_RETURN(te::BatchID batch, engine_->allocateBatchID(1));
         Status st = engine_->submitTransfer(batch, {req});

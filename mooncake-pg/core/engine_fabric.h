@@ -58,7 +58,9 @@ public:
     std::string endpoint() const;
     // Opens `peer`'s window from its endpoint: a reserved slot filled after
     // bootstrap, or a replacement process with a new segment. Clears the
-    // peer's failed mark. Call it only while no op is using `peer`.
+    // peer's failed mark. Safe while other threads put to any peer, `peer`
+    // included: each put goes either to the previous connection or to the
+    // new one (a put to the previous process of the slot is lost).
     Status connectPeer(int peer, const std::string& endpoint, Deadline deadline);
     // The endpoint `peer` was last connected with ("" if never).
     std::string peerEndpoint(int peer) const;
@@ -70,6 +72,13 @@ public:
     te::TransferEngine& engine() { return *engine_; }
 
 private:
+    // One peer's connection, immutable once published: connectPeer installs
+    // a new record rather than editing the current one, so the lock-free
+    // readers on the put path see one whole connection, old or new, at the
+    // cost of one acquire load. Replaced records live until the fabric does
+    // (one per reconnect), so a reader may keep using the record it loaded;
+    // the windows they point at stay mapped too (the shm transport keeps its
+    // mappings until shutdown).
     struct Peer {
         te::SegmentID segment = -1;
         uint64_t window_addr = 0;
@@ -86,6 +95,8 @@ private:
     EngineFabric(std::shared_ptr<KVStore> store, EngineFabricOptions options);
     Status bootstrap();
     Status checkPut(int peer, uint64_t offset, size_t len) const;
+    const Peer& peerRecord(int peer) const { return *peers_[peer].load(std::memory_order_acquire); }
+    void publishPeer(int peer, Peer record);  // expects mu_ held
     Status remotePut(int peer, uint64_t offset, const void* src, size_t len);
     // Frees bounce space of completed transfers, oldest first; with `block`
     // waits for the oldest one. Expects mu_ held.
@@ -95,7 +106,8 @@ private:
     EngineFabricOptions options_;
     std::unique_ptr<te::TransferEngine> engine_;
     uint8_t* window_ = nullptr;
-    std::vector<Peer> peers_;
+    std::unique_ptr<std::atomic<const Peer*>[]> peers_;      // by rank, never null
+    std::vector<std::unique_ptr<const Peer>> peer_records_;  // every published record; mu_
     std::unique_ptr<std::atomic<bool>[]> failed_;
     // By rank: pid of a same-host peer whose process can be probed (0: not
     // probed), its start time (to tell a reused pid apart) and when the next
@@ -105,7 +117,7 @@ private:
     std::unique_ptr<std::atomic<int64_t>[]> next_probe_ns_;
 
     std::string segment_name_;
-    mutable std::mutex mu_;  // guards the bounce ring, in-flight list, peer endpoints
+    mutable std::mutex mu_;  // guards the bounce ring, in-flight list, peer records
     uint8_t* bounce_ = nullptr;
     std::deque<InFlight> inflight_;
 };

@@ -6,9 +6,11 @@
 //     puts the chunk into the receiver's pool and writes an AckSlot into the
 //     receiver's window (ack ring);
 //   * the receiver copies the chunk to the user buffer and frees the chunk.
-// Slots carry a header token and a footer token made of (group epoch,
+// Slots carry a header token and a footer token made of (pair epoch,
 // sequence); a slot is consumed only when both tokens equal the expected
 // value, so torn (half-written) and stale (older epoch) slots are never used.
+// Each pair of ranks has its own epoch (setMembership), so a membership
+// change restarts only the pairs it concerns.
 //
 // send() returns once the data is staged (the user buffer may be reused);
 // it does not wait for the receive to be posted, as long as the send pool
@@ -65,15 +67,33 @@ public:
     Status send(const void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done);
     Status recv(void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done);
 
-    // Same rule as Communicator::setMembership; pending operations with a
-    // peer that is no longer active fail with kPeerFailure. The ring
-    // sequences restart, so every other pending operation (and staged data
-    // not yet delivered) is dropped: those operations fail with kAborted.
-    // The first form keeps the current active set (initially everyone).
-    // Calling it with the current epoch only cuts off newly inactive peers;
-    // epochs equal modulo 2^16 (the token's epoch bits) are rejected.
-    Status setEpoch(uint32_t epoch);
-    Status setEpoch(uint32_t epoch, const std::vector<uint8_t>& active);
+    // Applies a membership. active[r]: rank r is an active member;
+    // pair_epoch[r]: the epoch of the pair (this rank, r), which both ranks
+    // of the pair must compute alike from the same view (the elastic backend
+    // uses the later of the two ranks' activation epochs). Per peer:
+    //   * both ranks stay active and the pair epoch is unchanged: nothing
+    //     happens; pending operations go on and staged data is delivered;
+    //   * the pair epoch changed (or the pair becomes usable again): pending
+    //     operations with the peer fail with kAborted and the pair's ring
+    //     sequences restart in the new pair epoch;
+    //   * the peer is no longer active: they fail with kPeerFailure;
+    //   * this rank is no longer active: every pair stops (kAborted), and
+    //     posts fail with kUnavailable until it is active again.
+    // A pair that becomes usable again in its previous pair epoch stays
+    // unusable until the epoch changes (restarting the sequences in the same
+    // token epoch is unsafe). The entries for this rank itself only count
+    // through active[rank]. A pair epoch that changes to a value equal
+    // modulo 2^16 (the token's epoch bits) makes the call fail with
+    // kInvalidArgument, and nothing changes.
+    Status setMembership(const std::vector<uint8_t>& active,
+                         const std::vector<uint64_t>& pair_epoch);
+
+    // The former one-epoch form: every pair gets pair epoch `epoch`. The
+    // first form keeps the current active set (initially everyone), so the
+    // same epoch only cuts off newly inactive peers, and a new one restarts
+    // every pair.
+    Status setEpoch(uint64_t epoch);
+    Status setEpoch(uint64_t epoch, const std::vector<uint8_t>& active);
 
     P2PStats stats() const;
 

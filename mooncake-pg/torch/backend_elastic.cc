@@ -193,9 +193,18 @@ Status MooncakeBackend::applyLatestView(Deadline deadline) {
     }
     const auto epoch = static_cast<uint32_t>(view.epoch & kEpochMask);
     MC_RETURN_IF_ERROR(group_comm_->setMembership(active, epoch));
-    Status p2p = p2p_->setEpoch(epoch, active);
+    // Collectives restart on every epoch; a P2P pair only when one of its
+    // two ranks was (re)activated since, which both ranks read alike from
+    // the view whichever views in between they skipped.
+    auto since = [&view](int r) {
+        return static_cast<size_t>(r) < view.slots.size() ? view.slots[r].active_since : 0;
+    };
+    std::vector<uint64_t> pair_epoch(static_cast<size_t>(max_group_size_), 0);
+    for (int r = 0; r < max_group_size_; ++r)
+        pair_epoch[r] = std::max(since(config_.rank), since(r));
+    Status p2p = p2p_->setMembership(active, pair_epoch);
     if (!p2p.ok())
-        MC_LOG(kWarn, "pg") << "P2P epoch " << epoch << ": " << p2p.toString();
+        MC_LOG(kWarn, "pg") << "P2P membership of epoch " << view.epoch << ": " << p2p.toString();
     comm_ = active[config_.rank] != 0 ? group_comm_.get() : solo_comm_.get();
     applied_epoch_ = view.epoch;
     view_applied_ = true;

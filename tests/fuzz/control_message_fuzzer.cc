@@ -92,7 +92,7 @@ std::vector<std::string> seedInputs() {
     std::vector<uint8_t> hint(kSlots, 0);
     hint[2] = 1;
     std::vector<SlotInfo> slots(kSlots);
-    slots[1] = SlotInfo{GroupMemberState::kActive, RankState::kHealthy, 1, "e"};
+    slots[1] = SlotInfo{GroupMemberState::kActive, RankState::kHealthy, 1, "e", 2};
     std::vector<ControlMessage> seeds = {
         make(5, 0, 1, RegisterRequest{7, true, "tcp://x"}),
         make(0, 1, 1, ActivateProposal{1, {RankRef{4, 1}}, 1000}),

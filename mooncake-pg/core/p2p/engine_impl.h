@@ -81,7 +81,10 @@ struct SendTag {
 };
 
 struct PeerState {
-    Status broken;    // non-OK: the pair is unusable until the next epoch
+    // The pair epoch whose low 16 bits the pair's tokens carry. It outlives
+    // resets: the next restart must pick a different token epoch.
+    uint64_t epoch = 0;
+    Status broken;    // non-OK: the pair is unusable until its epoch changes
     size_t live = 0;  // unfinished recvs + undelivered messages with this peer
 
     // This rank -> peer.
@@ -114,7 +117,12 @@ class P2PEngine::Impl {
 
     Status send(const void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done);
     Status recv(void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done);
-    Status setEpoch(uint32_t epoch, const std::vector<uint8_t>* active);
+    Status setMembership(const std::vector<uint8_t>& active,
+                         const std::vector<uint64_t>& pair_epoch);
+    Status setEpoch(uint64_t epoch, const std::vector<uint8_t>* active);
+    // setMembership with mu_ held and the sizes checked.
+    Status applyMembership(std::unique_lock<std::mutex>& lock, const std::vector<uint8_t>& active,
+                           const std::vector<uint64_t>& pair_epoch);
     P2PStats stats() const;
 
   private:
@@ -126,7 +134,8 @@ class P2PEngine::Impl {
     void checkDeadlines(int peer, p2p::PeerState& ps, Clock::time_point now);
     Status postCheck(int peer) const;
     // Fails every operation with `peer` with `status` and forgets the pair's
-    // protocol state; `broken` keeps later posts failing until setEpoch.
+    // protocol state; `broken` keeps later posts failing until the pair
+    // epoch changes.
     void failPeer(int peer, const Status& status, bool broken);
     void resetPeer(p2p::PeerState& ps);
     void complete(Callback& done, Status status);
@@ -165,7 +174,7 @@ class P2PEngine::Impl {
     std::condition_variable cv_;
     bool stop_ = false;
     bool kicked_ = false;  // a post since the last pass: skip the back-off
-    uint32_t epoch_ = 0;
+    // The latest membership: a pair is usable while both ranks are active.
     std::vector<uint8_t> active_;
     std::vector<p2p::PeerState> peers_;
     size_t live_ = 0;  // sum of peers_[*].live

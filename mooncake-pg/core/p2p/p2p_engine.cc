@@ -133,10 +133,12 @@ Status P2PEngine::Impl::postCheck(int peer) const {
         return InvalidArgument("P2P with self (rank " + std::to_string(peer) + ")");
     if (stop_)
         return Aborted("P2P engine is shutting down");
-    if (!active_[peer]) {
-        return PeerFailure("rank " + std::to_string(peer) + " is not an active member (epoch " +
-                           std::to_string(epoch_) + ")");
+    if (!active_[rank_]) {
+        return Unavailable("this rank (" + std::to_string(rank_) +
+                           ") is not an active member; P2P starts once it is activated");
     }
+    if (!active_[peer])
+        return PeerFailure("rank " + std::to_string(peer) + " is not an active member");
     if (!peers_[peer].broken.ok())
         return peers_[peer].broken;
     if (fabric_->peerFailed(peer))
@@ -205,45 +207,85 @@ Status P2PEngine::Impl::recv(void* buf, size_t bytes, int peer, int tag, Deadlin
     return Status::OK();
 }
 
-Status P2PEngine::Impl::setEpoch(uint32_t epoch, const std::vector<uint8_t>* active) {
+Status P2PEngine::Impl::setMembership(const std::vector<uint8_t>& active,
+                                      const std::vector<uint64_t>& pair_epoch) {
+    const auto n = static_cast<size_t>(size_);
+    if (active.size() != n || pair_epoch.size() != n) {
+        return InvalidArgument("setMembership: active has " + std::to_string(active.size()) +
+                               " entries and pair_epoch " + std::to_string(pair_epoch.size()) +
+                               ", expected one per rank (" + std::to_string(n) + ")");
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    return applyMembership(lock, active, pair_epoch);
+}
+
+Status P2PEngine::Impl::applyMembership(std::unique_lock<std::mutex>& lock,
+                                        const std::vector<uint8_t>& active,
+                                        const std::vector<uint64_t>& pair_epoch) {
+    const bool self_now = active[rank_] != 0;
+    // Checked before anything changes: a pair restarted in an epoch equal to
+    // its previous one modulo 2^16 (the token's epoch bits) could take the
+    // previous epoch's slots for new ones.
+    for (int p = 0; p < size_; ++p) {
+        const uint64_t was = peers_[p].epoch;
+        if (p == rank_ || !self_now || !active[p] || pair_epoch[p] == was)
+            continue;
+        if ((pair_epoch[p] & 0xffff) == (was & 0xffff)) {
+            return InvalidArgument("setMembership: pair epoch of rank " + std::to_string(p) +
+                                   " goes from " + std::to_string(was) + " to " +
+                                   std::to_string(pair_epoch[p]) + ", equal modulo 65536");
+        }
+    }
+    const bool self_was = active_[rank_] != 0;
+    for (int p = 0; p < size_; ++p) {
+        if (p == rank_)
+            continue;
+        PeerState& ps = peers_[p];
+        const bool was = self_was && active_[p];
+        if (!self_now || !active[p]) {
+            if (was) {
+                failPeer(p,
+                         self_now ? PeerFailure("rank " + std::to_string(p) +
+                                                " is no longer an active member")
+                                  : Aborted("this rank (" + std::to_string(rank_) +
+                                            ") is no longer an active member"),
+                         /*broken=*/false);
+            }
+            continue;
+        }
+        if (pair_epoch[p] != ps.epoch) {
+            // Sequences restart; slots left from the old pair epoch carry its
+            // token and are never accepted again. The other rank of the pair
+            // computes the same pair epoch from the same view, so it restarts
+            // too, whichever views in between either of them skipped.
+            failPeer(p,
+                     Aborted("P2P pair epoch with rank " + std::to_string(p) + " changed from " +
+                             std::to_string(ps.epoch) + " to " + std::to_string(pair_epoch[p])),
+                     /*broken=*/false);
+            ps.epoch = pair_epoch[p];
+        } else if (!was) {
+            // Back in the same pair epoch: the sequences cannot restart safely
+            // (see above), so the pair stays unusable until its epoch changes.
+            failPeer(
+                p,
+                Aborted("P2P with rank " + std::to_string(p) + " resumed in the same pair epoch " +
+                        std::to_string(ps.epoch) + "; it needs a new one"),
+                /*broken=*/true);
+        }
+    }
+    active_ = active;
+    flushCompletions(lock);
+    return Status::OK();
+}
+
+Status P2PEngine::Impl::setEpoch(uint64_t epoch, const std::vector<uint8_t>* active) {
     if (active != nullptr && active->size() != static_cast<size_t>(size_)) {
         return InvalidArgument("setEpoch: active mask has " + std::to_string(active->size()) +
                                " entries for " + std::to_string(size_) + " ranks");
     }
     std::unique_lock<std::mutex> lock(mu_);
-    auto gone = [&](int p) {
-        return PeerFailure("rank " + std::to_string(p) + " is no longer active (epoch " +
-                           std::to_string(epoch) + ")");
-    };
-    if (epoch == epoch_) {
-        // Same epoch, so the sequences must go on: only newly inactive peers
-        // are cut off, and their pairs stay unusable until a new epoch.
-        for (int p = 0; p < size_; ++p) {
-            if (active != nullptr && active_[p] && !(*active)[p])
-                failPeer(p, gone(p), /*broken=*/true);
-        }
-        if (active != nullptr)
-            active_ = *active;
-        flushCompletions(lock);
-        return Status::OK();
-    }
-    if ((epoch & 0xffff) == (epoch_ & 0xffff)) {
-        // Tokens keep 16 epoch bits; restarting the sequences here would let
-        // slots of the old epoch pass for new ones.
-        return InvalidArgument("setEpoch " + std::to_string(epoch) + " after " +
-                               std::to_string(epoch_) + ": epochs equal modulo 65536");
-    }
-    if (active != nullptr)
-        active_ = *active;
-    for (int p = 0; p < size_; ++p) {
-        failPeer(p, active_[p] ? Aborted("P2P epoch changed to " + std::to_string(epoch)) : gone(p),
-                 /*broken=*/false);
-    }
-    // Sequences restart in the new epoch; slots left from the old one carry
-    // the old epoch in their tokens and are never accepted again.
-    epoch_ = epoch;
-    flushCompletions(lock);
-    return Status::OK();
+    const std::vector<uint8_t> mask = active != nullptr ? *active : active_;
+    return applyMembership(lock, mask, std::vector<uint64_t>(static_cast<size_t>(size_), epoch));
 }
 
 // ---------------------------------------------------------------- failures
@@ -407,11 +449,16 @@ Status P2PEngine::recv(void* buf, size_t bytes, int peer, int tag, Deadline dead
     return impl_->recv(buf, bytes, peer, tag, deadline, std::move(done));
 }
 
-Status P2PEngine::setEpoch(uint32_t epoch) {
+Status P2PEngine::setMembership(const std::vector<uint8_t>& active,
+                                const std::vector<uint64_t>& pair_epoch) {
+    return impl_->setMembership(active, pair_epoch);
+}
+
+Status P2PEngine::setEpoch(uint64_t epoch) {
     return impl_->setEpoch(epoch, nullptr);
 }
 
-Status P2PEngine::setEpoch(uint32_t epoch, const std::vector<uint8_t>& active) {
+Status P2PEngine::setEpoch(uint64_t epoch, const std::vector<uint8_t>& active) {
     return impl_->setEpoch(epoch, &active);
 }
 

@@ -36,7 +36,7 @@ Status P2PEngine::Impl::readAcks(int peer, PeerState& ps, bool* progressed) {
     for (;;) {
         p2p::AckSlot a;
         uint64_t seq = ps.acks_read;
-        if (!p2p::readSlot(window_, layout_.ackIn(peer, seq), p2p::slotToken(epoch_, seq), &a)) {
+        if (!p2p::readSlot(window_, layout_.ackIn(peer, seq), p2p::slotToken(ps.epoch, seq), &a)) {
             break;
         }
         auto found = ps.records.find(a.credit_seq);
@@ -86,7 +86,7 @@ Status P2PEngine::Impl::readAcks(int peer, PeerState& ps, bool* progressed) {
         return Status::OK();
     // Tells the sender which acks (hence which of its puts) have landed, so
     // it can reuse the staging chunks those puts read.
-    return fabric_->putFlag(peer, layout_.cursor(rank_), p2p::cursorWord(epoch_, ps.acks_read));
+    return fabric_->putFlag(peer, layout_.cursor(rank_), p2p::cursorWord(ps.epoch, ps.acks_read));
 }
 
 Status P2PEngine::Impl::issueCredits(int peer, PeerState& ps, bool* progressed) {
@@ -119,7 +119,7 @@ Status P2PEngine::Impl::issueCredits(int peer, PeerState& ps, bool* progressed) 
             }
             uint64_t seq = ps.credits_issued;
             p2p::CreditSlot s{};
-            s.header = s.footer = p2p::slotToken(epoch_, seq);
+            s.header = s.footer = p2p::slotToken(ps.epoch, seq);
             s.recv_id = r.id;
             s.tag = r.tag;
             s.pool_offset = chunk >= 0 ? ps.recv_pool.offsetOf(static_cast<uint32_t>(chunk)) : 0;

@@ -53,7 +53,7 @@ Status P2PEngine::Impl::senderPass(int peer, PeerState& ps, bool* progressed) {
 void P2PEngine::Impl::releaseStaging(int peer, PeerState& ps, bool* progressed) {
     if (ps.unreleased.empty())
         return;
-    uint64_t consumed = p2p::cursorCount(loadFlag(window_, layout_.cursor(peer)), epoch_);
+    uint64_t consumed = p2p::cursorCount(loadFlag(window_, layout_.cursor(peer)), ps.epoch);
     while (!ps.unreleased.empty() && ps.unreleased.front().first < consumed) {
         ps.send_pool.release(ps.unreleased.front().second);
         ps.unreleased.pop_front();
@@ -65,7 +65,7 @@ Status P2PEngine::Impl::readCredits(int peer, PeerState& ps, bool* progressed) {
     for (;;) {
         Credit c;
         c.seq = ps.credits_read;
-        if (!p2p::readSlot(window_, layout_.creditIn(peer, c.seq), p2p::slotToken(epoch_, c.seq),
+        if (!p2p::readSlot(window_, layout_.creditIn(peer, c.seq), p2p::slotToken(ps.epoch, c.seq),
                            &c.slot)) {
             return Status::OK();
         }
@@ -200,7 +200,7 @@ void P2PEngine::Impl::stage(int peer, PeerState& ps, bool* progressed) {
 Status P2PEngine::Impl::writeAck(int peer, PeerState& ps, const Credit& c, uint32_t status,
                                  uint64_t length, uint64_t message_bytes) {
     p2p::AckSlot a{};
-    a.header = a.footer = p2p::slotToken(epoch_, ps.acks_written);
+    a.header = a.footer = p2p::slotToken(ps.epoch, ps.acks_written);
     a.credit_seq = c.seq;
     a.length = length;
     a.message_bytes = message_bytes;

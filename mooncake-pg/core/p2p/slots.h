@@ -15,18 +15,19 @@ namespace mooncake::pg::p2p {
 constexpr int kTokenSeqBits = 48;
 constexpr uint64_t kTokenSeqMask = (uint64_t{1} << kTokenSeqBits) - 1;
 
-// Token of slot `seq` of a ring in `epoch`. The sequence is stored plus one
-// so that a zero-filled window never holds a valid token for sequence 0.
-inline uint64_t slotToken(uint32_t epoch, uint64_t seq) {
+// Token of slot `seq` of a ring in `epoch` (the pair epoch of the two ranks,
+// of which 16 bits are kept). The sequence is stored plus one so that a
+// zero-filled window never holds a valid token for sequence 0.
+inline uint64_t slotToken(uint64_t epoch, uint64_t seq) {
     return (uint64_t{epoch & 0xffff} << kTokenSeqBits) | ((seq + 1) & kTokenSeqMask);
 }
 
 // The ack cursor is a counter, not a slot: zero is the right initial value,
 // so it is stored without the +1. A word from another epoch reads as zero.
-inline uint64_t cursorWord(uint32_t epoch, uint64_t count) {
+inline uint64_t cursorWord(uint64_t epoch, uint64_t count) {
     return (uint64_t{epoch & 0xffff} << kTokenSeqBits) | (count & kTokenSeqMask);
 }
-inline uint64_t cursorCount(uint64_t word, uint32_t epoch) {
+inline uint64_t cursorCount(uint64_t word, uint64_t epoch) {
     return (word >> kTokenSeqBits) == (epoch & 0xffff) ? (word & kTokenSeqMask) : 0;
 }
 

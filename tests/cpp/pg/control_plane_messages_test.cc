@@ -42,7 +42,8 @@ std::vector<ControlMessage> samples() {
         ReconcileResult{3, {1, 1, 0, 1}, {2}, true},
         ViewUpdate{9,
                    true,
-                   {SlotInfo{GroupMemberState::kActive, RankState::kHealthy, 1, "a"},
+                   {SlotInfo{GroupMemberState::kActive, RankState::kHealthy, 1, "a",
+                             0x0102030405060700ull},
                     SlotInfo{GroupMemberState::kInactive, RankState::kSynced, 2, ""},
                     SlotInfo{GroupMemberState::kLeft, RankState::kOffline, 1, ""},
                     SlotInfo{GroupMemberState::kAwaitingActivation, RankState::kHealthy, 4, "d"}}},
@@ -109,7 +110,8 @@ TEST(ControlMessagesTest, GarbageIsRejected) {
             << parsed.status().message();
     };
     expectBad(withByte(good, 0, 'X'), "bad magic");
-    expectBad(withByte(good, 4, 2), "unsupported version");
+    expectBad(withByte(good, 4, kControlVersion + 1), "unsupported version");
+    expectBad(withByte(good, 4, kControlVersion - 1), "unsupported version");
     expectBad(withByte(good, 5, 0), "unknown message type 0");
     expectBad(withByte(good, 5, 18), "unknown message type 18");
     expectBad(withByte(good, 5, 255), "unknown message type 255");
@@ -132,6 +134,36 @@ TEST(ControlMessagesTest, GarbageIsRejected) {
     // Status codes must be defined values.
     std::string res = serialize({header(), ProposalResult{1, StatusCode::kOk, ""}});
     expectBad(withByte(res, body + 8, 200), "undefined status code");
+}
+
+// active_since decides which P2P pairs restart, so values the Coordinator
+// cannot send are refused: non-zero on a slot that is not Active, or later
+// than the view's epoch.
+TEST(ControlMessagesTest, ActiveSinceMustFitTheSlotAndTheEpoch) {
+    MessageHeader h = header();
+    h.view_epoch = 7;
+    auto view = [&](GroupMemberState member, uint64_t since) {
+        return parseControlMessage(serialize(
+            {h, ViewUpdate{1, true, {SlotInfo{member, RankState::kHealthy, 1, "e", since}}}}));
+    };
+    for (uint64_t since : {0ull, 1ull, 7ull}) {
+        auto ok = view(GroupMemberState::kActive, since);
+        ASSERT_TRUE(ok.ok()) << since << ": " << ok.status().toString();
+        EXPECT_EQ(std::get<ViewUpdate>(ok.value().body).slots.at(0).active_since, since);
+    }
+    auto late = view(GroupMemberState::kActive, 8);
+    ASSERT_FALSE(late.ok());
+    EXPECT_NE(late.status().message().find("slots[0].active_since 8"), std::string::npos)
+        << late.status().message();
+    for (auto member : {GroupMemberState::kInactive, GroupMemberState::kAwaitingActivation,
+                        GroupMemberState::kLeft, GroupMemberState::kNone}) {
+        EXPECT_TRUE(view(member, 0).ok()) << groupMemberStateName(member);
+        auto bad = view(member, 3);
+        ASSERT_FALSE(bad.ok()) << groupMemberStateName(member);
+        EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(bad.status().message().find("must be 0 unless Active"), std::string::npos)
+            << bad.status().message();
+    }
 }
 
 TEST(ControlMessagesTest, OversizedFieldsAreRejectedBeforeAllocation) {

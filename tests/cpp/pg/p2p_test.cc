@@ -16,119 +16,13 @@
 #include "mooncake-pg/core/fabric.h"
 #include "mooncake-pg/core/p2p.h"
 #include "mooncake-pg/core/p2p/slots.h"
+#include "tests/cpp/pg/p2p_test_util.h"
 
 namespace mooncake::pg {
 namespace {
 
+using namespace p2p_test;
 using namespace std::chrono_literals;
-
-// Small pools and rings so that a few KiB exercise chunking, pool reuse and
-// ring wrap-around. A non-zero window offset checks the layout arithmetic.
-P2POptions smallOptions() {
-    P2POptions o;
-    o.pool_bytes_per_peer = 4096;
-    o.chunk_bytes = 1024;
-    o.ring_slots = 4;
-    o.window_offset = 128;
-    return o;
-}
-
-// Collects one completion; shared with the callback so a late kAborted from
-// an engine's destructor never touches a dead object.
-class Completion {
-  public:
-    static std::shared_ptr<Completion> make() { return std::make_shared<Completion>(); }
-
-    static P2PEngine::Callback callback(const std::shared_ptr<Completion>& c) {
-        return [c](Status s) {
-            std::lock_guard<std::mutex> lock(c->mu_);
-            EXPECT_FALSE(c->status_.has_value()) << "callback fired twice";
-            c->status_ = std::move(s);
-            c->cv_.notify_all();
-        };
-    }
-
-    // The status, or Internal if no callback came within `limit` (a hang).
-    Status wait(std::chrono::milliseconds limit = 20s) {
-        std::unique_lock<std::mutex> lock(mu_);
-        if (!cv_.wait_for(lock, limit, [this] { return status_.has_value(); })) {
-            return Internal("no completion within " + std::to_string(limit.count()) + " ms");
-        }
-        return *status_;
-    }
-
-    bool done() {
-        std::lock_guard<std::mutex> lock(mu_);
-        return status_.has_value();
-    }
-
-  private:
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::optional<Status> status_;
-};
-
-struct Group {
-    Group(int n, const P2POptions& o)
-        : options(o), fabrics(n, o.window_offset + P2PEngine::windowBytesFor(n, o)) {
-        for (int r = 0; r < n; ++r) {
-            engines.push_back(std::make_unique<P2PEngine>(fabrics.fabric(r), o));
-        }
-    }
-    P2PEngine& operator[](int r) { return *engines[r]; }
-
-    P2POptions options;
-    ThreadFabricGroup fabrics;
-    std::vector<std::unique_ptr<P2PEngine>> engines;
-};
-
-std::vector<uint8_t> pattern(size_t bytes, int seed) {
-    std::vector<uint8_t> v(bytes);
-    for (size_t i = 0; i < bytes; ++i)
-        v[i] = static_cast<uint8_t>(i * 131 + seed * 17 + i / 251);
-    return v;
-}
-
-std::shared_ptr<Completion> postSend(P2PEngine& e, const std::vector<uint8_t>& buf, int peer,
-                                     int tag, Deadline d = Deadline::after(20s)) {
-    auto c = Completion::make();
-    auto done = Completion::callback(c);
-    Status st = e.send(buf.data(), buf.size(), peer, tag, d, done);
-    EXPECT_TRUE(st.ok()) << st.toString();
-    if (!st.ok())
-        done(st);  // report the rejection instead of hanging in wait()
-    return c;
-}
-
-std::shared_ptr<Completion> postRecv(P2PEngine& e, std::vector<uint8_t>& buf, int peer, int tag,
-                                     Deadline d = Deadline::after(20s)) {
-    auto c = Completion::make();
-    auto done = Completion::callback(c);
-    Status st = e.recv(buf.data(), buf.size(), peer, tag, d, done);
-    EXPECT_TRUE(st.ok()) << st.toString();
-    if (!st.ok())
-        done(st);
-    return c;
-}
-
-// Waits (bounded) until `pred` holds; for conditions another thread makes true.
-bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds limit = 10s) {
-    auto until = std::chrono::steady_clock::now() + limit;
-    while (!pred()) {
-        if (std::chrono::steady_clock::now() > until)
-            return false;
-        std::this_thread::yield();
-    }
-    return true;
-}
-
-void runRanks(int n, const std::function<void(int)>& body) {
-    std::vector<std::thread> threads;
-    for (int r = 0; r < n; ++r)
-        threads.emplace_back(body, r);
-    for (auto& t : threads)
-        t.join();
-}
 
 const std::vector<size_t> kSizes = {0, 1, 7, 1023, 1024, 1025, 3001, 4096, 3 * 4096 + 17};
 

@@ -305,3 +305,28 @@ def last_out(ctx, procs, timeout_s=STEP_S):
 
 def env_pid_note(ctx, what):
     ctx.note(f"{what} pid={os.getpid()}")
+
+
+# ----------------------------------------------------------------------------- job results
+
+def expect_checks(job, prefix, procs=None):
+    """Every check whose name starts with `prefix` passed on every process that ran it.
+    `job` is {"procs": run_ranks results or None, "error": text or None, "wall_s": s}."""
+    import pytest  # only the test modules call this (benchmarks import this file too)
+    if job["error"] is not None:
+        pytest.fail(f"the job failed as a whole:\n{job['error']}", pytrace=False)
+    seen, failures = 0, []
+    for p, res in enumerate(job["procs"]):
+        if not isinstance(res, dict) or (procs is not None and p not in procs):
+            continue
+        for name, err in res["checks"].items():
+            if name == "_aborted" or name.startswith(prefix):
+                if name != "_aborted":
+                    seen += 1
+                if err is not None:
+                    failures.append(f"proc {p}: [{name}] {err}")
+    numbers = {p: r["numbers"] for p, r in enumerate(job["procs"]) if isinstance(r, dict) and r["numbers"]}
+    if failures:
+        pytest.fail("\n".join(failures) + f"\nnumbers: {numbers}", pytrace=False)
+    assert seen, f"no check named {prefix!r}... ran (an earlier step failed?)"
+    print(f"{prefix}: {seen} checks passed; numbers {numbers}; job wall {job['wall_s']} s")

@@ -38,10 +38,9 @@ import torch.distributed as dist
 
 import harness
 from elastic_checks import (ELASTIC_ENV, SLACK_S, STEP_S, TIMEOUT_MS, WINDOW_MS, Checks, big_input,
-                            check_all_reduce, check_failed_op, check_p2p_pair, init, join_group,
-                            last_out, leave,
-                            mask, mask_of, options, outcome, pg, run_guarded, wait_all, wait_event,
-                            wait_mask, wait_peers_ready)
+                            check_all_reduce, check_failed_op, check_p2p_pair, expect_checks, init,
+                            join_group, last_out, leave, mask, mask_of, options, outcome, pg,
+                            run_guarded, wait_all, wait_event, wait_mask, wait_peers_ready)
 
 pytestmark = pytest.mark.elastic
 
@@ -547,25 +546,7 @@ def _run(name, backend):
     return out
 
 
-def _expect(job, prefix, procs=None):
-    """Every check whose name starts with `prefix` passed on every process that ran it."""
-    if job["error"] is not None:
-        pytest.fail(f"the job failed as a whole:\n{job['error']}", pytrace=False)
-    seen, failures = 0, []
-    for p, res in enumerate(job["procs"]):
-        if not isinstance(res, dict) or (procs is not None and p not in procs):
-            continue
-        for name, err in res["checks"].items():
-            if name == "_aborted" or name.startswith(prefix):
-                if name != "_aborted":
-                    seen += 1
-                if err is not None:
-                    failures.append(f"proc {p}: [{name}] {err}")
-    numbers = {p: r["numbers"] for p, r in enumerate(job["procs"]) if isinstance(r, dict) and r["numbers"]}
-    if failures:
-        pytest.fail("\n".join(failures) + f"\nnumbers: {numbers}", pytrace=False)
-    assert seen, f"no check named {prefix!r}... ran (an earlier step failed?)"
-    print(f"{prefix}: {seen} checks passed; numbers {numbers}; job wall {job['wall_s']} s")
+_expect = expect_checks
 
 
 # =============================================================================== tests
