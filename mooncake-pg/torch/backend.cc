@@ -164,9 +164,9 @@ void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
     int64_t generation = 0;
     if (extension) {
         auto current = liveGeneration(*kv, Deadline::afterMs(timeout_ms_.load()));
-        TORCH_CHECK_WITH(DistBackendError, current.ok(), "Mooncake PG: ", where,
-                         " (is_extension=True) found no running group to join: ",
-                         current.status().toString());
+        TORCH_CHECK_WITH(
+            DistBackendError, current.ok(), "Mooncake PG: ", where,
+            " (is_extension=True) found no running group to join: ", current.status().toString());
         generation = current.value();
     } else {
         auto ticket = kv->add("mooncake_pg/instances", 1);
@@ -195,8 +195,8 @@ void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
     p2p_ = std::make_unique<P2PEngine>(fabric_, p2p_options);
     CommOptions solo_options;
     solo_options.chunk_bytes = 4096;
-    solo_fabric_ = std::make_unique<ThreadFabricGroup>(
-        1, Communicator::windowBytesFor(1, solo_options));
+    solo_fabric_ =
+        std::make_unique<ThreadFabricGroup>(1, Communicator::windowBytesFor(1, solo_options));
     solo_comm_ = std::make_unique<Communicator>(solo_fabric_->fabric(0), solo_options);
     comm_ = extension ? solo_comm_.get() : group_comm_.get();
     if (!extension && config_.rank == 0) {
@@ -518,8 +518,16 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
     };
     const Deadline deadline = Deadline::after(opTimeout(c10d::kUnsetTimeout));
     const size_t bytes = static_cast<size_t>(buffer.numel()) * buffer.element_size();
-    Status posted = is_send ? p2p_->send(buffer.data_ptr(), bytes, peer, tag, deadline, done)
-                            : p2p_->recv(buffer.data_ptr(), bytes, peer, tag, deadline, done);
+    // A view committed since the data plane last switched (a join, say) is
+    // applied first, so P2P with a rank get_active_ranks already shows as
+    // active works. It waits for the worker's queue, only right after a view
+    // change.
+    Status posted = Status::OK();
+    if (host_ && latest_epoch_.load() != applied_epoch_.load())
+        posted = applyViewOnWorker(op, deadline);
+    if (posted.ok())
+        posted = is_send ? p2p_->send(buffer.data_ptr(), bytes, peer, tag, deadline, done)
+                         : p2p_->recv(buffer.data_ptr(), bytes, peer, tag, deadline, done);
     // A refused post never calls `done`.
     if (!posted.ok())
         work->markFailed(context + posted.toString(), {});

@@ -242,7 +242,8 @@ private:
     std::unique_ptr<control_plane::MemberHost> host_;
     std::chrono::milliseconds reconcile_window_{30000};
     std::atomic<uint64_t> latest_epoch_{0};  // the host's, set by onView
-    uint64_t applied_epoch_ = 0;             // the data plane's (worker thread)
+    // The data plane's; written by the worker thread only, read by P2P posts.
+    std::atomic<uint64_t> applied_epoch_{0};
     bool view_applied_ = false;              // worker thread
     std::atomic<int> usable_slots_{0};
     mutable std::mutex evidence_mu_;  // guards the two below

@@ -71,6 +71,8 @@ def _job(ctx):
                 ctx.signal("joiner_joining")
                 join_group(dist.group.WORLD, timeout_s=STEP_S)
                 assert mask() == mask_of({0, 1, 2, 3}, MAX), f"get_active_ranks {mask()}"
+            with checks.step("join: P2P with rank 2 before any collective in the new view"):
+                check_p2p_pair(slot, 2, 3, tag=40)
         else:
             with checks.step("setup: bootstrap of 3 founders"):
                 init(ctx, slot, 3, options(MAX))
@@ -106,6 +108,11 @@ def _job(ctx):
             else:
                 with checks.step("join: founders see slot 3 active"):
                     wait_mask(ctx, mask_of({0, 1, 2, 3}, MAX), timeout_s=STEP_S)
+            if slot == 2:
+                # No collective has applied the view on rank 2 yet: the post
+                # itself must switch its data plane to it.
+                with checks.step("join: P2P with rank 2 before any collective in the new view"):
+                    check_p2p_pair(slot, 2, 3, tag=40)
         with checks.step("join: all_reduce over the 4 ranks applies the view"):
             assert dist.get_world_size() == 4, f"dist.get_world_size() {dist.get_world_size()}"
             check_all_reduce({0, 1, 2, 3}, 11, slot)
