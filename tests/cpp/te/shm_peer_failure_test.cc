@@ -28,19 +28,7 @@ using namespace shm_test;  // NOLINT(build/namespaces): test helpers only
 // The transport re-checks every range itself rather than trusting the
 // engine's validation; drive it directly with descriptors the engine would
 // never produce.
-class FakeHost : public TransportHost {
-public:
-    FakeHost(std::string name, std::string secret)
-        : name_(std::move(name)), secret_(std::move(secret)) {}
-    MemoryRegistry& memory() override { return memory_; }
-    const std::string& secret() const override { return secret_; }
-    const std::string& hostIp() const override { return ip_; }
-    const std::string& segmentName() const override { return name_; }
-
-private:
-    MemoryRegistry memory_;
-    std::string name_, secret_, ip_ = "127.0.0.1";
-};
+using test::FakeHost;
 
 Status runTask(Transport& t, const SegmentDesc& peer, TransferOpcode op, void* src, uint64_t addr,
                uint64_t len) {
