@@ -90,14 +90,7 @@ std::vector<CoordinatorEffect> Coordinator::handle(const CoordinatorEvent& event
 }
 
 std::vector<CoordinatorEffect> Coordinator::handleBytes(Millis now, std::string_view bytes) {
-    auto parsed = parseControlMessage(bytes);
-    if (!parsed.ok()) {
-        auto out = handle(Tick{now});
-        out.push_back(
-            Log{LogLevel::kWarn, "dropped undecodable message: " + parsed.status().message()});
-        return out;
-    }
-    return handle(Received{now, std::move(parsed).value()});
+    return handleMessageBytes(*this, now, bytes);
 }
 
 std::optional<Millis> Coordinator::nextDeadline() const {

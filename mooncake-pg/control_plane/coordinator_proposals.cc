@@ -22,6 +22,28 @@ std::vector<RankRef> dedupe(const std::vector<RankRef>& refs) {
     return out;
 }
 
+// What makes a proposal of `call` invalid whatever the group's state, or ""
+// when nothing does: only an Active member may propose, naming at least one
+// rank, each inside max_group_size. `proposer_calls` names the user calls a
+// proposer may have made.
+std::string proposalError(const GroupView& view, uint32_t max_group_size, uint32_t proposer,
+                          const std::vector<RankRef>& targets, const char* call,
+                          const char* proposer_calls) {
+    if (!view.isActive(proposer)) {
+        return "proposer " + rankStr(proposer) + " is " +
+               groupMemberStateName(view.slots[proposer].member) +
+               "; only an Active member can propose " + proposer_calls;
+    }
+    if (targets.empty())
+        return std::string(call) + " got no ranks";
+    for (const RankRef& t : targets) {
+        if (t.rank >= max_group_size) {
+            return rankStr(t.rank) + " is outside max_group_size " + std::to_string(max_group_size);
+        }
+    }
+    return "";
+}
+
 }  // namespace
 
 void Coordinator::finishProposal(uint32_t proposer, uint64_t request_id, StatusCode code,
@@ -39,19 +61,10 @@ void Coordinator::onActivate(const MessageHeader& h, const ActivateProposal& b) 
     auto failNow = [&](const std::string& why) {
         finishProposal(p, b.request_id, StatusCode::kInvalidArgument, "proposal failed: " + why);
     };
-    if (!view_.isActive(p)) {
-        return failNow("proposer " + rankStr(p) + " is " +
-                       groupMemberStateName(view_.slots[p].member) +
-                       "; only an Active member can propose activate_ranks/recover_ranks");
-    }
-    if (b.targets.empty())
-        return failNow("activate_ranks got no ranks");
-    for (const RankRef& t : b.targets) {
-        if (t.rank >= config_.max_group_size) {
-            return failNow(rankStr(t.rank) + " is outside max_group_size " +
-                           std::to_string(config_.max_group_size));
-        }
-    }
+    const std::string invalid = proposalError(view_, config_.max_group_size, p, b.targets,
+                                              "activate_ranks", "activate_ranks/recover_ranks");
+    if (!invalid.empty())
+        return failNow(invalid);
     for (const PendingActivation& q : pending_) {
         if (q.proposer == p && q.proposer_incarnation == h.sender_incarnation &&
             q.request_id == b.request_id) {
@@ -189,19 +202,10 @@ void Coordinator::onDeactivate(const MessageHeader& h, const DeactivateProposal&
     auto failNow = [&](const std::string& why) {
         finishProposal(p, b.request_id, StatusCode::kInvalidArgument, "proposal failed: " + why);
     };
-    if (!view_.isActive(p)) {
-        return failNow("proposer " + rankStr(p) + " is " +
-                       groupMemberStateName(view_.slots[p].member) +
-                       "; only an Active member can propose deactivate_ranks");
-    }
-    if (b.targets.empty())
-        return failNow("deactivate_ranks got no ranks");
-    for (const RankRef& t : b.targets) {
-        if (t.rank >= config_.max_group_size) {
-            return failNow(rankStr(t.rank) + " is outside max_group_size " +
-                           std::to_string(config_.max_group_size));
-        }
-    }
+    const std::string invalid = proposalError(view_, config_.max_group_size, p, b.targets,
+                                              "deactivate_ranks", "deactivate_ranks");
+    if (!invalid.empty())
+        return failNow(invalid);
     std::vector<uint32_t> deactivate;
     std::vector<uint32_t> unjoin;
     std::string skipped;

@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "mooncake-pg/control_plane/messages.h"
 #include "mooncake-transfer-engine/common/logging.h"
@@ -31,5 +33,21 @@ struct Log {
     LogLevel level = LogLevel::kInfo;
     std::string text;
 };
+
+// The handleBytes of both state machines: bytes that parse are handled as a
+// Received event; bytes that do not must not stop the machine (a peer or a
+// stranger sent them), so time still advances (a Tick) and a warning says
+// why they were dropped.
+template <typename Machine>
+auto handleMessageBytes(Machine& machine, Millis now, std::string_view bytes) {
+    auto parsed = parseControlMessage(bytes);
+    if (!parsed.ok()) {
+        auto out = machine.handle(Tick{now});
+        out.push_back(
+            Log{LogLevel::kWarn, "dropped undecodable message: " + parsed.status().message()});
+        return out;
+    }
+    return machine.handle(Received{now, std::move(parsed).value()});
+}
 
 }  // namespace mooncake::pg::control_plane

@@ -120,14 +120,7 @@ std::vector<AgentEffect> MemberAgent::handle(const AgentEvent& event) {
 }
 
 std::vector<AgentEffect> MemberAgent::handleBytes(Millis now, std::string_view bytes) {
-    auto parsed = parseControlMessage(bytes);
-    if (!parsed.ok()) {
-        auto out = handle(Tick{now});
-        out.push_back(
-            Log{LogLevel::kWarn, "dropped undecodable message: " + parsed.status().message()});
-        return out;
-    }
-    return handle(Received{now, std::move(parsed).value()});
+    return handleMessageBytes(*this, now, bytes);
 }
 
 std::optional<Millis> MemberAgent::nextDeadline() const {

@@ -1,6 +1,6 @@
 // MooncakeBackend: bootstrap, the collective worker, P2P, coalescing and the
 // torch-boundary checks shared by every op. The collective entry points are
-// in backend_collectives.cc.
+// in backend_gathers.cc, backend_reductions.cc and backend_all_to_all.cc.
 //
 // Environment knobs (read once per process):
 //   MC_PG_TIMEOUT_MS      per-op deadline and bootstrap deadline; overrides the

@@ -206,9 +206,25 @@ private:
     // Torch-boundary validation; each throws c10::Error naming the op, the
     // argument, its value and what was expected.
     void checkTensor(const at::Tensor& t, const char* op, const std::string& what) const;
-    std::vector<at::Tensor> rootList(std::vector<std::vector<at::Tensor>>& lists,
-                                     const at::Tensor& like, int root, const char* op,
-                                     const char* name);
+    // A list with one tensor per rank of the group, each like `like` (dtype,
+    // element count) and each passing checkTensor.
+    void checkPerRankList(const std::vector<at::Tensor>& list, const at::Tensor& like,
+                          const char* op, const char* list_name) const;
+    // An input and the output it is written to: both pass checkTensor (the
+    // input first), then the input's dtype is checked and returned.
+    DataType checkInOut(const at::Tensor& input, const at::Tensor& output, const char* op,
+                        const std::string& input_what, const std::string& output_what) const;
+    // A rooted call's arguments (gather, scatter): the local tensor, the root
+    // and, on the root only, the per-rank list.
+    struct RootedArgs {
+        at::Tensor local;
+        int root = 0;
+        bool is_root = false;
+        std::vector<at::Tensor> list;
+    };
+    RootedArgs checkRooted(std::vector<at::Tensor>& locals,
+                           std::vector<std::vector<at::Tensor>>& lists, int64_t root_rank,
+                           const char* op, const char* root_what, const char* list_name) const;
     DataType checkDtype(const at::Tensor& t, const char* op, const std::string& what) const;
     ReduceOp checkReduceOp(const c10d::ReduceOp& op, DataType dtype, const char* op_name) const;
     void checkRank(int64_t rank, const char* op, const char* what) const;

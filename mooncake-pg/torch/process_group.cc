@@ -52,6 +52,12 @@ void screen(const std::vector<std::vector<at::Tensor>>& lists, const char* op) {
         screen(list, op);
 }
 
+// Screens each argument (a tensor, a list or a list of lists) of `op`, in order.
+template <typename... Args>
+void screenAll(const char* op, const Args&... args) {
+    (screen(args, op), ...);
+}
+
 }  // namespace
 
 void MooncakeBackendOptions::validate() const {
@@ -114,85 +120,76 @@ using PG = MooncakeProcessGroup;
 using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
 WorkPtr PG::broadcast(Tensors& tensors, const c10d::BroadcastOptions& opts) {
-    screen(tensors, "broadcast");
+    screenAll("broadcast", tensors);
     return ProcessGroup::broadcast(tensors, opts);
 }
 
 WorkPtr PG::allreduce(Tensors& tensors, const c10d::AllreduceOptions& opts) {
-    screen(tensors, "all_reduce");
+    screenAll("all_reduce", tensors);
     return ProcessGroup::allreduce(tensors, opts);
 }
 
 WorkPtr PG::allreduce_coalesced(Tensors& tensors, const c10d::AllreduceCoalescedOptions& opts) {
-    screen(tensors, "all_reduce_coalesced");
+    screenAll("all_reduce_coalesced", tensors);
     return ProcessGroup::allreduce_coalesced(tensors, opts);
 }
 
 WorkPtr PG::reduce(Tensors& tensors, const c10d::ReduceOptions& opts) {
-    screen(tensors, "reduce");
+    screenAll("reduce", tensors);
     return ProcessGroup::reduce(tensors, opts);
 }
 
 WorkPtr PG::allgather(std::vector<Tensors>& outputs, Tensors& inputs,
                       const c10d::AllgatherOptions& opts) {
-    screen(inputs, "all_gather");
-    screen(outputs, "all_gather");
+    screenAll("all_gather", inputs, outputs);
     return ProcessGroup::allgather(outputs, inputs, opts);
 }
 
 WorkPtr PG::_allgather_base(at::Tensor& output, at::Tensor& input,
                             const c10d::AllgatherOptions& opts) {
-    screen(input, "all_gather_into_tensor");
-    screen(output, "all_gather_into_tensor");
+    screenAll("all_gather_into_tensor", input, output);
     return ProcessGroup::_allgather_base(output, input, opts);
 }
 
 WorkPtr PG::allgather_coalesced(std::vector<Tensors>& output_lists, Tensors& inputs,
                                 const c10d::AllgatherOptions& opts) {
-    screen(inputs, "all_gather_coalesced");
-    screen(output_lists, "all_gather_coalesced");
+    screenAll("all_gather_coalesced", inputs, output_lists);
     return ProcessGroup::allgather_coalesced(output_lists, inputs, opts);
 }
 
 WorkPtr PG::allgather_into_tensor_coalesced(Tensors& outputs, Tensors& inputs,
                                             const c10d::AllgatherOptions& opts) {
-    screen(inputs, "all_gather_into_tensor_coalesced");
-    screen(outputs, "all_gather_into_tensor_coalesced");
+    screenAll("all_gather_into_tensor_coalesced", inputs, outputs);
     return ProcessGroup::allgather_into_tensor_coalesced(outputs, inputs, opts);
 }
 
 WorkPtr PG::gather(std::vector<Tensors>& outputs, Tensors& inputs,
                    const c10d::GatherOptions& opts) {
-    screen(inputs, "gather");
-    screen(outputs, "gather");
+    screenAll("gather", inputs, outputs);
     return ProcessGroup::gather(outputs, inputs, opts);
 }
 
 WorkPtr PG::scatter(Tensors& outputs, std::vector<Tensors>& inputs,
                     const c10d::ScatterOptions& opts) {
-    screen(outputs, "scatter");
-    screen(inputs, "scatter");
+    screenAll("scatter", outputs, inputs);
     return ProcessGroup::scatter(outputs, inputs, opts);
 }
 
 WorkPtr PG::reduce_scatter(Tensors& outputs, std::vector<Tensors>& inputs,
                            const c10d::ReduceScatterOptions& opts) {
-    screen(outputs, "reduce_scatter");
-    screen(inputs, "reduce_scatter");
+    screenAll("reduce_scatter", outputs, inputs);
     return ProcessGroup::reduce_scatter(outputs, inputs, opts);
 }
 
 WorkPtr PG::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                  const c10d::ReduceScatterOptions& opts) {
-    screen(input, "reduce_scatter_tensor");
-    screen(output, "reduce_scatter_tensor");
+    screenAll("reduce_scatter_tensor", input, output);
     return ProcessGroup::_reduce_scatter_base(output, input, opts);
 }
 
 WorkPtr PG::reduce_scatter_tensor_coalesced(Tensors& outputs, Tensors& inputs,
                                             const c10d::ReduceScatterOptions& opts) {
-    screen(inputs, "reduce_scatter_tensor_coalesced");
-    screen(outputs, "reduce_scatter_tensor_coalesced");
+    screenAll("reduce_scatter_tensor_coalesced", inputs, outputs);
     return ProcessGroup::reduce_scatter_tensor_coalesced(outputs, inputs, opts);
 }
 
@@ -200,24 +197,22 @@ WorkPtr PG::alltoall_base(at::Tensor& output, at::Tensor& input,
                           std::vector<int64_t>& output_split_sizes,
                           std::vector<int64_t>& input_split_sizes,
                           const c10d::AllToAllOptions& opts) {
-    screen(input, "all_to_all_single");
-    screen(output, "all_to_all_single");
+    screenAll("all_to_all_single", input, output);
     return ProcessGroup::alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
 }
 
 WorkPtr PG::alltoall(Tensors& outputs, Tensors& inputs, const c10d::AllToAllOptions& opts) {
-    screen(inputs, "all_to_all");
-    screen(outputs, "all_to_all");
+    screenAll("all_to_all", inputs, outputs);
     return ProcessGroup::alltoall(outputs, inputs, opts);
 }
 
 WorkPtr PG::send(Tensors& tensors, int dst_rank, int tag) {
-    screen(tensors, "send");
+    screenAll("send", tensors);
     return ProcessGroup::send(tensors, dst_rank, tag);
 }
 
 WorkPtr PG::recv(Tensors& tensors, int src_rank, int tag) {
-    screen(tensors, "recv");
+    screenAll("recv", tensors);
     return ProcessGroup::recv(tensors, src_rank, tag);
 }
 

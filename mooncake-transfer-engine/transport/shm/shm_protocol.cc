@@ -1,5 +1,7 @@
 #include "mooncake-transfer-engine/transport/shm/shm_protocol.h"
 
+#include <optional>
+
 #include "mooncake-transfer-engine/common/serialize.h"
 
 namespace mooncake::te {
@@ -36,60 +38,74 @@ Result<ShmExport> decodeShmExport(std::string_view bytes) {
     return e;
 }
 
-std::string encodeShmRequest(const ShmRequest& req) {
+namespace {
+
+// Every socket message opens with magic, version and one kind byte (a
+// request's op, a reply's code); only the fields after it differ.
+ByteWriter startWireMessage(uint8_t kind) {
     ByteWriter w;
     w.put(kWireMagic);
     w.put(kWireVersion);
-    w.put(static_cast<uint8_t>(req.op));
+    w.put(kind);
+    return w;
+}
+
+// Reads the opening startWireMessage wrote, then the rest through
+// `read_fields`. Returns the kind byte, or nullopt when the opening is not
+// ours, a field is short, or bytes are left over.
+template <typename ReadFields>
+std::optional<uint8_t> readWireMessage(std::string_view bytes, ReadFields&& read_fields) {
+    ByteReader r(bytes);
+    uint32_t magic = 0;
+    uint8_t version = 0, kind = 0;
+    r.get(&magic);
+    r.get(&version);
+    r.get(&kind);
+    read_fields(r);
+    if (!r.ok() || !r.atEnd() || magic != kWireMagic || version != kWireVersion) {
+        return std::nullopt;
+    }
+    return kind;
+}
+
+}  // namespace
+
+std::string encodeShmRequest(const ShmRequest& req) {
+    ByteWriter w = startWireMessage(static_cast<uint8_t>(req.op));
     w.put(req.alloc_id);
     w.putString(req.secret);
     return w.take();
 }
 
 Result<ShmRequest> decodeShmRequest(std::string_view bytes) {
-    ByteReader r(bytes);
-    uint32_t magic = 0;
-    uint8_t version = 0, op = 0;
     ShmRequest req;
-    r.get(&magic);
-    r.get(&version);
-    r.get(&op);
-    r.get(&req.alloc_id);
-    r.getString(&req.secret, kMaxShmSecretBytes);
-    if (!r.ok() || !r.atEnd() || magic != kWireMagic || version != kWireVersion) {
+    const std::optional<uint8_t> op = readWireMessage(bytes, [&req](ByteReader& r) {
+        r.get(&req.alloc_id);
+        r.getString(&req.secret, kMaxShmSecretBytes);
+    });
+    if (!op)
         return InvalidArgument("malformed shm request");
+    if (*op != static_cast<uint8_t>(ShmOp::kPing) &&
+        *op != static_cast<uint8_t>(ShmOp::kOpenAllocation)) {
+        return InvalidArgument("unknown shm op " + std::to_string(*op));
     }
-    if (op != static_cast<uint8_t>(ShmOp::kPing) &&
-        op != static_cast<uint8_t>(ShmOp::kOpenAllocation)) {
-        return InvalidArgument("unknown shm op " + std::to_string(op));
-    }
-    req.op = static_cast<ShmOp>(op);
+    req.op = static_cast<ShmOp>(*op);
     return req;
 }
 
 std::string encodeShmReply(const ShmReply& rep) {
-    ByteWriter w;
-    w.put(kWireMagic);
-    w.put(kWireVersion);
-    w.put(static_cast<uint8_t>(rep.code));
+    ByteWriter w = startWireMessage(static_cast<uint8_t>(rep.code));
     w.put(rep.length);
     return w.take();
 }
 
 Result<ShmReply> decodeShmReply(std::string_view bytes) {
-    ByteReader r(bytes);
-    uint32_t magic = 0;
-    uint8_t version = 0, code = 0;
     ShmReply rep;
-    r.get(&magic);
-    r.get(&version);
-    r.get(&code);
-    r.get(&rep.length);
-    if (!r.ok() || !r.atEnd() || magic != kWireMagic || version != kWireVersion ||
-        code > static_cast<uint8_t>(ShmReplyCode::kInternal)) {
+    const std::optional<uint8_t> code =
+        readWireMessage(bytes, [&rep](ByteReader& r) { r.get(&rep.length); });
+    if (!code || *code > static_cast<uint8_t>(ShmReplyCode::kInternal))
         return PeerFailure("malformed shm reply");
-    }
-    rep.code = static_cast<ShmReplyCode>(code);
+    rep.code = static_cast<ShmReplyCode>(*code);
     return rep;
 }
 

@@ -28,19 +28,7 @@ using namespace shm_test;  // NOLINT(build/namespaces): test helpers only
 // The transport re-checks every range itself rather than trusting the
 // engine's validation; drive it directly with descriptors the engine would
 // never produce.
-class FakeHost : public TransportHost {
-public:
-    FakeHost(std::string name, std::string secret)
-        : name_(std::move(name)), secret_(std::move(secret)) {}
-    MemoryRegistry& memory() override { return memory_; }
-    const std::string& secret() const override { return secret_; }
-    const std::string& hostIp() const override { return ip_; }
-    const std::string& segmentName() const override { return name_; }
-
-private:
-    MemoryRegistry memory_;
-    std::string name_, secret_, ip_ = "127.0.0.1";
-};
+using test::FakeHost;
 
 Status runTask(Transport& t, const SegmentDesc& peer, TransferOpcode op, void* src, uint64_t addr,
                uint64_t len) {
@@ -207,23 +195,39 @@ std::unique_ptr<Child> spawnVictim(const std::string& dir) {
     });
 }
 
+// A victim (spawnVictim) and an engine that opened its segment once the
+// victim published it.
+struct VictimSession {
+    std::unique_ptr<Child> victim;
+    std::shared_ptr<FileKVStore> store;
+    std::unique_ptr<TransferEngine> engine;
+    SegmentID id = -1;
+};
+
+// Call through ASSERT_NO_FATAL_FAILURE: it asserts.
+void startVictimSession(const std::string& dir, const std::string& engine_name, VictimSession* s) {
+    s->victim = spawnVictim(dir);
+    ASSERT_TRUE(s->victim->ok());
+    s->store = std::make_shared<FileKVStore>(dir);
+    s->engine = startEngine(s->store, engine_name);
+    ASSERT_TRUE(s->engine);
+    ASSERT_NE(waitAddr(*s->store, "victim/a"), 0u);
+    auto id = s->engine->openSegment("victim");
+    ASSERT_TRUE(id.ok());
+    s->id = id.value();
+}
+
 TEST(ShmTransport, ProbeOfKilledPeerFailsQuickly) {
     TempDir dir;
-    auto victim = spawnVictim(dir.path());
-    ASSERT_TRUE(victim->ok());
-    auto store = std::make_shared<FileKVStore>(dir.path());
-    auto e = startEngine(store, "prober");
-    ASSERT_TRUE(e);
-    ASSERT_NE(waitAddr(*store, "victim/a"), 0u);
-    auto id = e->openSegment("victim");
-    ASSERT_TRUE(id.ok());
-    Status st = e->probePeerAlive(id.value(), Deadline::afterMs(5000));
+    VictimSession s;
+    ASSERT_NO_FATAL_FAILURE(startVictimSession(dir.path(), "prober", &s));
+    Status st = s.engine->probePeerAlive(s.id, Deadline::afterMs(5000));
     ASSERT_TRUE(st.ok()) << st.toString();
 
-    victim->kill(SIGKILL);
-    ASSERT_EQ(victim->wait(Deadline::afterMs(kWaitMs)), 128 + SIGKILL);
+    s.victim->kill(SIGKILL);
+    ASSERT_EQ(s.victim->wait(Deadline::afterMs(kWaitMs)), 128 + SIGKILL);
     auto t0 = std::chrono::steady_clock::now();
-    st = e->probePeerAlive(id.value(), Deadline::afterMs(5000));
+    st = s.engine->probePeerAlive(s.id, Deadline::afterMs(5000));
     auto took = std::chrono::steady_clock::now() - t0;
     EXPECT_FALSE(st.ok());
     // A refused connect needs no waiting; the bound only absorbs a loaded machine.
@@ -232,19 +236,13 @@ TEST(ShmTransport, ProbeOfKilledPeerFailsQuickly) {
 
 TEST(ShmTransport, ProbeOfStoppedPeerFailsAtTheDeadline) {
     TempDir dir;
-    auto victim = spawnVictim(dir.path());
-    ASSERT_TRUE(victim->ok());
-    auto store = std::make_shared<FileKVStore>(dir.path());
-    auto e = startEngine(store, "prober");
-    ASSERT_TRUE(e);
-    ASSERT_NE(waitAddr(*store, "victim/a"), 0u);
-    auto id = e->openSegment("victim");
-    ASSERT_TRUE(id.ok());
-    ASSERT_TRUE(e->probePeerAlive(id.value(), Deadline::afterMs(5000)).ok());
+    VictimSession s;
+    ASSERT_NO_FATAL_FAILURE(startVictimSession(dir.path(), "prober", &s));
+    ASSERT_TRUE(s.engine->probePeerAlive(s.id, Deadline::afterMs(5000)).ok());
 
-    ASSERT_TRUE(victim->stop());
+    ASSERT_TRUE(s.victim->stop());
     auto t0 = std::chrono::steady_clock::now();
-    Status st = e->probePeerAlive(id.value(), Deadline::afterMs(300));
+    Status st = s.engine->probePeerAlive(s.id, Deadline::afterMs(300));
     auto took = std::chrono::steady_clock::now() - t0;
     EXPECT_FALSE(st.ok());
     EXPECT_GE(took, std::chrono::milliseconds(250));

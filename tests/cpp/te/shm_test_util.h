@@ -1,45 +1,25 @@
-// Helpers shared by the shm transport tests: temp stores, engines, patterns
-// and forked children that report through their exit code.
+// Helpers shared by the shm transport tests: engines, patterns and checks
+// for forked children that report through their exit code (the children
+// and temp stores themselves come from transport_test_util.h).
 #pragma once
-
-#include <poll.h>
-#include <signal.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <functional>
 #include <memory>
 #include <string>
 
 #include "mooncake-transfer-engine/engine/transfer_engine.h"
 #include "mooncake-transfer-engine/metadata/kv_store.h"
+#include "tests/cpp/te/transport_test_util.h"
 
 namespace mooncake::te::shm_test {
 
 inline constexpr const char* kSecret = "shm-test-secret";
 inline constexpr int64_t kWaitMs = 30000;  // generous: only hit when something is broken
 
-class TempDir {
-public:
-    TempDir() {
-        std::string tmpl = (std::filesystem::temp_directory_path() / "shm_test.XXXXXX").string();
-        path_ = ::mkdtemp(tmpl.data()) ? tmpl : "";
-    }
-    ~TempDir() {
-        std::error_code ec;
-        if (!path_.empty())
-            std::filesystem::remove_all(path_, ec);
-    }
-    const std::string& path() const { return path_; }
-
-private:
-    std::string path_;
-};
+using test::Child;
+using test::TempDir;
 
 inline std::unique_ptr<TransferEngine> startEngine(std::shared_ptr<KVStore> store,
                                                    const std::string& name,
@@ -101,68 +81,6 @@ struct Buffer {
     static size_t round(size_t n) { return (n + 4095) / 4096 * 4096; }
     size_t size;
     char* data;
-};
-
-// glibc 2.36 declares pidfd_open without C linkage; go through syscall().
-inline int pidfdOpen(pid_t pid) {
-    return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-}
-
-// A forked child. Reaped (killed first if needed) on destruction.
-class Child {
-public:
-    explicit Child(const std::function<int()>& body) {
-        std::fflush(nullptr);
-        pid_ = ::fork();
-        if (pid_ == 0) {
-            int rc = 98;
-            try {
-                rc = body();
-            } catch (...) {
-                rc = 99;
-            }
-            ::_exit(rc);
-        }
-        pidfd_ = pid_ > 0 ? pidfdOpen(pid_) : -1;
-    }
-    explicit Child(pid_t pid) : pid_(pid), pidfd_(pidfdOpen(pid)) {}
-    ~Child() {
-        if (pid_ > 0 && !reaped_) {
-            ::kill(pid_, SIGKILL);
-            (void)wait(Deadline::never());
-        }
-        if (pidfd_ >= 0)
-            ::close(pidfd_);
-    }
-    bool ok() const { return pid_ > 0 && pidfd_ >= 0; }
-    pid_t pid() const { return pid_; }
-    void kill(int sig) const { ::kill(pid_, sig); }
-    // SIGSTOP lands asynchronously; returns once the child really is stopped.
-    bool stop() const {
-        if (::kill(pid_, SIGSTOP) != 0)
-            return false;
-        siginfo_t info{};
-        return ::waitid(P_PID, static_cast<id_t>(pid_), &info, WSTOPPED) == 0;
-    }
-
-    // Exit code; 128 + signal when killed; -1 when still running at the deadline.
-    int wait(Deadline deadline) {
-        pollfd p{pidfd_, POLLIN, 0};
-        if (::poll(&p, 1, deadline.remainingMsForPoll()) <= 0)
-            return -1;
-        int status = 0;
-        if (::waitpid(pid_, &status, 0) != pid_)
-            return -1;
-        reaped_ = true;
-        if (WIFSIGNALED(status))
-            return 128 + WTERMSIG(status);
-        return WEXITSTATUS(status);
-    }
-
-private:
-    pid_t pid_ = -1;
-    int pidfd_ = -1;
-    bool reaped_ = false;
 };
 
 // Checks inside a child, where gtest assertions would not reach the parent.

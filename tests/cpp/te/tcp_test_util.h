@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "mooncake-transfer-engine/transport/transport.h"
+#include "tests/cpp/te/transport_test_util.h"
 
 namespace mooncake::te::test {
 
@@ -55,23 +55,6 @@ public:
 private:
     void* data_ = nullptr;
     size_t size_;
-};
-
-// A TransportHost without an engine, for driving a transport directly.
-class FakeHost : public TransportHost {
-public:
-    FakeHost(std::string name, std::string secret)
-        : name_(std::move(name)), secret_(std::move(secret)) {}
-    MemoryRegistry& memory() override { return memory_; }
-    const std::string& secret() const override { return secret_; }
-    const std::string& hostIp() const override { return ip_; }
-    const std::string& segmentName() const override { return name_; }
-
-private:
-    MemoryRegistry memory_;
-    std::string name_;
-    std::string secret_;
-    std::string ip_ = "127.0.0.1";
 };
 
 }  // namespace mooncake::te::test

@@ -6,12 +6,10 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
@@ -25,28 +23,13 @@ namespace mooncake::te {
 namespace {
 
 using namespace std::chrono_literals;
+using test::Child;
 using test::fillPattern;
 using test::findMismatch;
 using test::Mapping;
+using test::TempDir;
 
 constexpr uint64_t kMiB = 1ull << 20;
-
-class TempDir {
-public:
-    TempDir() {
-        std::string tmpl = (std::filesystem::temp_directory_path() / "mc_tcp_XXXXXX").string();
-        path_ = ::mkdtemp(tmpl.data()) ? tmpl : "";
-    }
-    ~TempDir() {
-        std::error_code ec;
-        if (!path_.empty())
-            std::filesystem::remove_all(path_, ec);
-    }
-    const std::string& path() const { return path_; }
-
-private:
-    std::string path_;
-};
 
 // A target engine in a child process whose registered region is `region`
 // (shared with the parent). It serves until told to stop or killed.
@@ -54,54 +37,34 @@ class ChildTarget {
 public:
     ChildTarget(const std::string& dir, const std::string& name, const std::string& secret,
                 Mapping* region)
-        : dir_(dir), name_(name) {
-        pid_ = ::fork();
-        if (pid_ == 0)
-            _exit(serve(secret, region));
-    }
-    ~ChildTarget() {
-        if (pid_ > 0 && !reaped_) {
-            (void)stop();
-        }
-    }
+        : dir_(dir),
+          name_(name),
+          child_([this, secret, region] { return serve(secret, region); }) {}
+    ~ChildTarget() { (void)stop(); }
 
-    bool started() const { return pid_ > 0; }
+    bool started() const { return child_.ok(); }
     Status waitReady() {
         FileKVStore store(dir_);
         return store.get("ready/" + name_, Deadline::afterMs(30000)).status();
     }
     // SIGSTOP, returning once the child is really stopped.
-    void freeze() {
-        ::kill(pid_, SIGSTOP);
-        int status = 0;
-        ::waitpid(pid_, &status, WUNTRACED);
-    }
-    void thaw() { ::kill(pid_, SIGCONT); }
+    void freeze() { (void)child_.stop(); }
+    void thaw() { child_.kill(SIGCONT); }
     void killAndReap() {
-        ::kill(pid_, SIGKILL);
-        int status = 0;
-        ::waitpid(pid_, &status, 0);
-        reaped_ = true;
+        child_.kill(SIGKILL);
+        (void)child_.wait(Deadline::never());
     }
-    // Asks the child to exit and returns its exit code (-1: it did not exit).
+    // Asks the child to exit and returns what Child::wait does (-1: it did
+    // not exit in time and was killed, or was never started or already reaped).
     int stop() {
-        if (reaped_)
+        if (!child_.ok() || child_.reaped())
             return -1;
         FileKVStore store(dir_);
         (void)store.set("stop/" + name_, "1");
-        int status = 0;
-        auto deadline = std::chrono::steady_clock::now() + 20s;
-        while (::waitpid(pid_, &status, WNOHANG) == 0) {
-            if (std::chrono::steady_clock::now() > deadline) {
-                ::kill(pid_, SIGKILL);
-                ::waitpid(pid_, &status, 0);
-                reaped_ = true;
-                return -1;
-            }
-            std::this_thread::sleep_for(1ms);
-        }
-        reaped_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        const int code = child_.wait(Deadline::afterMs(20000));
+        if (code < 0)
+            killAndReap();
+        return code;
     }
 
 private:
@@ -128,8 +91,7 @@ private:
 
     std::string dir_;
     std::string name_;
-    pid_t pid_ = -1;
-    bool reaped_ = false;
+    Child child_;  // after dir_ and name_: the child's body reads them
 };
 
 // The parent's engine plus one child target, both on tcp.

@@ -1,0 +1,231 @@
+// MooncakeBackend's broadcast and gather-family entry points (all_gather and
+// its variants, gather, scatter). Like every collective entry point, each
+// validates its arguments on the caller's thread (so a bad call fails before
+// anything is transferred), picks contiguous buffers for the core, and
+// queues a closure that makes the core calls and copies results into the
+// user's tensors. Closures hold the tensors they touch, so those outlive the
+// op.
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "mooncake-pg/core/communicator.h"
+#include "mooncake-pg/torch/backend.h"
+#include "mooncake-pg/torch/collective_tensors.h"
+
+namespace mooncake::pg {
+
+using namespace collective_tensors;  // NOLINT(build/namespaces): this op family's helpers
+using c10d::OpType;
+
+c10::intrusive_ptr<c10d::Work> MooncakeBackend::broadcast(Tensors& tensors,
+                                                          const c10d::BroadcastOptions& opts) {
+    const char* op = "broadcast";
+    checkSingle(tensors, op);
+    checkRank(opts.rootRank, op, "root");
+    TORCH_CHECK(opts.rootTensor == 0, "Mooncake PG: broadcast: root_tensor ", opts.rootTensor,
+                " is out of range for a single-tensor call (expected 0)");
+    const at::Tensor t = tensors[0];
+    checkTensor(t, op, "tensor");
+    checkDtype(t, op, "tensor");
+    at::Tensor buf = inOutBuffer(t);
+    const int root = static_cast<int>(opts.rootRank);
+    return enqueue(OpType::BROADCAST, op, {t}, opts.timeout, [this, t, buf, root](Deadline dl) {
+        comm_->setNextCallSignature(shapeSignature(buf));
+        MC_RETURN_IF_ERROR(comm_->broadcast(ptrOf(buf), bytesOf(buf), root, dl));
+        copyBack(t, buf);
+        return Status::OK();
+    });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather(std::vector<Tensors>& outputs,
+                                                          Tensors& inputs,
+                                                          const c10d::AllgatherOptions& opts) {
+    const char* op = "all_gather";
+    checkSingle(inputs, op);
+    TORCH_CHECK(outputs.size() == 1, "Mooncake PG: all_gather takes one output list, got ",
+                outputs.size());
+    const at::Tensor in = inputs[0];
+    checkTensor(in, op, "input tensor");
+    checkDtype(in, op, "input tensor");
+    const Tensors outs = outputs[0];
+    checkPerRankList(outs, in, op, "tensor_list");
+    at::Tensor src = inBuffer(in, at::Tensor());
+    const int n = groupSize();
+    return enqueue(OpType::ALLGATHER, op, outs, opts.timeout, [this, outs, src, n](Deadline dl) {
+        at::Tensor flat = at::empty({n * src.numel()}, src.options());
+        comm_->setNextCallSignature(shapeSignature(src));
+        MC_RETURN_IF_ERROR(comm_->allGather(ptrOf(src), ptrOf(flat), bytesOf(src), dl));
+        for (int r = 0; r < n; ++r)
+            outs[r].copy_(block(flat, r, outs[r]));
+        return Status::OK();
+    });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeBackend::_allgather_base(
+    at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
+    const char* op = "all_gather_into_tensor";
+    checkInOut(input, output, op, "input tensor", "output tensor");
+    checkOutputDtype(output, input, op);
+    checkGroupMultiple(output, "output", input, "input", groupSize(), op);
+    at::Tensor src = inBuffer(input, output);
+    at::Tensor dst = outBuffer(output);
+    const at::Tensor out = output;
+    return enqueue(
+        OpType::_ALLGATHER_BASE, op, {out}, opts.timeout, [this, out, src, dst](Deadline dl) {
+            comm_->setNextCallSignature(shapeSignature(src));
+            MC_RETURN_IF_ERROR(comm_->allGather(ptrOf(src), ptrOf(dst), bytesOf(src), dl));
+            copyBack(out, dst);
+            return Status::OK();
+        });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather_into_tensor_coalesced(
+    Tensors& outputs, Tensors& inputs, const c10d::AllgatherOptions& opts) {
+    const char* op = "all_gather_into_tensor_coalesced";
+    checkOnePerInput(outputs, inputs, op);
+    Tensors srcs, dsts;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        const std::string idx = "[" + std::to_string(i) + "]";
+        checkInOut(inputs[i], outputs[i], op, "inputs" + idx, "outputs" + idx);
+        TORCH_CHECK(outputs[i].scalar_type() == inputs[i].scalar_type(), "Mooncake PG: ", op,
+                    ": outputs", idx, " has dtype ", dtypeName(outputs[i].scalar_type()),
+                    " but inputs", idx, " has ", dtypeName(inputs[i].scalar_type()));
+        TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * groupSize(), "Mooncake PG: ", op,
+                    ": outputs", idx, " has ", outputs[i].numel(), " elements; expected ",
+                    inputs[i].numel() * groupSize(), " (input elements x group size)");
+        srcs.push_back(inBuffer(inputs[i], outputs[i]));
+        dsts.push_back(outBuffer(outputs[i]));
+    }
+    return enqueue(OpType::COALESCED, op, outputs, opts.timeout,
+                   [this, outs = outputs, srcs, dsts](Deadline dl) {
+                       for (size_t i = 0; i < srcs.size(); ++i) {
+                           MC_RETURN_IF_ERROR(comm_->allGather(ptrOf(srcs[i]), ptrOf(dsts[i]),
+                                                               bytesOf(srcs[i]), dl));
+                           copyBack(outs[i], dsts[i]);
+                       }
+                       return Status::OK();
+                   });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather_coalesced(
+    std::vector<Tensors>& output_lists, Tensors& inputs, const c10d::AllgatherOptions& opts) {
+    const char* op = "all_gather_coalesced";
+    const int n = groupSize();
+    TORCH_CHECK(static_cast<int>(output_lists.size()) == n, "Mooncake PG: ", op,
+                ": output_tensor_lists has ", output_lists.size(),
+                " lists; expected one per rank of the group (", n, ")");
+    Tensors srcs, flat_outputs;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        const std::string what = "input_tensor_list[" + std::to_string(i) + "]";
+        checkTensor(inputs[i], op, what);
+        checkDtype(inputs[i], op, what);
+        srcs.push_back(inBuffer(inputs[i], at::Tensor()));
+    }
+    for (int r = 0; r < n; ++r) {
+        TORCH_CHECK(output_lists[r].size() == inputs.size(), "Mooncake PG: ", op,
+                    ": output_tensor_lists[", r, "] has ", output_lists[r].size(),
+                    " tensors; expected one per input (", inputs.size(), ")");
+        for (size_t i = 0; i < inputs.size(); ++i) {
+            const at::Tensor& o = output_lists[r][i];
+            const std::string what =
+                "output_tensor_lists[" + std::to_string(r) + "][" + std::to_string(i) + "]";
+            checkTensor(o, op, what);
+            TORCH_CHECK(
+                o.scalar_type() == inputs[i].scalar_type() && o.numel() == inputs[i].numel(),
+                "Mooncake PG: ", op, ": ", what, " is ", dtypeName(o.scalar_type()), " with ",
+                o.numel(), " elements; expected ", dtypeName(inputs[i].scalar_type()), " with ",
+                inputs[i].numel(), " elements like input_tensor_list[", i, "]");
+            flat_outputs.push_back(o);
+        }
+    }
+    return enqueue(OpType::ALLGATHER_COALESCED, op, flat_outputs, opts.timeout,
+                   [this, outs = output_lists, srcs, n](Deadline dl) {
+                       for (size_t i = 0; i < srcs.size(); ++i) {
+                           at::Tensor flat = at::empty({n * srcs[i].numel()}, srcs[i].options());
+                           MC_RETURN_IF_ERROR(
+                               comm_->allGather(ptrOf(srcs[i]), ptrOf(flat), bytesOf(srcs[i]), dl));
+                           for (int r = 0; r < n; ++r) {
+                               outs[r][i].copy_(block(flat, r, outs[r][i]));
+                           }
+                       }
+                       return Status::OK();
+                   });
+}
+
+// The per-rank list (gather_list / scatter_list) is checked and returned on
+// the root; on other ranks it must be absent.
+MooncakeBackend::RootedArgs MooncakeBackend::checkRooted(Tensors& locals,
+                                                         std::vector<Tensors>& lists,
+                                                         int64_t root_rank, const char* op,
+                                                         const char* root_what,
+                                                         const char* list_name) const {
+    checkSingle(locals, op);
+    checkRank(root_rank, op, root_what);
+    RootedArgs args;
+    args.local = locals[0];
+    checkTensor(args.local, op, "tensor");
+    checkDtype(args.local, op, "tensor");
+    args.root = static_cast<int>(root_rank);
+    args.is_root = args.root == config_.rank;
+    if (args.is_root) {
+        TORCH_CHECK(lists.size() == 1, "Mooncake PG: ", op, ": the root (rank ", args.root,
+                    ") takes one ", list_name, ", got ", lists.size(), " lists");
+        args.list = lists[0];
+        checkPerRankList(args.list, args.local, op, list_name);
+    } else {
+        TORCH_CHECK(lists.empty() || (lists.size() == 1 && lists[0].empty()), "Mooncake PG: ", op,
+                    ": only the root (rank ", args.root, ") takes a ", list_name, "; rank ",
+                    config_.rank, " passed one");
+    }
+    return args;
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeBackend::gather(std::vector<Tensors>& outputs,
+                                                       Tensors& inputs,
+                                                       const c10d::GatherOptions& opts) {
+    const char* op = "gather";
+    const RootedArgs args = checkRooted(inputs, outputs, opts.rootRank, op, "dst", "gather_list");
+    const Tensors outs = args.list;
+    const int root = args.root;
+    const bool is_root = args.is_root;
+    at::Tensor src = inBuffer(args.local, at::Tensor());
+    const int n = groupSize();
+    return enqueue(
+        OpType::GATHER, op, outs, opts.timeout, [this, outs, src, root, is_root, n](Deadline dl) {
+            at::Tensor flat;
+            if (is_root)
+                flat = at::empty({n * src.numel()}, src.options());
+            comm_->setNextCallSignature(shapeSignature(src));
+            MC_RETURN_IF_ERROR(
+                comm_->gather(ptrOf(src), is_root ? ptrOf(flat) : nullptr, bytesOf(src), root, dl));
+            for (size_t r = 0; r < outs.size(); ++r) {
+                outs[r].copy_(block(flat, static_cast<int64_t>(r), outs[r]));
+            }
+            return Status::OK();
+        });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeBackend::scatter(Tensors& outputs,
+                                                        std::vector<Tensors>& inputs,
+                                                        const c10d::ScatterOptions& opts) {
+    const char* op = "scatter";
+    const RootedArgs args = checkRooted(outputs, inputs, opts.rootRank, op, "src", "scatter_list");
+    const at::Tensor out = args.local;
+    const Tensors ins = args.list;
+    const int root = args.root;
+    const bool is_root = args.is_root;
+    at::Tensor dst = outBuffer(out);
+    return enqueue(OpType::SCATTER, op, {out}, opts.timeout,
+                   [this, out, ins, dst, root, is_root](Deadline dl) {
+                       at::Tensor flat;
+                       if (is_root)
+                           flat = pack(ins, dst.options());
+                       comm_->setNextCallSignature(shapeSignature(dst));
+                       MC_RETURN_IF_ERROR(comm_->scatter(is_root ? ptrOf(flat) : nullptr,
+                                                         ptrOf(dst), bytesOf(dst), root, dl));
+                       copyBack(out, dst);
+                       return Status::OK();
+                   });
+}
+
+}  // namespace mooncake::pg

@@ -1,0 +1,164 @@
+// MooncakeBackend's reduction entry points: all_reduce (single and
+// coalesced), reduce and reduce_scatter (list, tensor and coalesced). See
+// backend_gathers.cc for what every collective entry point does.
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "mooncake-pg/core/communicator.h"
+#include "mooncake-pg/torch/backend.h"
+#include "mooncake-pg/torch/collective_tensors.h"
+
+namespace mooncake::pg {
+
+using namespace collective_tensors;  // NOLINT(build/namespaces): this op family's helpers
+using c10d::OpType;
+
+c10::intrusive_ptr<c10d::Work> MooncakeBackend::allreduce(Tensors& tensors,
+                                                          const c10d::AllreduceOptions& opts) {
+    const char* op = "all_reduce";
+    checkSingle(tensors, op);
+    TORCH_CHECK(!opts.sparseIndices.has_value(),
+                "Mooncake PG: all_reduce of sparse tensors is "
+                "not supported");
+    const at::Tensor t = tensors[0];
+    checkTensor(t, op, "tensor");
+    const DataType dtype = checkDtype(t, op, "tensor");
+    const ReduceOp rop = checkReduceOp(opts.reduceOp, dtype, op);
+    at::Tensor buf = inOutBuffer(t);
+    return enqueue(OpType::ALLREDUCE, op, {t}, opts.timeout,
+                   [this, t, buf, dtype, rop](Deadline dl) {
+                       void* p = ptrOf(buf);
+                       comm_->setNextCallSignature(shapeSignature(buf));
+                       MC_RETURN_IF_ERROR(comm_->allReduce(p, p, buf.numel(), dtype, rop, dl));
+                       copyBack(t, buf);
+                       return Status::OK();
+                   });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeBackend::allreduce_coalesced(
+    Tensors& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+    const char* op = "all_reduce_coalesced";
+    TORCH_CHECK(!tensors.empty(), "Mooncake PG: all_reduce_coalesced got an empty tensor list");
+    std::vector<DataType> dtypes;
+    std::vector<ReduceOp> rops;
+    Tensors bufs;
+    for (size_t i = 0; i < tensors.size(); ++i) {
+        const std::string what = "tensors[" + std::to_string(i) + "]";
+        checkTensor(tensors[i], op, what);
+        dtypes.push_back(checkDtype(tensors[i], op, what));
+        rops.push_back(checkReduceOp(opts.reduceOp, dtypes.back(), op));
+        bufs.push_back(inOutBuffer(tensors[i]));
+    }
+    return enqueue(
+        OpType::ALLREDUCE_COALESCED, op, tensors, opts.timeout,
+        [this, user = tensors, bufs, dtypes, rops](Deadline dl) {
+            for (size_t i = 0; i < bufs.size(); ++i) {
+                void* p = ptrOf(bufs[i]);
+                comm_->setNextCallSignature(shapeSignature(bufs[i]));
+                MC_RETURN_IF_ERROR(comm_->allReduce(p, p, bufs[i].numel(), dtypes[i], rops[i], dl));
+                copyBack(user[i], bufs[i]);
+            }
+            return Status::OK();
+        });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce(Tensors& tensors,
+                                                       const c10d::ReduceOptions& opts) {
+    const char* op = "reduce";
+    checkSingle(tensors, op);
+    checkRank(opts.rootRank, op, "dst");
+    const at::Tensor t = tensors[0];
+    checkTensor(t, op, "tensor");
+    const DataType dtype = checkDtype(t, op, "tensor");
+    const ReduceOp rop = checkReduceOp(opts.reduceOp, dtype, op);
+    at::Tensor buf = inOutBuffer(t);
+    const int root = static_cast<int>(opts.rootRank);
+    return enqueue(OpType::REDUCE, op, {t}, opts.timeout,
+                   [this, t, buf, dtype, rop, root](Deadline dl) {
+                       void* p = ptrOf(buf);
+                       comm_->setNextCallSignature(shapeSignature(buf));
+                       MC_RETURN_IF_ERROR(comm_->reduce(p, p, buf.numel(), dtype, rop, root, dl));
+                       copyBack(t, buf);
+                       return Status::OK();
+                   });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce_scatter(
+    Tensors& outputs, std::vector<Tensors>& inputs, const c10d::ReduceScatterOptions& opts) {
+    const char* op = "reduce_scatter";
+    checkSingle(outputs, op);
+    TORCH_CHECK(inputs.size() == 1, "Mooncake PG: reduce_scatter takes one input list, got ",
+                inputs.size());
+    const at::Tensor out = outputs[0];
+    checkTensor(out, op, "output");
+    const DataType dtype = checkDtype(out, op, "output");
+    const ReduceOp rop = checkReduceOp(opts.reduceOp, dtype, op);
+    const Tensors ins = inputs[0];
+    checkPerRankList(ins, out, op, "input_list");
+    at::Tensor dst = outBuffer(out);
+    return enqueue(OpType::REDUCE_SCATTER, op, {out}, opts.timeout,
+                   [this, out, ins, dst, dtype, rop](Deadline dl) {
+                       at::Tensor flat = pack(ins, dst.options());
+                       comm_->setNextCallSignature(shapeSignature(dst));
+                       MC_RETURN_IF_ERROR(comm_->reduceScatter(ptrOf(flat), ptrOf(dst), dst.numel(),
+                                                               dtype, rop, dl));
+                       copyBack(out, dst);
+                       return Status::OK();
+                   });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeBackend::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+    const char* op = "reduce_scatter_tensor";
+    const DataType dtype = checkInOut(input, output, op, "input tensor", "output tensor");
+    const ReduceOp rop = checkReduceOp(opts.reduceOp, dtype, op);
+    checkOutputDtype(output, input, op);
+    checkGroupMultiple(input, "input", output, "output", groupSize(), op);
+    at::Tensor src = inBuffer(input, output);
+    at::Tensor dst = outBuffer(output);
+    const at::Tensor out = output;
+    return enqueue(OpType::_REDUCE_SCATTER_BASE, op, {out}, opts.timeout,
+                   [this, out, src, dst, dtype, rop](Deadline dl) {
+                       comm_->setNextCallSignature(shapeSignature(dst));
+                       MC_RETURN_IF_ERROR(comm_->reduceScatter(ptrOf(src), ptrOf(dst), dst.numel(),
+                                                               dtype, rop, dl));
+                       copyBack(out, dst);
+                       return Status::OK();
+                   });
+}
+
+c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce_scatter_tensor_coalesced(
+    Tensors& outputs, Tensors& inputs, const c10d::ReduceScatterOptions& opts) {
+    const char* op = "reduce_scatter_tensor_coalesced";
+    checkOnePerInput(outputs, inputs, op);
+    Tensors srcs, dsts;
+    std::vector<DataType> dtypes;
+    std::vector<ReduceOp> rops;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        const std::string idx = "[" + std::to_string(i) + "]";
+        dtypes.push_back(checkInOut(inputs[i], outputs[i], op, "inputs" + idx, "outputs" + idx));
+        rops.push_back(checkReduceOp(opts.reduceOp, dtypes.back(), op));
+        TORCH_CHECK(outputs[i].scalar_type() == inputs[i].scalar_type() &&
+                        inputs[i].numel() == outputs[i].numel() * groupSize(),
+                    "Mooncake PG: ", op, ": outputs", idx, " (",
+                    dtypeName(outputs[i].scalar_type()), ", ", outputs[i].numel(),
+                    " elements) does not match inputs", idx, " (",
+                    dtypeName(inputs[i].scalar_type()), ", ", inputs[i].numel(),
+                    " elements); expected the same dtype and input elements = output elements x ",
+                    groupSize());
+        srcs.push_back(inBuffer(inputs[i], outputs[i]));
+        dsts.push_back(outBuffer(outputs[i]));
+    }
+    return enqueue(
+        OpType::COALESCED, op, outputs, opts.timeout,
+        [this, outs = outputs, srcs, dsts, dtypes, rops](Deadline dl) {
+            for (size_t i = 0; i < srcs.size(); ++i) {
+                MC_RETURN_IF_ERROR(comm_->reduceScatter(ptrOf(srcs[i]), ptrOf(dsts[i]),
+                                                        dsts[i].numel(), dtypes[i], rops[i], dl));
+                copyBack(outs[i], dsts[i]);
+            }
+            return Status::OK();
+        });
+}
+
+}  // namespace mooncake::pg
