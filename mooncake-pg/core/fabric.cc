@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <string>
 
 namespace mooncake::pg {
 
@@ -27,13 +28,15 @@ public:
 
     Status putFlag(int peer, uint64_t offset, uint64_t value) override {
         MC_RETURN_IF_ERROR(check(peer, offset, sizeof(uint64_t)));
-        std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(group_->windows_[peer].get() + offset))
+        std::atomic_ref<uint64_t>(
+            *reinterpret_cast<uint64_t*>(group_->windows_[peer].get() + offset))
             .store(value, std::memory_order_release);
         return Status::OK();
     }
 
     uint8_t* peerWindow(int peer) override {
-        if (peer < 0 || peer >= group_->size_ || group_->dead_[peer].load()) return nullptr;
+        if (peer < 0 || peer >= group_->size_ || group_->dead_[peer].load())
+            return nullptr;
         return group_->windows_[peer].get();
     }
 
@@ -60,17 +63,34 @@ private:
     int rank_;
 };
 
+SoloFabric::SoloFabric(int rank, int size, size_t window_bytes)
+    : rank_(rank), size_(size), window_bytes_(window_bytes), window_(new uint8_t[window_bytes]()) {}
+
+Status SoloFabric::put(int peer, uint64_t, const void*, size_t) {
+    return Unavailable("rank " + std::to_string(rank_) + " is on its own: no put to rank " +
+                       std::to_string(peer));
+}
+
+Status SoloFabric::putFlag(int peer, uint64_t offset, uint64_t) {
+    return put(peer, offset, nullptr, 0);
+}
+
 ThreadFabricGroup::ThreadFabricGroup(int size, size_t window_bytes)
     : size_(size), window_bytes_(window_bytes), dead_(new std::atomic<bool>[size]) {
     for (int r = 0; r < size; ++r) {
         windows_.emplace_back(new uint8_t[window_bytes]());
         dead_[r].store(false);
     }
-    for (int r = 0; r < size; ++r) fabrics_.push_back(std::make_shared<ThreadFabric>(this, r));
+    for (int r = 0; r < size; ++r)
+        fabrics_.push_back(std::make_shared<ThreadFabric>(this, r));
 }
 
-std::shared_ptr<Fabric> ThreadFabricGroup::fabric(int rank) { return fabrics_.at(rank); }
+std::shared_ptr<Fabric> ThreadFabricGroup::fabric(int rank) {
+    return fabrics_.at(rank);
+}
 
-void ThreadFabricGroup::kill(int rank) { dead_[rank].store(true); }
+void ThreadFabricGroup::kill(int rank) {
+    dead_[rank].store(true);
+}
 
 }  // namespace mooncake::pg

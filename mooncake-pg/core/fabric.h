@@ -63,6 +63,29 @@ uint64_t loadFlag(const uint8_t* window, uint64_t offset);
 template <typename Pred>
 Status waitFlag(Fabric& fabric, uint64_t offset, Pred pred, Deadline deadline, int peer);
 
+// One rank of a group of `size` with no peers reachable: the fabric of a rank
+// that is not an active member, whose collectives run local-only (a
+// Communicator over it, with only this rank active, reads and writes this
+// rank's blocks only). Puts to peers fail.
+class SoloFabric : public Fabric {
+public:
+    SoloFabric(int rank, int size, size_t window_bytes);
+    int rank() const override { return rank_; }
+    int size() const override { return size_; }
+    size_t windowBytes() const override { return window_bytes_; }
+    uint8_t* localWindow() override { return window_.get(); }
+    Status put(int peer, uint64_t offset, const void* src, size_t len) override;
+    Status putFlag(int peer, uint64_t offset, uint64_t value) override;
+    uint8_t* peerWindow(int) override { return nullptr; }
+    bool peerFailed(int peer) const override { return peer != rank_; }
+
+private:
+    int rank_;
+    int size_;
+    size_t window_bytes_;
+    std::unique_ptr<uint8_t[]> window_;
+};
+
 // N ranks as threads of one process: windows are heap arrays, put is memcpy.
 // For unit tests of the protocols without sockets.
 class ThreadFabricGroup {

@@ -193,11 +193,18 @@ void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
     fabric_ = fabric.value();
     group_comm_ = std::make_unique<Communicator>(fabric_, comm_options);
     p2p_ = std::make_unique<P2PEngine>(fabric_, p2p_options);
+    // Not active: collectives run local-only, this rank alone among the
+    // group's slots, so per-rank blocks keep their meaning (its own block is
+    // at its rank).
     CommOptions solo_options;
     solo_options.chunk_bytes = 4096;
-    solo_fabric_ =
-        std::make_unique<ThreadFabricGroup>(1, Communicator::windowBytesFor(1, solo_options));
-    solo_comm_ = std::make_unique<Communicator>(solo_fabric_->fabric(0), solo_options);
+    solo_fabric_ = std::make_shared<SoloFabric>(
+        config_.rank, max_group_size_, Communicator::windowBytesFor(max_group_size_, solo_options));
+    solo_comm_ = std::make_unique<Communicator>(solo_fabric_, solo_options);
+    std::vector<uint8_t> only_me(static_cast<size_t>(max_group_size_), 0);
+    only_me[static_cast<size_t>(config_.rank)] = 1;
+    const Status solo = solo_comm_->setMembership(only_me, 0);
+    TORCH_CHECK(solo.ok(), "Mooncake PG: ", where, ": ", solo.toString());
     comm_ = extension ? solo_comm_.get() : group_comm_.get();
     if (!extension && config_.rank == 0) {
         auto st = kv->set("mooncake_pg/current", std::to_string(generation));

@@ -36,7 +36,7 @@ class C10dStoreAdapter;
 class Communicator;
 class EngineFabric;
 class P2PEngine;
-class ThreadFabricGroup;
+class Fabric;
 
 namespace control_plane {
 class CoordinatorHost;
@@ -245,10 +245,10 @@ private:
     std::string group_key_;
     std::shared_ptr<EngineFabric> fabric_;
     // Used only on the worker thread once the worker runs. comm_ is
-    // group_comm_ while this rank is active, else solo_comm_ (a group of
-    // one: what an inactive rank's collectives run as).
+    // group_comm_ while this rank is active, else solo_comm_ (this rank
+    // alone: what an inactive rank's collectives run as, local-only).
     std::unique_ptr<Communicator> group_comm_;
-    std::unique_ptr<ThreadFabricGroup> solo_fabric_;
+    std::shared_ptr<Fabric> solo_fabric_;
     std::unique_ptr<Communicator> solo_comm_;
     Communicator* comm_ = nullptr;
     std::unique_ptr<P2PEngine> p2p_;

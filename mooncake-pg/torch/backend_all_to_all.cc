@@ -66,7 +66,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall_base(
     splitBytes(input, input_split_sizes, n, op, "input", &send_bytes, &send_offsets);
     splitBytes(output, output_split_sizes, n, op, "output", &recv_bytes, &recv_offsets);
     at::Tensor src = inBuffer(input, output);
-    at::Tensor dst = outBuffer(output);
+    at::Tensor dst = inOutBuffer(output);  // pieces from inactive ranks keep their values
     const at::Tensor out = output;
     return enqueue(
         OpType::ALLTOALL_BASE, op, {out}, opts.timeout,
@@ -122,8 +122,10 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall(Tensors& outputs, Tenso
             MC_RETURN_IF_ERROR(comm_->allToAllV(ptrOf(flat_in), send_bytes, send_offsets,
                                                 ptrOf(flat_out), recv_bytes, recv_offsets, dl));
             int64_t offset = 0;
-            for (const auto& o : outs) {
-                o.copy_(flat_out.narrow(0, offset, o.numel()).view(o.sizes()));
+            for (size_t p = 0; p < outs.size(); ++p) {
+                const at::Tensor& o = outs[p];
+                if (blockWritten(comm_->active(), p))
+                    o.copy_(flat_out.narrow(0, offset, o.numel()).view(o.sizes()));
                 offset += o.numel();
             }
             return Status::OK();

@@ -233,6 +233,13 @@ Status MooncakeBackend::runElastic(Task& task, Deadline deadline, bool* from_cor
                               std::to_string(groupSize()) +
                               " ranks after the op was issued; issue it again");
         }
+        const c10d::OpType type = task.work->retrieveOpType();
+        if (sized && comm_ == solo_comm_.get() && config_.rank >= task.group_size &&
+            type != c10d::OpType::GATHER && type != c10d::OpType::SCATTER) {
+            // Local-only, and the buffers (sized for task.group_size ranks)
+            // have no block of this rank: nothing to read or write.
+            return Status::OK();
+        }
         *from_core = true;
         try {
             st = task.run(deadline);

@@ -55,8 +55,10 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather(std::vector<Tensors>& 
         at::Tensor flat = at::empty({n * src.numel()}, src.options());
         comm_->setNextCallSignature(shapeSignature(src));
         MC_RETURN_IF_ERROR(comm_->allGather(ptrOf(src), ptrOf(flat), bytesOf(src), dl));
-        for (int r = 0; r < n; ++r)
-            outs[r].copy_(block(flat, r, outs[r]));
+        for (int r = 0; r < n; ++r) {
+            if (blockWritten(comm_->active(), static_cast<size_t>(r)))
+                outs[r].copy_(block(flat, r, outs[r]));
+        }
         return Status::OK();
     });
 }
@@ -68,7 +70,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::_allgather_base(
     checkOutputDtype(output, input, op);
     checkGroupMultiple(output, "output", input, "input", groupSize(), op);
     at::Tensor src = inBuffer(input, output);
-    at::Tensor dst = outBuffer(output);
+    at::Tensor dst = inOutBuffer(output);  // blocks of inactive ranks keep their values
     const at::Tensor out = output;
     return enqueue(
         OpType::_ALLGATHER_BASE, op, {out}, opts.timeout, [this, out, src, dst](Deadline dl) {
@@ -94,7 +96,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather_into_tensor_coalesced(
                     ": outputs", idx, " has ", outputs[i].numel(), " elements; expected ",
                     inputs[i].numel() * groupSize(), " (input elements x group size)");
         srcs.push_back(inBuffer(inputs[i], outputs[i]));
-        dsts.push_back(outBuffer(outputs[i]));
+        dsts.push_back(inOutBuffer(outputs[i]));  // blocks of inactive ranks keep their values
     }
     return enqueue(OpType::COALESCED, op, outputs, opts.timeout,
                    [this, outs = outputs, srcs, dsts](Deadline dl) {
@@ -145,7 +147,8 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather_coalesced(
                            MC_RETURN_IF_ERROR(
                                comm_->allGather(ptrOf(srcs[i]), ptrOf(flat), bytesOf(srcs[i]), dl));
                            for (int r = 0; r < n; ++r) {
-                               outs[r][i].copy_(block(flat, r, outs[r][i]));
+                               if (blockWritten(comm_->active(), static_cast<size_t>(r)))
+                                   outs[r][i].copy_(block(flat, r, outs[r][i]));
                            }
                        }
                        return Status::OK();
@@ -199,7 +202,8 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::gather(std::vector<Tensors>& out
             MC_RETURN_IF_ERROR(
                 comm_->gather(ptrOf(src), is_root ? ptrOf(flat) : nullptr, bytesOf(src), root, dl));
             for (size_t r = 0; r < outs.size(); ++r) {
-                outs[r].copy_(block(flat, static_cast<int64_t>(r), outs[r]));
+                if (blockWritten(comm_->active(), r))
+                    outs[r].copy_(block(flat, static_cast<int64_t>(r), outs[r]));
             }
             return Status::OK();
         });

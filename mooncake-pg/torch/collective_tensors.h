@@ -38,6 +38,13 @@ void copyBack(const at::Tensor& user, const at::Tensor& buffer);
 // silently reinterpreting each other's data. Never 0 ("no signature").
 uint64_t shapeSignature(const at::Tensor& t);
 
+// Whether the core writes rank r's block of a per-rank output: only active
+// ranks' blocks are written (holes, and every other rank's block on a rank
+// running local-only, keep what the user's tensor held).
+inline bool blockWritten(const std::vector<uint8_t>& active, size_t r) {
+    return r < active.size() && active[r] != 0;
+}
+
 // Block `r` of a flat buffer holding equal blocks, shaped like `like`.
 at::Tensor block(const at::Tensor& flat, int64_t r, const at::Tensor& like);
 // Flattens `parts` into one contiguous buffer, in order.

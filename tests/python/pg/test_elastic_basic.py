@@ -111,6 +111,12 @@ def _two_sided(ctx):
         x = torch.full((4,), 7.0)
         dist.all_reduce(x)
         assert x.tolist() == [7.0] * 4, x
+        # The group's size is 2 (founders 0 and 1): no block of the joiner's
+        # exists, so its local-only all_gather leaves the output as it was.
+        assert dist.get_world_size() == 2
+        out = torch.full((2,), -1.0)
+        dist.all_gather_into_tensor(out, torch.tensor([7.0]))
+        assert out.tolist() == [-1.0, -1.0], out
         pg.join_group(backend)
         t_join = time.monotonic()
     x = torch.full((4,), float(ctx.rank + 1))
@@ -152,10 +158,17 @@ def _holes(ctx):
         assert x.tolist() == [2.0, 2.0], x  # inactive: local-only
     else:
         assert x.tolist() == [4.0, 4.0], x  # ranks 0 and 2
+    # Blocks of ranks that take no part keep what the output held: the hole
+    # (rank 1) on the active ranks, every other rank's block on rank 1, which
+    # runs local-only and writes only its own block.
+    want = [0.0, -1.0, 2.0] if ctx.rank != 1 else [-1.0, 1.0, -1.0]
+    out = torch.full((3,), -1.0)
+    dist.all_gather_into_tensor(out, torch.tensor([float(ctx.rank)]))
+    assert out.tolist() == want, out
+    outs = [torch.full((1,), -1.0) for _ in range(3)]
+    dist.all_gather(outs, torch.tensor([float(ctx.rank)]))
+    assert [t.item() for t in outs] == want, outs
     if ctx.rank != 1:
-        out = torch.full((3,), -1.0)
-        dist.all_gather_into_tensor(out, torch.tensor([float(ctx.rank)]))
-        assert out[0].item() == 0.0 and out[2].item() == 2.0, out
         ctx.signal(f"done{ctx.rank}")
     else:
         ctx.wait_for("done0", 30)
