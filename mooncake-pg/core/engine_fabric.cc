@@ -109,6 +109,24 @@ Status EngineFabric::bootstrap() {
     eo.key_prefix = options_.group_key + "/te";
     engine_ = std::make_unique<te::TransferEngine>(eo);
     MC_RETURN_IF_ERROR(engine_->init(options_.host_ip, options_.device_filter));
+    prober_ = std::make_unique<LivenessProber>(
+        options_.size,
+        [this](int peer) {
+            // Bounded so that one unresponsive host does not hold up probes
+            // of the others for long.
+            constexpr int64_t kProbeTimeoutMs = 1000;
+            const te::SegmentID segment = peerRecord(peer).segment;
+            Status st = engine_->probePeerAlive(segment, Deadline::afterMs(kProbeTimeoutMs));
+            // connectPeer may have installed a replacement meanwhile; it is
+            // not the process found dead.
+            if (st.code() == StatusCode::kPeerFailure && peerRecord(peer).segment == segment)
+                failed_[peer].store(true);
+            return st;
+        },
+        [this](int peer) {
+            MC_LOG(kWarn, "pg") << "rank " << options_.rank << ": rank " << peer
+                                << " does not answer liveness probes; marked failed";
+        });
 
     MC_ASSIGN_OR_RETURN(void* window, engine_->allocateSharedMemory(options_.window_bytes, "pg-window"));
     window_ = static_cast<uint8_t*>(window);
@@ -182,7 +200,8 @@ Status EngineFabric::connectPeer(int peer, const std::string& endpoint, Deadline
     int32_t pid = 0;
     uint64_t start = 0;
     auto desc = engine_->segmentDesc(segment);
-    if (desc.ok() && desc->pid > 0 && desc->host_id == te::localHostId()) {
+    if (options_.probe_local_pids && desc.ok() && desc->pid > 0 &&
+        desc->host_id == te::localHostId()) {
         bool runnable = false;
         if (readProcStat(desc->pid, &runnable, &start) && runnable) pid = desc->pid;
     }
@@ -265,14 +284,20 @@ bool EngineFabric::peerFailed(int peer) const {
     if (peer < 0 || peer >= options_.size) return false;
     if (failed_[peer].load(std::memory_order_relaxed)) return true;
     const int32_t pid = local_pid_[peer].load(std::memory_order_acquire);
-    if (pid <= 0) return false;
+    if (pid <= 0 && (peer == options_.rank || peerRecord(peer).segment < 0 || !prober_))
+        return false;
     // Waiters poll this in spin loops on several threads: one of them wins
     // the due probe, the others answer from the flag without a syscall.
     const int64_t now = steadyNs();
     int64_t due = next_probe_ns_[peer].load(std::memory_order_relaxed);
     if (now < due) return false;
-    if (!next_probe_ns_[peer].compare_exchange_strong(
-            due, now + kLivenessProbeMs * 1000000, std::memory_order_relaxed)) {
+    const int64_t period = pid > 0 ? kLivenessProbeMs : kRemoteProbeMs;
+    if (!next_probe_ns_[peer].compare_exchange_strong(due, now + period * 1000000,
+                                                      std::memory_order_relaxed)) {
+        return failed_[peer].load(std::memory_order_relaxed);
+    }
+    if (pid <= 0) {
+        prober_->request(peer);
         return failed_[peer].load(std::memory_order_relaxed);
     }
     bool gone = ::kill(pid, 0) == -1 && errno == ESRCH;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "mooncake-pg/core/fabric.h"
+#include "mooncake-pg/core/liveness_prober.h"
 #include "mooncake-transfer-engine/engine/transfer_engine.h"
 #include "mooncake-transfer-engine/metadata/kv_store.h"
 
@@ -32,6 +33,9 @@ struct EngineFabricOptions {
     int64_t bootstrap_timeout_ms = 300000;
     // Staging for puts to peers that are not mapped.
     size_t bounce_bytes = 16 << 20;
+    // Whether a same-host peer's process is checked by pid. Off, every peer
+    // is checked like one on another host (tests of that path).
+    bool probe_local_pids = true;
 };
 
 class EngineFabric : public Fabric {
@@ -51,8 +55,13 @@ public:
     // Transport evidence (failed writes) for every peer; for a peer on this
     // host also whether its process is gone, probed at most every
     // kLivenessProbeMs per peer so that callers may poll it in a spin loop.
+    // Any other peer is probed through the engine (a PING over tcp) by a
+    // background thread, at most every kRemoteProbeMs per peer; a refused or
+    // reset connection marks it failed, a probe that times out proves
+    // nothing (a slow link), leaving a dead host to the collective timeout.
     bool peerFailed(int peer) const override;
     static constexpr int64_t kLivenessProbeMs = 25;
+    static constexpr int64_t kRemoteProbeMs = 100;
 
     // "<segment>#<window address>": what a peer passes to connectPeer().
     std::string endpoint() const;
@@ -115,6 +124,9 @@ private:
     std::unique_ptr<std::atomic<int32_t>[]> local_pid_;
     std::unique_ptr<std::atomic<uint64_t>[]> local_start_;
     std::unique_ptr<std::atomic<int64_t>[]> next_probe_ns_;
+
+    // Declared after engine_: stopped before the engine goes.
+    std::unique_ptr<LivenessProber> prober_;
 
     std::string segment_name_;
     mutable std::mutex mu_;  // guards the bounce ring, in-flight list, peer records

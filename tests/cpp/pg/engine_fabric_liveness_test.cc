@@ -36,7 +36,7 @@ enum Exit : int {
     kNotFailed = 14,
 };
 
-int runRank(const std::string& dir, int rank) {
+int runRank(const std::string& dir, int rank, bool probe_local_pids) {
     auto store = std::make_shared<FileKVStore>(dir);
     CommOptions options;
     options.chunk_bytes = 64 << 10;
@@ -46,6 +46,7 @@ int runRank(const std::string& dir, int rank) {
     fo.window_bytes = Communicator::windowBytesFor(kRanks, options);
     fo.group_key = "liveness";
     fo.bootstrap_timeout_ms = 8000;
+    fo.probe_local_pids = probe_local_pids;
     auto made = EngineFabric::create(store, fo);
     if (!made.ok())
         return kBootstrap;
@@ -80,7 +81,7 @@ int runRank(const std::string& dir, int rank) {
     return kOk;
 }
 
-TEST(EngineFabricLiveness, KilledSameHostPeerIsNoticedAndBlamed) {
+void killVictimAndCheckSurvivors(bool probe_local_pids) {
     char tmpl[] = "/tmp/mc_pg_liveness_XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     const std::string dir = tmpl;
@@ -90,7 +91,7 @@ TEST(EngineFabricLiveness, KilledSameHostPeerIsNoticedAndBlamed) {
         const pid_t pid = ::fork();
         ASSERT_GE(pid, 0);
         if (pid == 0)
-            ::_exit(runRank(dir, r));
+            ::_exit(runRank(dir, r, probe_local_pids));
         kids.push_back(pid);
     }
     FileKVStore store(dir);
@@ -115,6 +116,16 @@ TEST(EngineFabricLiveness, KilledSameHostPeerIsNoticedAndBlamed) {
     EXPECT_TRUE(WIFSIGNALED(status));
     const std::string cmd = "rm -rf '" + dir + "'";
     EXPECT_EQ(std::system(cmd.c_str()), 0);
+}
+
+TEST(EngineFabricLiveness, KilledSameHostPeerIsNoticedAndBlamed) {
+    killVictimAndCheckSurvivors(/*probe_local_pids=*/true);
+}
+
+// Without pid checks the dead process is found the way a peer on another
+// host is: a liveness probe through the engine meets a closed connection.
+TEST(EngineFabricLiveness, KilledPeerIsFoundByEngineProbesWithoutPidChecks) {
+    killVictimAndCheckSurvivors(/*probe_local_pids=*/false);
 }
 
 }  // namespace
