@@ -76,8 +76,14 @@ int runRank(const std::string& dir, int rank, bool probe_local_pids) {
         return kWrongCode;
     if (blamed != std::vector<int>{kVictim})
         return kWrongBlame;
-    if (!fabric->peerFailed(kVictim))
-        return kNotFailed;
+    // A survivor may have failed the call on the other one's abort notice
+    // before its own probe came back; its fabric must still find out.
+    const Deadline noticed = Deadline::after(std::chrono::seconds(5));
+    while (!fabric->peerFailed(kVictim)) {
+        if (noticed.expired())
+            return kNotFailed;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
     return kOk;
 }
 
