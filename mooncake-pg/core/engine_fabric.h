@@ -32,6 +32,11 @@ struct EngineFabricOptions {
     int64_t bootstrap_timeout_ms = 300000;
     // Staging for puts to peers that are not mapped.
     size_t bounce_bytes = 16 << 20;
+    // An engine owned by someone else (pg.set_transfer_engine): the fabric
+    // allocates its window and bounce ring in it, frees exactly those on
+    // destruction and never shuts it down. host_ip and device_filter are
+    // then unused. Null: the fabric creates an engine of its own.
+    std::shared_ptr<te::TransferEngine> engine;
 };
 
 class EngineFabric : public Fabric {
@@ -85,6 +90,8 @@ private:
 
     EngineFabric(std::shared_ptr<KVStore> store, EngineFabricOptions options);
     Status bootstrap();
+    // An engine of the group's own, under the group secret.
+    Status startOwnEngine(const std::string& secret);
     Status checkPut(int peer, uint64_t offset, size_t len) const;
     Status remotePut(int peer, uint64_t offset, const void* src, size_t len);
     // Frees bounce space of completed transfers, oldest first; with `block`
@@ -93,7 +100,8 @@ private:
 
     std::shared_ptr<KVStore> store_;
     EngineFabricOptions options_;
-    std::unique_ptr<te::TransferEngine> engine_;
+    std::shared_ptr<te::TransferEngine> engine_;
+    bool external_engine_ = false;
     uint8_t* window_ = nullptr;
     std::vector<Peer> peers_;
     std::unique_ptr<std::atomic<bool>[]> failed_;
