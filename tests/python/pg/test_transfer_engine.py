@@ -62,13 +62,21 @@ def _store(ctx, port):
                          timeout=STORE_TIMEOUT)
 
 
-def _store_barrier(store, name, n):
-    store.add(name, 1)
+def _store_barrier(store, name, n, counted=False):
+    if not counted:
+        store.add(name, 1)
     deadline = time.monotonic() + 60
     while int(store.add(name, 0)) < n:
         if time.monotonic() > deadline:
             raise TimeoutError(f"store barrier {name!r} not reached by {n} processes in 60 s")
         time.sleep(0.005)
+
+
+def _leave(ctx, store):
+    """Rank 0 hosts the store: it returns only after every other rank is done with it."""
+    store.add("left", 1)
+    if ctx.rank == 0:
+        _store_barrier(store, "left", ctx.world_size, counted=True)
 
 
 # --------------------------------------------------------------------------- raw byte exchange
@@ -135,6 +143,7 @@ def _exchange_worker(ctx, port):
     engine.close()
     assert engine.closed
     engine.close()  # idempotent
+    _leave(ctx, store)
     return bad
 
 
@@ -207,6 +216,7 @@ def _bad_input_worker(ctx, port):
         problems.append(f"open_segment with timeout_s=0.3 returned after {waited:.2f} s")
     _store_barrier(store, "done", 2)
     engine.close()
+    _leave(ctx, store)
     problems += [
         _raises(RuntimeError, r"is closed", engine.allocate_shared, 64),
         _raises(RuntimeError, r"is closed", engine.open_segment, name),
@@ -249,6 +259,9 @@ def _check_ops(ctx, group=None, tag=""):
         w.wait()
     if not torch.equal(recv, torch.full((40000,), ((me - 1) % n) * 10 + 1, dtype=torch.int32)):
         bad.append(f"{tag} send/recv ring")
+    # A completed isend may only be staged at the sender; destroying the
+    # group before the receiver has it would drop it.
+    dist.barrier(group=group)
     return bad
 
 
@@ -263,7 +276,8 @@ def _groups_worker(ctx, engine_port, ports):
     from mooncake.engine import TransferEngine
 
     bad = []
-    engine = TransferEngine(_store(ctx, engine_port))
+    engine_store = _store(ctx, engine_port)
+    engine = TransferEngine(engine_store)
     pg.set_transfer_engine(engine)
 
     ctx.note("world group on the shared engine")
@@ -301,6 +315,7 @@ def _groups_worker(ctx, engine_port, ports):
     bad += _check_ops(ctx, tag="per-group world")
     dist.destroy_process_group()
     engine.close()
+    _leave(ctx, engine_store)
     return bad
 
 
