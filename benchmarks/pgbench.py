@@ -249,8 +249,19 @@ def rank_main(rank, n, args, result_path):
         if os.path.isdir(REPO_PYTHON) and REPO_PYTHON not in sys.path:
             sys.path.insert(0, REPO_PYTHON)
         from mooncake import pg  # noqa: F401  (registers mooncake-cpu)
-    dist.init_process_group(backend=backends[0], rank=rank, world_size=n,
-                            timeout=datetime.timedelta(seconds=args.timeout))
+    timeout = datetime.timedelta(seconds=args.timeout)
+    init = {"init_method": "env://"}
+    engine = None
+    if args.engine == "shared" and MOONCAKE in backends:
+        # One store for the groups and (under a prefix) the shared engine.
+        hosted = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), n,
+                              is_master=(rank == 0 and not hosted), timeout=timeout)
+        from mooncake.engine import TransferEngine
+        engine = TransferEngine(dist.PrefixStore("pgbench-engine", store))
+        pg.set_transfer_engine(engine)
+        init = {"store": store}
+    dist.init_process_group(backend=backends[0], rank=rank, world_size=n, timeout=timeout, **init)
     groups = {backends[0]: None}
     for b in backends[1:]:
         groups[b] = dist.new_group(backend=b)
@@ -285,12 +296,15 @@ def rank_main(rank, n, args, result_path):
                              "op": args.op if coll in ("all_reduce", "reduce", "reduce_scatter") else None,
                              "nranks": n, "iters": len(times), "time_us_median": med, "time_us_p99": p99,
                              "time_us_mean": statistics.fmean(times), "algbw_GBps": algbw,
-                             "busbw_GBps": algbw * bus_factor(coll, n), "check": checks[b]})
+                             "busbw_GBps": algbw * bus_factor(coll, n), "check": checks[b],
+                             "engine": args.engine if b == MOONCAKE else None})
                 if rank == 0 and args.verbose:
                     print(f"  {b:>12} {coll:>14} {size:>12} B  {med:10.1f} us", flush=True)
             del benches
     dist.barrier(group=ctrl)
     dist.destroy_process_group()
+    if engine is not None:
+        engine.close()
     if rank == 0:
         with open(result_path, "w") as f:
             json.dump(rows, f)
@@ -415,6 +429,9 @@ def main(argv=None):
                     help="seconds per size and backend that bound the iterations (0: always --iters)")
     ap.add_argument("--dtype", default="float32", choices=DTYPES)
     ap.add_argument("--op", default="sum", choices=OPS)
+    ap.add_argument("--engine", default="per-group", choices=("per-group", "shared"),
+                    help="mooncake groups: an engine each, or one shared TransferEngine "
+                         "(pg.set_transfer_engine)")
     ap.add_argument("--no-check", dest="check", action="store_false", help="skip the correctness check")
     ap.add_argument("--json-output", help="write config, rows and ratios as JSON to this file")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds before every rank is killed")

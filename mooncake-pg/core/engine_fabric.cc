@@ -90,8 +90,21 @@ Result<std::shared_ptr<EngineFabric>> EngineFabric::create(std::shared_ptr<KVSto
     return fabric;
 }
 
+Status EngineFabric::startOwnEngine(const std::string& secret) {
+    te::EngineOptions eo;
+    eo.store = store_;
+    eo.segment_name =
+        options_.group_key + "/rank" + std::to_string(options_.rank) + "/" + randomHex(4);
+    eo.secret = secret;
+    eo.key_prefix = options_.group_key + "/te";
+    engine_ = std::make_shared<te::TransferEngine>(eo);
+    return engine_->init(options_.host_ip, options_.device_filter);
+}
+
 Status EngineFabric::bootstrap() {
     const Deadline deadline = Deadline::afterMs(options_.bootstrap_timeout_ms);
+    // The group secret guards the control plane as well as a per-group
+    // engine, so it is published whichever engine the group uses.
     const std::string secret_key = options_.group_key + "/secret";
     std::string secret;
     if (options_.rank == 0) {
@@ -101,14 +114,12 @@ Status EngineFabric::bootstrap() {
         MC_ASSIGN_OR_RETURN(secret, store_->get(secret_key, deadline));
     }
 
-    te::EngineOptions eo;
-    eo.store = store_;
-    eo.segment_name = options_.group_key + "/rank" + std::to_string(options_.rank) + "/" +
-                      randomHex(4);
-    eo.secret = secret;
-    eo.key_prefix = options_.group_key + "/te";
-    engine_ = std::make_unique<te::TransferEngine>(eo);
-    MC_RETURN_IF_ERROR(engine_->init(options_.host_ip, options_.device_filter));
+    if (options_.engine) {
+        engine_ = options_.engine;
+        external_engine_ = true;
+    } else {
+        MC_RETURN_IF_ERROR(startOwnEngine(secret));
+    }
     prober_ = std::make_unique<LivenessProber>(
         options_.size,
         [this](int peer) {
@@ -135,7 +146,7 @@ Status EngineFabric::bootstrap() {
         bounce_ = static_cast<uint8_t*>(bounce);
     }
 
-    segment_name_ = eo.segment_name;
+    segment_name_ = engine_->segmentName();
     MC_RETURN_IF_ERROR(
         store_->set(options_.group_key + "/rank/" + std::to_string(options_.rank), endpoint()));
 
@@ -192,6 +203,10 @@ Status EngineFabric::connectPeer(int peer, const std::string& endpoint, Deadline
     }
     MC_ASSIGN_OR_RETURN(te::SegmentID segment,
                         engine_->openSegment(endpoint.substr(0, hash), deadline));
+    // A shared engine may have opened this segment for an earlier group, and
+    // its cached descriptor can list a freed window at this very address.
+    if (external_engine_)
+        MC_RETURN_IF_ERROR(engine_->refreshSegment(segment, deadline));
     auto mapped = engine_->mapRemote(segment, addr, options_.window_bytes);
     // A dead process on this host writes nothing and fails no write of ours
     // (its window stays mapped), so only its pid tells that it is gone.
@@ -229,13 +244,29 @@ Status EngineFabric::connectPeer(int peer, const std::string& endpoint, Deadline
 }
 
 EngineFabric::~EngineFabric() {
+    bool drained = false;
     {
         std::lock_guard<std::mutex> lock(mu_);
         // Bounded drain: in-flight writes reference the bounce ring.
         while (!inflight_.empty() && reapLocked(true).ok()) {
         }
+        drained = inflight_.empty();
     }
-    if (engine_) engine_->shutdown();
+    if (!engine_)
+        return;
+    if (!external_engine_) {
+        engine_->shutdown();
+        return;
+    }
+    // The engine lives on: give back exactly what this fabric took. A bounce
+    // ring that writes may still read is leaked rather than freed under them.
+    if (window_)
+        (void)engine_->freeSharedMemory(window_);
+    if (bounce_ && drained)
+        (void)engine_->freeSharedMemory(bounce_);
+    // Drops the lease last: the engine must outlive the frees above.
+    options_.engine.reset();
+    engine_.reset();
 }
 
 Status EngineFabric::checkPut(int peer, uint64_t offset, size_t len) const {

@@ -36,6 +36,11 @@ struct EngineFabricOptions {
     // Whether a same-host peer's process is checked by pid. Off, every peer
     // is checked like one on another host (tests of that path).
     bool probe_local_pids = true;
+    // An engine owned by someone else (pg.set_transfer_engine): the fabric
+    // allocates its window and bounce ring in it, frees exactly those on
+    // destruction and never shuts it down. host_ip and device_filter are
+    // then unused. Null: the fabric creates an engine of its own.
+    std::shared_ptr<te::TransferEngine> engine;
 };
 
 class EngineFabric : public Fabric {
@@ -103,6 +108,8 @@ private:
 
     EngineFabric(std::shared_ptr<KVStore> store, EngineFabricOptions options);
     Status bootstrap();
+    // An engine of the group's own, under the group secret.
+    Status startOwnEngine(const std::string& secret);
     Status checkPut(int peer, uint64_t offset, size_t len) const;
     const Peer& peerRecord(int peer) const { return *peers_[peer].load(std::memory_order_acquire); }
     void publishPeer(int peer, Peer record);  // expects mu_ held
@@ -113,7 +120,8 @@ private:
 
     std::shared_ptr<KVStore> store_;
     EngineFabricOptions options_;
-    std::unique_ptr<te::TransferEngine> engine_;
+    std::shared_ptr<te::TransferEngine> engine_;
+    bool external_engine_ = false;
     uint8_t* window_ = nullptr;
     std::unique_ptr<std::atomic<const Peer*>[]> peers_;      // by rank, never null
     std::vector<std::unique_ptr<const Peer>> peer_records_;  // every published record; mu_

@@ -30,6 +30,7 @@
 #include "mooncake-pg/core/communicator.h"
 #include "mooncake-pg/core/engine_fabric.h"
 #include "mooncake-pg/core/p2p.h"
+#include "mooncake-pg/core/shared_engine.h"
 #include "mooncake-pg/torch/store_adapter.h"
 #include "mooncake-transfer-engine/common/env.h"
 #include "mooncake-transfer-engine/common/logging.h"
@@ -184,6 +185,19 @@ void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
     fabric_options.host_ip = config_.host_ip;
     fabric_options.device_filter = config_.device_filter;
     fabric_options.bootstrap_timeout_ms = timeout_ms_.load();
+    if (config_.shared_engine) {
+        auto engine = config_.shared_engine->lease();
+        TORCH_CHECK_WITH(DistBackendError, engine.ok(), "Mooncake PG: bootstrapping ", where,
+                         " failed: ", engine.status().toString());
+        fabric_options.engine = std::move(engine).value();
+    }
+    // Peers open each other's segments through their engine's store, so the
+    // ranks agree on the engine before any of them bootstraps on it.
+    const Status agreed = agreeOnEngine(
+        *kv, fabric_options.group_key, config_.rank, extension ? 1 : config_.size,
+        engineChoice(config_.shared_engine.get()), Deadline::afterMs(timeout_ms_.load()));
+    TORCH_CHECK_WITH(DistBackendError, agreed.ok(), "Mooncake PG: bootstrapping ", where,
+                     " failed: ", agreed.toString());
     MC_LOG(kInfo, "pg") << where << ": bootstrapping generation " << generation << ", window "
                         << window_bytes << " bytes (collectives " << comm_bytes << ")";
 

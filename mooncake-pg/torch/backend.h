@@ -37,6 +37,7 @@ class Communicator;
 class EngineFabric;
 class P2PEngine;
 class Fabric;
+class SharedEngine;
 
 namespace control_plane {
 class CoordinatorHost;
@@ -56,6 +57,8 @@ struct BackendConfig {
     std::string group_name;
     std::string host_ip;
     std::vector<std::string> device_filter;
+    // pg.set_transfer_engine's engine; null: the group creates its own.
+    std::shared_ptr<SharedEngine> shared_engine;
     c10::intrusive_ptr<MooncakeBackendOptions> options;  // never null
 };
 

@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include "mooncake-pg/torch/backend.h"
+#include "mooncake-pg/torch/engine_bindings.h"
 #include "mooncake-pg/torch/options.h"
 #include "mooncake-pg/torch/process_group.h"
 #include "mooncake-pg/torch/work.h"
@@ -181,6 +182,8 @@ Forms (seed API):
         },
         py::arg("dist_backend_opts"), py::arg("pg_options"), py::arg("is_cuda"),
         "The torch.distributed extended-API creator; returns the group's ProcessGroup.");
+
+    defineEngineBindings(m);
 
     m.def("set_host_ip", &setHostIp, py::arg("host_ip"),
           "Address the backend's listeners bind to, for groups created afterwards "

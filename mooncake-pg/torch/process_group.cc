@@ -18,6 +18,7 @@ struct HostSettings {
     std::mutex mu;
     std::string host_ip = envString("MC_HOST_IP", "127.0.0.1");
     std::vector<std::string> device_filter;
+    std::shared_ptr<SharedEngine> engine;
 };
 
 HostSettings& hostSettings() {
@@ -242,6 +243,7 @@ c10::intrusive_ptr<MooncakeProcessGroup> createMooncakeProcessGroup(
         std::lock_guard<std::mutex> lock(s.mu);
         config.host_ip = s.host_ip;
         config.device_filter = s.device_filter;
+        config.shared_engine = s.engine;
     }
     own->timeout = config.timeout;
     own->group_name = dist_options.group_id;
@@ -264,6 +266,12 @@ void setDeviceFilter(const std::vector<std::string>& filter) {
     HostSettings& s = hostSettings();
     std::lock_guard<std::mutex> lock(s.mu);
     s.device_filter = filter;
+}
+
+void setTransferEngine(std::shared_ptr<SharedEngine> engine) {
+    HostSettings& s = hostSettings();
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.engine = std::move(engine);
 }
 
 }  // namespace mooncake::pg

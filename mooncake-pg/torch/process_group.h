@@ -83,5 +83,7 @@ c10::intrusive_ptr<MooncakeProcessGroup> createMooncakeProcessGroup(
 // pg.set_device_filter); they do not affect existing groups.
 void setHostIp(const std::string& host_ip);
 void setDeviceFilter(const std::vector<std::string>& filter);
+// pg.set_transfer_engine: later groups use `engine` (null: their own).
+void setTransferEngine(std::shared_ptr<SharedEngine> engine);
 
 }  // namespace mooncake::pg

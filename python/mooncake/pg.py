@@ -114,15 +114,25 @@ def get_active_ranks(backend):
 
 
 def set_transfer_engine(engine):
-    """Would make new groups reuse an external ``TransferEngine``.
+    """Makes process groups created afterwards in this process use ``engine``.
 
-    This build has no Python binding of the transfer engine, so there is no
-    engine object to accept: every group creates its own engine.
+    ``engine`` is a :class:`mooncake.engine.TransferEngine` or ``None``. With an
+    engine, each new group allocates its windows in it instead of creating an
+    engine of its own, and frees them when the group is destroyed. ``None``
+    reverts to one engine per group; existing groups keep what they use.
+
+    Every rank of a group must make the same choice, with engines on the same
+    store: a mismatch fails ``init_process_group``/``new_group`` on every rank.
+    A group holds a reference to its engine, so the engine outlives every group
+    that uses it; ``engine.close()`` is refused while such a group exists.
     """
-    raise NotImplementedError(
-        "mooncake.pg.set_transfer_engine: this build has no Python TransferEngine binding "
-        f"(got {type(engine).__name__}); each process group creates its own engine. "
-        "Missing: a pybind11 module exposing mooncake-transfer-engine's TransferEngine")
+    from mooncake.engine import TransferEngine
+
+    if engine is not None and not isinstance(engine, TransferEngine):
+        raise TypeError(
+            "mooncake.pg.set_transfer_engine: engine must be a mooncake.engine.TransferEngine "
+            f"or None, got {type(engine).__name__}")
+    _lib.set_transfer_engine(engine)
 
 
 def _ranks(ranks):
