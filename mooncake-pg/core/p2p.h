@@ -97,6 +97,12 @@ public:
 
     P2PStats stats() const;
 
+    // Waits until every send posted so far has been delivered to its
+    // receiver (not just staged), has failed, or its peer is gone; kTimeout
+    // naming how many are left at the deadline. For a clean shutdown: a
+    // completed send is only staged, and tearing down would drop it.
+    Status flushSends(Deadline deadline);
+
 private:
     class Impl;
     std::unique_ptr<Impl> impl_;

@@ -111,7 +111,7 @@ struct PeerState {
 }  // namespace p2p
 
 class P2PEngine::Impl {
-  public:
+public:
     Impl(std::shared_ptr<Fabric> fabric, P2POptions options);
     ~Impl();
 
@@ -124,8 +124,11 @@ class P2PEngine::Impl {
     Status applyMembership(std::unique_lock<std::mutex>& lock, const std::vector<uint8_t>& active,
                            const std::vector<uint64_t>& pair_epoch);
     P2PStats stats() const;
+    Status flushSends(Deadline deadline);
+    // Sends not yet delivered to peers that can still take them; mu_ held.
+    size_t undeliveredSendsLocked() const;
 
-  private:
+private:
     using Clock = Deadline::Clock;
 
     // --- p2p_engine.cc: loop, deadlines, failures, completions.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
+#include <thread>
 
 #include "mooncake-pg/core/p2p/engine_impl.h"
 #include "mooncake-transfer-engine/common/logging.h"
@@ -464,6 +465,42 @@ Status P2PEngine::setEpoch(uint64_t epoch, const std::vector<uint8_t>& active) {
 
 P2PStats P2PEngine::stats() const {
     return impl_->stats();
+}
+
+Status P2PEngine::flushSends(Deadline deadline) {
+    return impl_->flushSends(deadline);
+}
+
+size_t P2PEngine::Impl::undeliveredSendsLocked() const {
+    size_t n = 0;
+    for (int p = 0; p < size_; ++p) {
+        const p2p::PeerState& ps = peers_[p];
+        if (p == rank_ || !active_[p] || !ps.broken.ok() || fabric_->peerFailed(p))
+            continue;
+        // Every posted send stays in its tag's queue until delivered.
+        for (const auto& [tag, t] : ps.tags)
+            n += t.msgs.size();
+    }
+    return n;
+}
+
+Status P2PEngine::Impl::flushSends(Deadline deadline) {
+    // The progress thread delivers; completions do not signal a condition
+    // this can wait on, so poll at a fraction of a typical delivery.
+    constexpr auto kPoll = std::chrono::milliseconds(2);
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+        const size_t left = undeliveredSendsLocked();
+        if (left == 0 || stop_)
+            return Status::OK();
+        if (deadline.expired()) {
+            return Timeout(std::to_string(left) +
+                           " send(s) not yet taken by their receivers (no matching recv posted?)");
+        }
+        lock.unlock();
+        std::this_thread::sleep_for(kPoll);
+        lock.lock();
+    }
 }
 
 }  // namespace mooncake::pg

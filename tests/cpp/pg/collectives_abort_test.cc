@@ -20,39 +20,29 @@ using Clock = std::chrono::steady_clock;
 // Holds back this rank's flag writes to one peer until open(): the peer then
 // keeps waiting on this rank while everything else proceeds. Data puts pass
 // (they are invisible until the flag that follows them).
-class GatedFabric : public Fabric {
+class GatedFabric : public testutil::ForwardingFabric {
 public:
     GatedFabric(std::shared_ptr<Fabric> inner, int gated_peer)
-        : inner_(std::move(inner)), gated_peer_(gated_peer) {}
-    int rank() const override { return inner_->rank(); }
-    int size() const override { return inner_->size(); }
-    size_t windowBytes() const override { return inner_->windowBytes(); }
-    uint8_t* localWindow() override { return inner_->localWindow(); }
-    Status put(int peer, uint64_t offset, const void* src, size_t len) override {
-        return inner_->put(peer, offset, src, len);
-    }
+        : ForwardingFabric(std::move(inner)), gated_peer_(gated_peer) {}
     Status putFlag(int peer, uint64_t offset, uint64_t value) override {
         std::lock_guard<std::mutex> lock(mu_);
         if (peer == gated_peer_ && !open_) {
             held_.emplace_back(offset, value);
             return Status::OK();
         }
-        return inner_->putFlag(peer, offset, value);
+        return inner().putFlag(peer, offset, value);
     }
-    uint8_t* peerWindow(int peer) override { return inner_->peerWindow(peer); }
-    bool peerFailed(int peer) const override { return inner_->peerFailed(peer); }
 
     // Applies the held flags in order and lets later ones through.
     void open() {
         std::lock_guard<std::mutex> lock(mu_);
         for (const auto& [offset, value] : held_)
-            ASSERT_TRUE(inner_->putFlag(gated_peer_, offset, value).ok());
+            ASSERT_TRUE(inner().putFlag(gated_peer_, offset, value).ok());
         held_.clear();
         open_ = true;
     }
 
 private:
-    std::shared_ptr<Fabric> inner_;
     int gated_peer_;
     std::mutex mu_;
     bool open_ = false;

@@ -405,32 +405,25 @@ TEST(CollectivesFailure, LargeCallTimesOutWhenAPeerNeverCalls) {
 
 // Kills its own rank (ThreadFabricGroup::kill) at its `kill_at`-th put, so
 // the rank dies at a chosen point inside a call.
-class DyingFabric : public Fabric {
+class DyingFabric : public testutil::ForwardingFabric {
 public:
     DyingFabric(ThreadFabricGroup& group, int rank, int kill_at)
-        : group_(group), inner_(group.fabric(rank)), kill_at_(kill_at) {}
-    int rank() const override { return inner_->rank(); }
-    int size() const override { return inner_->size(); }
-    size_t windowBytes() const override { return inner_->windowBytes(); }
-    uint8_t* localWindow() override { return inner_->localWindow(); }
+        : ForwardingFabric(group.fabric(rank)), group_(group), kill_at_(kill_at) {}
     Status put(int peer, uint64_t offset, const void* src, size_t len) override {
         tick();
-        return inner_->put(peer, offset, src, len);
+        return inner().put(peer, offset, src, len);
     }
     Status putFlag(int peer, uint64_t offset, uint64_t value) override {
         tick();
-        return inner_->putFlag(peer, offset, value);
+        return inner().putFlag(peer, offset, value);
     }
-    uint8_t* peerWindow(int peer) override { return inner_->peerWindow(peer); }
-    bool peerFailed(int peer) const override { return inner_->peerFailed(peer); }
 
 private:
     void tick() {
         if (++puts_ == kill_at_)
-            group_.kill(inner_->rank());
+            group_.kill(rank());
     }
     ThreadFabricGroup& group_;
-    std::shared_ptr<Fabric> inner_;
     int kill_at_;
     int puts_ = 0;
 };

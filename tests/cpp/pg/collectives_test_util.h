@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "mooncake-pg/core/communicator.h"
@@ -53,11 +54,10 @@ inline const char* mappingName(Mapping m) {
     return "?";
 }
 
-// A ThreadFabric that hides some peers' windows.
-class MappingFabric : public Fabric {
+// Forwards everything to another fabric; tests override what they change.
+class ForwardingFabric : public Fabric {
 public:
-    MappingFabric(std::shared_ptr<Fabric> inner, Mapping mapping)
-        : inner_(std::move(inner)), mapping_(mapping) {}
+    explicit ForwardingFabric(std::shared_ptr<Fabric> inner) : inner_(std::move(inner)) {}
     int rank() const override { return inner_->rank(); }
     int size() const override { return inner_->size(); }
     size_t windowBytes() const override { return inner_->windowBytes(); }
@@ -68,15 +68,28 @@ public:
     Status putFlag(int peer, uint64_t offset, uint64_t value) override {
         return inner_->putFlag(peer, offset, value);
     }
-    uint8_t* peerWindow(int peer) override {
-        const bool mapped =
-            mapping_ == Mapping::kAll || (mapping_ == Mapping::kSome && peer < inner_->rank());
-        return mapped ? inner_->peerWindow(peer) : nullptr;
-    }
+    uint8_t* peerWindow(int peer) override { return inner_->peerWindow(peer); }
     bool peerFailed(int peer) const override { return inner_->peerFailed(peer); }
+
+protected:
+    Fabric& inner() { return *inner_; }
 
 private:
     std::shared_ptr<Fabric> inner_;
+};
+
+// A ThreadFabric that hides some peers' windows.
+class MappingFabric : public ForwardingFabric {
+public:
+    MappingFabric(std::shared_ptr<Fabric> inner, Mapping mapping)
+        : ForwardingFabric(std::move(inner)), mapping_(mapping) {}
+    uint8_t* peerWindow(int peer) override {
+        const bool mapped =
+            mapping_ == Mapping::kAll || (mapping_ == Mapping::kSome && peer < rank());
+        return mapped ? inner().peerWindow(peer) : nullptr;
+    }
+
+private:
     Mapping mapping_;
 };
 

@@ -215,3 +215,30 @@ TEST(P2PMembership, ResumingInTheSamePairEpochKeepsThePairClosed) {
 
 }  // namespace
 }  // namespace mooncake::pg
+
+namespace mooncake::pg {
+namespace {
+
+// flushSends waits for delivery, not staging: with no recv posted it times
+// out naming the undelivered send; once the recv is posted it returns and the
+// data is exact.
+TEST(P2PFlush, WaitsUntilStagedSendsAreTaken) {
+    using namespace std::chrono_literals;
+    p2p_test::Group g(2, p2p_test::smallOptions());
+    auto want = p2p_test::pattern(3001, 7);
+    auto s = p2p_test::postSend(g[1], want, 0, 4, Deadline::after(10s));
+    ASSERT_TRUE(s->wait().ok());  // staged
+    Status early = g[1].flushSends(Deadline::after(100ms));
+    EXPECT_EQ(early.code(), StatusCode::kTimeout) << early.toString();
+    EXPECT_NE(early.toString().find("1 send(s) not yet taken"), std::string::npos)
+        << early.toString();
+    std::vector<uint8_t> got(3001);
+    auto r = p2p_test::postRecv(g[0], got, 1, 4);
+    ASSERT_TRUE(g[1].flushSends(Deadline::after(10s)).ok());
+    ASSERT_TRUE(r->wait().ok());
+    EXPECT_EQ(got, want);
+    EXPECT_TRUE(g[0].flushSends(Deadline::after(10ms)).ok());  // nothing to flush
+}
+
+}  // namespace
+}  // namespace mooncake::pg

@@ -312,3 +312,31 @@ def test_p2p(backend, scenario, ws):
     bad = [f"[rank {r}] {res[scenario]}" for r, res in enumerate(results) if res.get(scenario)]
     if bad:
         pytest.fail(f"{scenario} failed at ws={ws} on {backend}:\n" + "\n".join(bad), pytrace=False)
+
+
+# --------------------------------------------------------------------------- shutdown
+
+def _send_then_destroy(ctx):
+    """Rank 1 completes an isend (staged only) and destroys the group at once;
+    rank 0 posts the matching irecv only afterwards. destroy_process_group
+    must deliver the staged data before it tears the engine down."""
+    n = 1 << 18  # 1 MiB of int32: staged whole, so the isend completes at once
+    if ctx.rank == 1:
+        data = torch.arange(n, dtype=torch.int32)
+        dist.isend(data, 0, tag=77).wait()
+        ctx.signal("sent")
+        t0 = time.monotonic()
+        dist.destroy_process_group()
+        return time.monotonic() - t0
+    ctx.wait_for("sent", 60)
+    out = torch.zeros(n, dtype=torch.int32)
+    dist.irecv(out, 1, tag=77).wait()
+    assert torch.equal(out, torch.arange(n, dtype=torch.int32)), "the staged send was lost"
+    return None
+
+
+def test_destroy_delivers_staged_sends(backend):
+    if not harness.is_mooncake(backend):
+        pytest.skip("staged sends are a property of the mooncake P2P engine")
+    res = harness.run_ranks(_send_then_destroy, 2, backend, timeout_s=120, ref_group=False)
+    print(f"destroy with a staged send took {res[1]:.3f} s")
