@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -117,6 +118,8 @@ void killVictimAndCheckSurvivors(bool probe_local_pids) {
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - killed).count();
     EXPECT_LT(seconds, 3.0);
+    std::cout << "kill -> both survivors failed and exited: " << seconds << " s (pid checks "
+              << (probe_local_pids ? "on" : "off") << ")\n";
     int status = 0;
     ASSERT_EQ(::waitpid(kids[kVictim], &status, 0), kids[kVictim]);
     EXPECT_TRUE(WIFSIGNALED(status));
