@@ -95,7 +95,7 @@ void MemberHost::run() {
         const bool store_failed = !got.ok() && got.status().code() != StatusCode::kTimeout;
         if (store_failed && !store_error_logged_) {
             hostLog(LogLevel::kError, "rank " + std::to_string(rank_) + ": cannot read inbox " +
-                                           inbox_ + ": " + got.status().toString());
+                                          inbox_ + ": " + got.status().toString());
             store_error_logged_ = true;
         } else if (got.ok()) {
             store_error_logged_ = false;
@@ -187,7 +187,7 @@ void MemberHost::push(const std::string& inbox, const std::string& bytes, const 
     Status st = mailbox_.sendBytes(inbox, bytes);
     if (!st.ok()) {
         hostLog(LogLevel::kWarn, "rank " + std::to_string(rank_) + ": cannot send " + what +
-                                      " to " + inbox + ": " + st.toString());
+                                     " to " + inbox + ": " + st.toString());
     }
 }
 
@@ -204,7 +204,7 @@ bool MemberHost::admitPeer(const MessageHeader& h, const char* what) const {
     }
     if (why != nullptr) {
         hostLog(LogLevel::kWarn,
-                 "rank " + std::to_string(rank_) + ": dropped " + what + ": " + why);
+                "rank " + std::to_string(rank_) + ": dropped " + what + ": " + why);
     }
     return why == nullptr;
 }
@@ -245,15 +245,16 @@ void MemberHost::onProbeReply(Millis now, const MessageHeader& h, const ProbeRep
 }
 
 void MemberHost::requestProbe(Millis now, ProbeLinks request) {
-    if (!round_.active) {
-        startRound(now, std::move(request.peers));
-    } else if (!samePeers(request.peers, round_.peers)) {
-        rerun_ = std::move(request.peers);
-    } else {
+    if (round_.active && samePeers(request.peers, round_.peers)) {
         // The round in flight probes the same peers and reports after this
         // request, which is all the agent asked for.
-        rerun_.reset();
+        return;
     }
+    // A round over other peers is superseded. Waiting for it would hold the
+    // report the new view needs (an activation waits for it) behind probes
+    // of a peer that may be dead, up to probe_timeout; replies to its probes
+    // no longer match a waiting id and are dropped.
+    startRound(now, std::move(request.peers));
 }
 
 void MemberHost::startRound(Millis now, std::vector<PeerToProbe> peers) {
@@ -269,8 +270,8 @@ void MemberHost::startRound(Millis now, std::vector<PeerToProbe> peers) {
         auto decoded = decodeEndpoint(peer.endpoint);
         if (!decoded) {
             hostLog(LogLevel::kDebug, "rank " + std::to_string(rank_) + ": rank " +
-                                           std::to_string(peer.rank) +
-                                           " published no inbox; counted unreachable");
+                                          std::to_string(peer.rank) +
+                                          " published no inbox; counted unreachable");
             continue;
         }
         const uint64_t id = ++next_probe_id_;
@@ -292,11 +293,6 @@ void MemberHost::finishRound(Millis now) {
             reached[r] = 0;
     }
     execute(agent_->handle(LinksProbedCmd{now, std::move(reached)}));
-    if (rerun_ && !round_.active) {
-        std::vector<PeerToProbe> next = std::move(*rerun_);
-        rerun_.reset();
-        startRound(now, std::move(next));
-    }
 }
 
 void MemberHost::noteEvidenceLocked(const std::vector<uint8_t>& hint) {

@@ -198,7 +198,6 @@ private:
     uint64_t views_delivered_ = 0;  // of those, passed to on_view_
     uint64_t next_request_ = 0;
     ProbeRound round_;
-    std::optional<std::vector<PeerToProbe>> rerun_;
     uint64_t next_probe_id_ = 0;
     std::vector<bool> suspects_;
     uint64_t suspects_epoch_ = 0;
