@@ -8,6 +8,8 @@ command -v cmake >/dev/null || need_apt+=(cmake)
 command -v ninja >/dev/null || need_apt+=(ninja-build)
 command -v g++ >/dev/null || need_apt+=(g++)
 command -v ccache >/dev/null || need_apt+=(ccache)
+# Only for the test harness: native stacks of a hung worker in its report.
+command -v gdb >/dev/null || need_apt+=(gdb)
 command -v clang++ >/dev/null || need_apt+=(clang)
 [ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
 if command -v clang++ >/dev/null; then

@@ -482,6 +482,9 @@ def _supervise(procs, tmpdir, timeout_s, grace_s, expected, pending=None, start=
         time.sleep(1.0)
         for rank in hung:
             stacks[rank] = _tail(_paths(tmpdir, rank)["stack"], 4000)
+            native = _native_stacks(procs[rank].pid)
+            if native:
+                stacks[rank] += "\n  native threads (gdb, frames of our code):\n" + native
             procs[rank].kill()
         for rank in hung:
             procs[rank].join(5)
@@ -547,6 +550,34 @@ def _supervise(procs, tmpdir, timeout_s, grace_s, expected, pending=None, start=
         head += f", watchdog {timeout_s:g} s" + (f", rank {shortened_by} failed first" if shortened_by is not None else "") + ")"
         raise WorkersFailed(head + ":\n\n" + "\n\n".join(problems))
     return results
+
+
+def _native_stacks(pid: int, limit: int = 6000) -> str:
+    """Every thread's C++ backtrace of a hung worker, via gdb when present:
+    Python stacks alone do not show where the backend waits. Keeps the frames
+    of our code (and the wait they sit in) so the report stays short."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return ""
+    try:
+        out = subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 30"],
+                             capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    keep, threads = [], out.split("\nThread ")
+    for t in threads[1:]:
+        lines = t.splitlines()
+        ours = [ln for ln in lines[1:] if "mooncake" in ln or "pthread_cond" in ln
+                or "futex" in ln or "poll" in ln or "nanosleep" in ln]
+        idle = any(loop in t for loop in _IDLE_LOOPS)
+        if any("mooncake" in ln for ln in ours) and not idle:
+            keep.append("Thread " + lines[0] + "\n" + "\n".join(ln[:220] for ln in ours[:14]))
+    return "\n".join(keep)[:limit]
+
+
+# Background threads that wait for work by design; a hang is elsewhere.
+_IDLE_LOOPS = ("EventLoop::loop", "ShmServer::step", "LivenessProber::run", "P2PEngine::Impl::run",
+               "MemberHost::run", "CoordinatorHost::run")
 
 
 def _indent(text: str, prefix: str = "    ") -> str:
