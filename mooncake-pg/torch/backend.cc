@@ -136,7 +136,7 @@ MooncakeBackend::~MooncakeBackend() {
 }
 
 void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
-    store_ = std::make_shared<C10dStoreAdapter>(store);
+    store_ = C10dStoreAdapter::ownConnection(store);
     const std::shared_ptr<KVStore> kv = store_;
     const std::string where = "rank " + std::to_string(config_.rank) + " of group '" +
                               config_.group_name + "' (" + getBackendName() + ")";

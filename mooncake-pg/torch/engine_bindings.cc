@@ -184,7 +184,7 @@ std::shared_ptr<PyTransferEngine> construct(const py::object& store, const std::
     const Deadline deadline = deadlineOf(timeout_s, fn);
     options.timeout_ms = std::max<int64_t>(
         1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline.remaining()).count());
-    auto kv = std::make_shared<C10dStoreAdapter>(store.cast<c10::intrusive_ptr<c10d::Store>>());
+    auto kv = C10dStoreAdapter::ownConnection(store.cast<c10::intrusive_ptr<c10d::Store>>());
     Result<std::shared_ptr<SharedEngine>> made = InvalidArgument("not created");
     {
         py::gil_scoped_release no_gil;

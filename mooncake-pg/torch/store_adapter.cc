@@ -1,5 +1,7 @@
 #include "mooncake-pg/torch/store_adapter.h"
 
+#include "mooncake-transfer-engine/common/logging.h"
+
 #include <algorithm>
 #include <chrono>
 #include <exception>
@@ -42,6 +44,17 @@ Status statusFromCurrentException(const std::string& what_we_did) {
 
 C10dStoreAdapter::C10dStoreAdapter(c10::intrusive_ptr<c10d::Store> store)
     : store_(std::move(store)) {}
+
+std::shared_ptr<C10dStoreAdapter> C10dStoreAdapter::ownConnection(
+    const c10::intrusive_ptr<c10d::Store>& store) {
+    try {
+        if (auto cloned = store->clone())
+            return std::make_shared<C10dStoreAdapter>(std::move(cloned));
+    } catch (const std::exception& e) {
+        MC_LOG(kDebug, "pg") << "store clone failed, sharing the caller's connection: " << e.what();
+    }
+    return std::make_shared<C10dStoreAdapter>(store);
+}
 
 Status C10dStoreAdapter::set(const std::string& key, const std::string& value) {
     try {

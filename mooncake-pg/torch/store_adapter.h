@@ -20,6 +20,17 @@ class C10dStoreAdapter final : public KVStore {
 public:
     explicit C10dStoreAdapter(c10::intrusive_ptr<c10d::Store> store);
 
+    // An adapter over a connection of our own (store->clone()), falling back
+    // to `store` itself for stores that cannot clone. A TCPStore client runs
+    // one request at a time, and torch and user code hold it for the whole
+    // of a blocking get/wait: our background threads (Coordinator, member
+    // host, engine) sharing that client would wait behind such a call, e.g.
+    // rank 0's gloo rendezvous in new_group, which waits for peers that are
+    // themselves waiting for the Coordinator's reply: a deadlock until the
+    // store timeout.
+    static std::shared_ptr<C10dStoreAdapter> ownConnection(
+        const c10::intrusive_ptr<c10d::Store>& store);
+
     Status set(const std::string& key, const std::string& value) override;
     // store->wait bounded by the deadline, then store->get.
     Result<std::string> get(const std::string& key, Deadline deadline) override;

@@ -552,7 +552,7 @@ def _supervise(procs, tmpdir, timeout_s, grace_s, expected, pending=None, start=
     return results
 
 
-def _native_stacks(pid: int, limit: int = 6000) -> str:
+def _native_stacks(pid: int, limit: int = 12000) -> str:
     """Every thread's C++ backtrace of a hung worker, via gdb when present:
     Python stacks alone do not show where the backend waits. Keeps the frames
     of our code (and the wait they sit in) so the report stays short."""
@@ -576,8 +576,7 @@ def _native_stacks(pid: int, limit: int = 6000) -> str:
 
 
 # Background threads that wait for work by design; a hang is elsewhere.
-_IDLE_LOOPS = ("EventLoop::loop", "ShmServer::step", "LivenessProber::run", "P2PEngine::Impl::run",
-               "MemberHost::run", "CoordinatorHost::run")
+_IDLE_LOOPS = ("EventLoop::loop", "ShmServer::step", "LivenessProber::run", "P2PEngine::Impl::run")
 
 
 def _indent(text: str, prefix: str = "    ") -> str:

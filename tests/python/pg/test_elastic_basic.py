@@ -346,3 +346,40 @@ def _stale_generation(ctx):
 def test_joiner_skips_a_destroyed_generation():
     res = harness.run_ranks(_stale_generation, 3, BACKEND, timeout_s=120, env=FAST, init=False)
     assert res == [True] * 3
+
+
+# --------------------------------------------------------------------------- store sharing
+
+def _store_held_by_main_thread(ctx):
+    import torch.distributed as dist
+    pg = _pg()
+    backend = dist.group.WORLD
+    store = dist.distributed_c10d._get_default_store()
+    if ctx.rank == 0:
+        # A blocking wait holds this process's store client until rank 1
+        # sets the key, which it does only after a membership change that
+        # rank 0's Coordinator thread must serve through the store.
+        ctx.signal("rank0_waiting")
+        t0 = time.monotonic()
+        store.wait(["deactivated"])
+        waited = time.monotonic() - t0
+    else:
+        ctx.wait_for("rank0_waiting", 60)
+        if ctx.rank == 1:
+            pg.deactivate_ranks(backend, [2])
+            store.set("deactivated", "1")
+        waited = None
+    # Only slot 2 is checked: ranks that finished may already have left.
+    deadline = time.monotonic() + 30
+    while pg.get_active_ranks(backend).tolist()[2] != 0:
+        assert time.monotonic() < deadline, pg.get_active_ranks(backend)
+        time.sleep(0.01)
+    return waited
+
+
+def test_control_plane_does_not_share_the_callers_store_connection():
+    # The store timeout bounds the wait: without a connection of its own the
+    # Coordinator could not answer rank 1, and rank 0's wait would time out.
+    res = harness.run_ranks(_store_held_by_main_thread, 3, BACKEND, timeout_s=120, env=FAST,
+                            ref_group=False, pg_options=_opts_three, pg_timeout_s=20)
+    assert res[0] < 15.0, res
