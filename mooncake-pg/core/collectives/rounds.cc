@@ -176,7 +176,7 @@ Status Rounds::fail(int peer, const Status& status) {
     return out;
 }
 
-Status Rounds::checkAbortNotices() {
+int Rounds::noticeFrom(int awaited) const {
     const uint8_t* window = state_.fabric->localWindow();
     for (int m : state_.members) {
         if (m == state_.rank)
@@ -184,19 +184,32 @@ Status Rounds::checkAbortNotices() {
         const uint64_t v = loadFlag(window, state_.layout.abortFlag(m));
         if (!abortNoticeApplies(v, state_.epoch))
             continue;
-        const AbortNotice n = decodeAbortNotice(v);
-        if (n.reason == kRemovedReason) {
-            return failQuietly(
-                -1, Aborted("rank " + std::to_string(state_.rank) + " was deactivated in epoch " +
-                            std::to_string(n.epoch) + " (told by rank " + std::to_string(m) + ")"));
-        }
-        const auto code = static_cast<StatusCode>(n.reason);
-        const std::string culprit =
-            n.culprit >= 0 ? "rank " + std::to_string(n.culprit) : std::string("an unknown rank");
-        return failQuietly(n.culprit, Status(code, "rank " + std::to_string(m) +
-                                                       " failed the call because of " + culprit));
+        // "Removed" says only that m moved on: everything it sent before is
+        // still there, so it ends the wait only when m is the one awaited
+        // (a call the others completed must complete here too).
+        if (decodeAbortNotice(v).reason == kRemovedReason && m != awaited)
+            continue;
+        return m;
     }
-    return Status::OK();
+    return -1;
+}
+
+Status Rounds::checkAbortNotices(int awaited) {
+    const int m = noticeFrom(awaited);
+    if (m < 0)
+        return Status::OK();
+    const AbortNotice n =
+        decodeAbortNotice(loadFlag(state_.fabric->localWindow(), state_.layout.abortFlag(m)));
+    if (n.reason == kRemovedReason) {
+        return failQuietly(
+            -1, Aborted("rank " + std::to_string(state_.rank) + " was deactivated in epoch " +
+                        std::to_string(n.epoch) + " (told by rank " + std::to_string(m) + ")"));
+    }
+    const auto code = static_cast<StatusCode>(n.reason);
+    const std::string culprit =
+        n.culprit >= 0 ? "rank " + std::to_string(n.culprit) : std::string("an unknown rank");
+    return failQuietly(n.culprit, Status(code, "rank " + std::to_string(m) +
+                                                   " failed the call because of " + culprit));
 }
 
 Status Rounds::failWait(int peer, const Status& status) {
@@ -263,15 +276,9 @@ Status Rounds::waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* s
         // The awaited peer may be alive but itself stuck on a dead rank; it
         // says so with an abort notice. Only notices, not the liveness of
         // members nobody waits on, end the wait early (rounds.h).
-        if ((++polls & 15) == 0) {
-            for (int m : state_.members) {
-                if (m != state_.rank &&
-                    abortNoticeApplies(loadFlag(window, state_.layout.abortFlag(m)),
-                                       state_.epoch)) {
-                    noticed = true;
-                    return true;
-                }
-            }
+        if ((++polls & 15) == 0 && noticeFrom(peer) >= 0) {
+            noticed = true;
+            return true;
         }
         return false;
     };
@@ -279,7 +286,7 @@ Status Rounds::waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* s
     if (!st.ok())
         return failWait(peer, st);
     if (noticed)
-        return checkAbortNotices();
+        return checkAbortNotices(peer);
     if (moved_on || (value >= newer && value != 0)) {
         // Not broadcast: the others learn of the newer epoch from the
         // members that applied it, and retry the call in it.

@@ -36,7 +36,8 @@
 // part of a call, which nobody waits on any more, fails nobody. A rank that
 // applies a view which drops a member writes that member a "removed" notice
 // of the new epoch, so a call it is still inside fails instead of waiting for
-// peers that moved on.
+// peers that moved on; it ends only a wait on that sender, so a call the
+// senders completed before moving on completes on the dropped member too.
 #pragma once
 
 #include <cstddef>
@@ -276,9 +277,12 @@ private:
     // fail() without telling the other members (for failures they learnt
     // about themselves or from the same notice).
     Status failQuietly(int peer, const Status& status);
-    // The first applicable abort notice in this rank's window, as a failure
-    // of this call; OK when there is none.
-    Status checkAbortNotices();
+    // The member whose abort notice ends a wait on `awaited` (-1: none):
+    // any failure notice of this epoch, or a newer epoch's removed notice
+    // from `awaited` itself.
+    int noticeFrom(int awaited) const;
+    // That notice as a failure of this call; OK when there is none.
+    Status checkAbortNotices(int awaited);
     // fail() for a wait on, or a write to, `peer` that failed with kTimeout
     // or kPeerFailure: blames from what is known about every member.
     Status failWait(int peer, const Status& status);

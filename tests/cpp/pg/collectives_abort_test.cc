@@ -126,6 +126,45 @@ TEST(CollectivesAbort, DroppedMemberInsideACallIsToldAtOnce) {
     });
 }
 
+// Rank 1 is still finishing a call the others completed (rank 3's message to
+// it is held back) when rank 0 drops it and writes it a removed notice. The
+// notice comes from rank 0, which delivered everything before moving on, so
+// rank 1's wait on rank 3 goes on and the call completes there too.
+TEST(CollectivesAbort, RemovedNoticeDoesNotAbortACallTheOthersCompleted) {
+    const CommOptions options = testutil::smallOptions();
+    ThreadFabricGroup group(4, Communicator::windowBytesFor(4, options));
+    auto gated = std::make_shared<GatedFabric>(group.fabric(3), /*gated_peer=*/1);
+    std::vector<std::unique_ptr<Communicator>> comms;
+    for (int r = 0; r < 4; ++r) {
+        std::shared_ptr<Fabric> fabric = r == 3 ? gated : group.fabric(r);
+        comms.push_back(std::make_unique<Communicator>(fabric, options));
+    }
+    std::vector<Status> results(4);
+    std::vector<std::vector<int32_t>> values(4);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 4; ++r) {
+        threads.emplace_back([&, r] {
+            values[r].assign(8, r + 1);
+            results[r] = comms[r]->allReduce(values[r].data(), values[r].data(), values[r].size(),
+                                             DataType::kInt32, ReduceOp::kSum,
+                                             Deadline::after(std::chrono::seconds(20)));
+            if (r != 0)
+                return;
+            ASSERT_TRUE(comms[0]->setMembership({1, 0, 1, 1}, 1).ok());
+            // Long enough for rank 1 to look at its abort lines many times
+            // while it waits for rank 3.
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            gated->open();
+        });
+    }
+    for (auto& t : threads)
+        t.join();
+    for (int r = 0; r < 4; ++r) {
+        ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].toString();
+        EXPECT_EQ(values[r], std::vector<int32_t>(8, 10)) << "rank " << r;
+    }
+}
+
 // A survivor blocked on another survivor (not on the dead rank) learns the
 // culprit from the notice: the status names both the reporter and rank 3.
 TEST(CollectivesAbort, NoticeCarriesTheCulpritAndTheCode) {
