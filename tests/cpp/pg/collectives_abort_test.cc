@@ -2,7 +2,7 @@
 // not. A member that leaves right after finishing its part fails nobody; a
 // member dropped from the membership while inside a call is told at once.
 #include <chrono>
-#include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,16 +49,20 @@ private:
     std::vector<std::pair<uint64_t, uint64_t>> held_;
 };
 
-// Rank 3 finishes a one-round all_reduce and dies while rank 0 still waits
-// for rank 1's message (held back). Nobody needs anything more from rank 3,
-// so every survivor's call must succeed with the full sum.
-TEST(CollectivesAbort, MemberLeavingRightAfterItsPartFailsNobody) {
+// Four ranks run one small all_reduce (rank r contributes r + 1) while
+// `gated_rank`'s flags to `gated_peer` are held back. Once `actor` has
+// finished its own call it runs `then`, waits long enough for `gated_peer` to
+// look at every abort line and member many times, and opens the gate. Every
+// rank must still get the full sum, with nobody blamed.
+void expectHeldBackAllReduceCompletes(
+    int gated_rank, int gated_peer, int actor,
+    const std::function<void(ThreadFabricGroup&, Communicator&)>& then) {
     const CommOptions options = testutil::smallOptions();
     ThreadFabricGroup group(4, Communicator::windowBytesFor(4, options));
-    auto gated = std::make_shared<GatedFabric>(group.fabric(1), /*gated_peer=*/0);
+    auto gated = std::make_shared<GatedFabric>(group.fabric(gated_rank), gated_peer);
     std::vector<std::unique_ptr<Communicator>> comms;
     for (int r = 0; r < 4; ++r) {
-        std::shared_ptr<Fabric> fabric = r == 1 ? gated : group.fabric(r);
+        std::shared_ptr<Fabric> fabric = r == gated_rank ? gated : group.fabric(r);
         comms.push_back(std::make_unique<Communicator>(fabric, options));
     }
     std::vector<Status> results(4);
@@ -70,12 +74,9 @@ TEST(CollectivesAbort, MemberLeavingRightAfterItsPartFailsNobody) {
             results[r] = comms[r]->allReduce(values[r].data(), values[r].data(), values[r].size(),
                                              DataType::kInt32, ReduceOp::kSum,
                                              Deadline::after(std::chrono::seconds(20)));
-            if (r != 3)
+            if (r != actor)
                 return;
-            group.kill(3);
-            // Long enough for rank 0 to look at every member's state many
-            // times while it waits for rank 1; only then does rank 1's
-            // message reach it.
+            then(group, *comms[r]);
             std::this_thread::sleep_for(std::chrono::milliseconds(100));
             gated->open();
         });
@@ -87,6 +88,15 @@ TEST(CollectivesAbort, MemberLeavingRightAfterItsPartFailsNobody) {
         EXPECT_EQ(values[r], std::vector<int32_t>(8, 10)) << "rank " << r;
         EXPECT_TRUE(comms[r]->lastFailure().failed_ranks.empty()) << "rank " << r;
     }
+}
+
+// Rank 3 finishes a one-round all_reduce and dies while rank 0 still waits
+// for rank 1's message (held back). Nobody needs anything more from rank 3,
+// so every survivor's call must succeed with the full sum.
+TEST(CollectivesAbort, MemberLeavingRightAfterItsPartFailsNobody) {
+    expectHeldBackAllReduceCompletes(
+        /*gated_rank=*/1, /*gated_peer=*/0, /*actor=*/3,
+        [](ThreadFabricGroup& group, Communicator&) { group.kill(3); });
 }
 
 // Ranks 0 and 1 drop rank 2 while rank 2 sits in a barrier they will never
@@ -131,38 +141,10 @@ TEST(CollectivesAbort, DroppedMemberInsideACallIsToldAtOnce) {
 // notice comes from rank 0, which delivered everything before moving on, so
 // rank 1's wait on rank 3 goes on and the call completes there too.
 TEST(CollectivesAbort, RemovedNoticeDoesNotAbortACallTheOthersCompleted) {
-    const CommOptions options = testutil::smallOptions();
-    ThreadFabricGroup group(4, Communicator::windowBytesFor(4, options));
-    auto gated = std::make_shared<GatedFabric>(group.fabric(3), /*gated_peer=*/1);
-    std::vector<std::unique_ptr<Communicator>> comms;
-    for (int r = 0; r < 4; ++r) {
-        std::shared_ptr<Fabric> fabric = r == 3 ? gated : group.fabric(r);
-        comms.push_back(std::make_unique<Communicator>(fabric, options));
-    }
-    std::vector<Status> results(4);
-    std::vector<std::vector<int32_t>> values(4);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 4; ++r) {
-        threads.emplace_back([&, r] {
-            values[r].assign(8, r + 1);
-            results[r] = comms[r]->allReduce(values[r].data(), values[r].data(), values[r].size(),
-                                             DataType::kInt32, ReduceOp::kSum,
-                                             Deadline::after(std::chrono::seconds(20)));
-            if (r != 0)
-                return;
-            ASSERT_TRUE(comms[0]->setMembership({1, 0, 1, 1}, 1).ok());
-            // Long enough for rank 1 to look at its abort lines many times
-            // while it waits for rank 3.
-            std::this_thread::sleep_for(std::chrono::milliseconds(100));
-            gated->open();
+    expectHeldBackAllReduceCompletes(
+        /*gated_rank=*/3, /*gated_peer=*/1, /*actor=*/0, [](ThreadFabricGroup&, Communicator& c) {
+            ASSERT_TRUE(c.setMembership({1, 0, 1, 1}, 1).ok());
         });
-    }
-    for (auto& t : threads)
-        t.join();
-    for (int r = 0; r < 4; ++r) {
-        ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].toString();
-        EXPECT_EQ(values[r], std::vector<int32_t>(8, 10)) << "rank " << r;
-    }
 }
 
 // A survivor blocked on another survivor (not on the dead rank) learns the
