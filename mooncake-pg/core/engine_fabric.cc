@@ -120,24 +120,22 @@ Status EngineFabric::bootstrap() {
     } else {
         MC_RETURN_IF_ERROR(startOwnEngine(secret));
     }
-    prober_ = std::make_unique<LivenessProber>(
-        options_.size,
-        [this](int peer) {
-            // Bounded so that one unresponsive host does not hold up probes
-            // of the others for long.
-            constexpr int64_t kProbeTimeoutMs = 1000;
-            const te::SegmentID segment = peerRecord(peer).segment;
-            Status st = engine_->probePeerAlive(segment, Deadline::afterMs(kProbeTimeoutMs));
-            // connectPeer may have installed a replacement meanwhile; it is
-            // not the process found dead.
-            if (st.code() == StatusCode::kPeerFailure && peerRecord(peer).segment == segment)
-                failed_[peer].store(true);
-            return st;
-        },
-        [this](int peer) {
-            MC_LOG(kWarn, "pg") << "rank " << options_.rank << ": rank " << peer
-                                << " does not answer liveness probes; marked failed";
-        });
+    prober_ = std::make_unique<LivenessProber>(options_.size, [this](int peer) {
+        // Bounded so that one unresponsive host does not hold up probes of
+        // the others for long. Only a refused or reset connection is proof
+        // of death; a timeout may be a slow link.
+        constexpr int64_t kProbeTimeoutMs = 1000;
+        const te::SegmentID segment = peerRecord(peer).segment;
+        Status st = engine_->probePeerAlive(segment, Deadline::afterMs(kProbeTimeoutMs));
+        // connectPeer may have installed a replacement meanwhile; it is not
+        // the process found dead.
+        if (st.code() != StatusCode::kPeerFailure || peerRecord(peer).segment != segment)
+            return;
+        MC_LOG(kWarn, "pg") << "rank " << options_.rank << ": rank " << peer
+                            << " does not answer liveness probes (" << st.toString()
+                            << "); marked failed";
+        failed_[peer].store(true);
+    });
 
     MC_ASSIGN_OR_RETURN(void* window, engine_->allocateSharedMemory(options_.window_bytes, "pg-window"));
     window_ = static_cast<uint8_t*>(window);

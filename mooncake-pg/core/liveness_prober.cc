@@ -4,12 +4,8 @@
 
 namespace mooncake::pg {
 
-LivenessProber::LivenessProber(int size, std::function<Status(int)> probe,
-                               std::function<void(int)> on_dead)
-    : probe_(std::move(probe)),
-      on_dead_(std::move(on_dead)),
-      wanted_(static_cast<size_t>(size), 0),
-      thread_([this] { run(); }) {}
+LivenessProber::LivenessProber(int size, std::function<void(int)> probe)
+    : probe_(std::move(probe)), wanted_(static_cast<size_t>(size), 0), thread_([this] { run(); }) {}
 
 LivenessProber::~LivenessProber() {
     {
@@ -32,11 +28,6 @@ void LivenessProber::request(int peer) {
     cv_.notify_one();
 }
 
-uint64_t LivenessProber::deathsFound() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return deaths_;
-}
-
 void LivenessProber::run() {
     std::unique_lock<std::mutex> lock(mu_);
     while (true) {
@@ -55,14 +46,9 @@ void LivenessProber::run() {
             if (wanted_[p] == 0)
                 continue;
             lock.unlock();
-            const Status st = probe_(static_cast<int>(p));
-            const bool dead = st.code() == StatusCode::kPeerFailure;
-            if (dead)
-                on_dead_(static_cast<int>(p));
+            probe_(static_cast<int>(p));
             lock.lock();
             wanted_[p] = 0;
-            if (dead)
-                ++deaths_;
         }
     }
 }

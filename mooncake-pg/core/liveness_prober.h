@@ -11,16 +11,13 @@
 #include <thread>
 #include <vector>
 
-#include "mooncake-transfer-engine/common/status.h"
-
 namespace mooncake::pg {
 
 class LivenessProber {
 public:
-    // `probe(peer)` checks one peer and may block up to its own deadline;
-    // a kPeerFailure result means the peer is dead (any other error, a
-    // timeout included, proves nothing) and `on_dead(peer)` is called.
-    LivenessProber(int size, std::function<Status(int)> probe, std::function<void(int)> on_dead);
+    // `probe(peer)` checks one peer and acts on the answer (marks it failed);
+    // it may block up to its own deadline.
+    LivenessProber(int size, std::function<void(int)> probe);
     ~LivenessProber();  // joins the thread; a probe in progress finishes first
     LivenessProber(const LivenessProber&) = delete;
     LivenessProber& operator=(const LivenessProber&) = delete;
@@ -28,19 +25,15 @@ public:
     // Queues a probe of `peer` unless one is already queued; never blocks on
     // the probe itself.
     void request(int peer);
-    // Probes that reported a peer dead, for tests and logs.
-    uint64_t deathsFound() const;
 
 private:
     void run();
 
-    const std::function<Status(int)> probe_;
-    const std::function<void(int)> on_dead_;
-    mutable std::mutex mu_;
+    const std::function<void(int)> probe_;
+    std::mutex mu_;
     std::condition_variable cv_;
     std::vector<uint8_t> wanted_;  // by rank
     bool stop_ = false;
-    uint64_t deaths_ = 0;
     std::thread thread_;
 };
 
