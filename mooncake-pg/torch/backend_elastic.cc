@@ -221,8 +221,8 @@ Status MooncakeBackend::runElastic(Task& task, Deadline deadline, bool* from_cor
                                                      c10d::OpType::ALLTOALL_BASE,
                                                      c10d::OpType::GATHER,
                                                      c10d::OpType::SCATTER};
-    const bool sized =
-        std::find(kSized.begin(), kSized.end(), task.work->retrieveOpType()) != kSized.end();
+    const c10d::OpType type = task.work->retrieveOpType();
+    const bool sized = std::find(kSized.begin(), kSized.end(), type) != kSized.end();
     while (true) {
         *from_core = false;
         Status st = applyLatestView(deadline);
@@ -233,7 +233,6 @@ Status MooncakeBackend::runElastic(Task& task, Deadline deadline, bool* from_cor
                               std::to_string(groupSize()) +
                               " ranks after the op was issued; issue it again");
         }
-        const c10d::OpType type = task.work->retrieveOpType();
         if (sized && comm_ == solo_comm_.get() && config_.rank >= task.group_size &&
             type != c10d::OpType::GATHER && type != c10d::OpType::SCATTER) {
             // Local-only, and the buffers (sized for task.group_size ranks)
