@@ -13,6 +13,7 @@
 #include "mooncake-transfer-engine/engine/transfer_engine.h"
 #include "mooncake-transfer-engine/metadata/kv_store.h"
 #include "mooncake-transfer-engine/transport/cuda_ipc/device_memory.h"
+#include "tests/cpp/te/cuda_test_util.h"
 #include "tests/cpp/te/shm_test_util.h"
 #ifdef MC_WITH_CUDA
 #include "mooncake-transfer-engine/transport/cuda_ipc/cuda_driver.h"
@@ -77,40 +78,6 @@ TEST(CudaIpcSelection, DeviceAllocationWithoutCudaSaysWhy) {
 }
 
 #ifdef MC_WITH_CUDA
-
-// Whether a fresh process can use device 0; the parent itself never touches
-// CUDA, so its children may.
-std::string cudaUnusableReason() {
-    int fds[2];
-    if (::pipe(fds) != 0)
-        return "pipe failed";
-    Child probe([&] {
-        ::close(fds[0]);
-        Status st = deviceMemoryAvailable();
-        std::string why = st.ok() ? "" : st.toString();
-        if (!why.empty())
-            (void)!::write(fds[1], why.data(), why.size());
-        ::close(fds[1]);
-        return 0;
-    });
-    ::close(fds[1]);
-    std::string why;
-    char buf[256];
-    ssize_t n;
-    while ((n = ::read(fds[0], buf, sizeof(buf))) > 0)
-        why.append(buf, static_cast<size_t>(n));
-    ::close(fds[0]);
-    if (probe.wait(Deadline::afterMs(kWaitMs)) != 0)
-        return "the CUDA probe process failed";
-    return why;
-}
-
-#define SKIP_WITHOUT_GPU()                                    \
-    do {                                                      \
-        std::string why = cudaUnusableReason();               \
-        if (!why.empty())                                     \
-            GTEST_SKIP() << "no usable CUDA device: " << why; \
-    } while (0)
 
 // Host <-> device through the driver, for setting up and checking device bytes.
 Status deviceCopy(void* dst, const void* src, size_t len) {
