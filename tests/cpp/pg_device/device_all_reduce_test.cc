@@ -113,7 +113,10 @@ int checkOne(Rank& r, DataType dtype, ReduceOp op, size_t count, size_t offset, 
         int64_t v = inputValue(op, r.rank, i);
         in[i] = std::is_same_v<T, bool> ? fromInt<T>(v % 2) : fromInt<T>(v);
     }
-    CUDA_CHILD_OK(cudaMemcpy(d_in + offset, in.get(), count * sizeof(T), cudaMemcpyHostToDevice));
+    // On the call's stream: a pageable cudaMemcpy may return before its DMA
+    // lands, and the non-blocking stream would not wait for it.
+    CUDA_CHILD_OK(cudaMemcpyAsync(d_in + offset, in.get(), count * sizeof(T),
+                                  cudaMemcpyHostToDevice, r.stream));
     r.clearResult();
     CHILD_OK(oneShotAllReduce(r.view, d_in + offset, d_out + offset, count, dtype, op, seq,
                               r.deviceResult(), r.stream));
@@ -223,7 +226,8 @@ int runSums(Rank& r, float* d_in, float* d_out, size_t count, uint64_t seq, int 
     std::vector<float> in(count), out(count);
     for (size_t i = 0; i < count; ++i)
         in[i] = static_cast<float>((r.rank + 1) * (i % 100 + iteration));
-    CUDA_CHILD_OK(cudaMemcpy(d_in, in.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHILD_OK(
+        cudaMemcpyAsync(d_in, in.data(), count * sizeof(float), cudaMemcpyHostToDevice, r.stream));
     r.clearResult();
     CHILD_OK(oneShotAllReduce(r.view, d_in, d_out, count, DataType::kFloat32, ReduceOp::kSum, seq,
                               r.deviceResult(), r.stream));
