@@ -35,7 +35,7 @@ class CMakeBuild(build_ext):
             "-DWITH_TORCH=ON",
             f"-DCMAKE_BUILD_TYPE={os.environ.get('MOONCAKE_BUILD_TYPE', 'RelWithDebInfo')}",
         ]
-        for opt in ("USE_CUDA", "WITH_EP", "WITH_RDMA", "USE_NCCL_DEVICE", "BUILD_TESTING",
+        for opt in ("USE_CUDA", "WITH_EP", "WITH_RDMA", "USE_NCCL_DEVICE", "BUILD_TESTING", "BUILD_FUZZERS",
                     "CMAKE_CUDA_ARCHITECTURES"):
             if opt in os.environ:
                 args.append(f"-D{opt}={os.environ[opt]}")

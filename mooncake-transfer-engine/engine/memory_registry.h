@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -23,12 +24,14 @@ struct LocalRegion {
     }
 };
 
-// Memory the engine mapped from a memfd so other local processes can map it.
+// Memory other local processes can map through a file descriptor: a memfd
+// the engine mapped ("cpu"), or exportable device memory ("cuda:<n>").
 struct SharedAllocation {
     uint64_t id = 0;
     uint64_t addr = 0;
     uint64_t length = 0;
     int fd = -1;  // owned by the registry
+    std::string location = "cpu";
 };
 
 class MemoryRegistry {
@@ -50,6 +53,11 @@ public:
 
     // memfd-backed, page-aligned, zero-filled memory.
     Result<SharedAllocation> allocateShared(uint64_t length, const std::string& debug_name);
+    // Takes over an fd-backed allocation made elsewhere (exportable device
+    // memory): the registry owns `fd` from now on, and freeShared (or the
+    // registry's destruction) closes it and then runs `release`.
+    Result<SharedAllocation> adoptShared(uint64_t addr, uint64_t length, int fd,
+                                         std::string location, std::function<void()> release);
     Status freeShared(uint64_t addr);
     // The shared allocation holding [addr, addr+len), if any.
     std::optional<SharedAllocation> findShared(uint64_t addr, uint64_t len) const;
@@ -58,7 +66,12 @@ public:
 private:
     mutable std::mutex mu_;
     std::vector<LocalRegion> regions_;
-    std::vector<SharedAllocation> shared_;
+    struct SharedEntry {
+        SharedAllocation alloc;
+        std::function<void()> release;  // empty: a memfd mapping of ours (munmap)
+    };
+    static void releaseEntry(SharedEntry& entry);
+    std::vector<SharedEntry> shared_;
     uint64_t next_shared_id_ = 1;
 };
 

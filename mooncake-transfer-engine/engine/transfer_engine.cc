@@ -8,6 +8,8 @@
 
 #include "mooncake-transfer-engine/common/env.h"
 #include "mooncake-transfer-engine/common/logging.h"
+#include "mooncake-transfer-engine/transport/cuda_ipc/cuda_ipc_transport.h"
+#include "mooncake-transfer-engine/transport/cuda_ipc/device_memory.h"
 #include "mooncake-transfer-engine/transport/shm/shm_transport.h"
 #include "mooncake-transfer-engine/transport/tcp/tcp_transport.h"
 #include "mooncake-transfer-engine/transport/transport.h"
@@ -148,7 +150,11 @@ Status TransferEngine::init(const std::string& host_ip,
     local_.name = options_.segment_name;
     local_.host_id = localHostId();
     local_.pid = static_cast<int32_t>(::getpid());
-    if (!options_.force_tcp) transports_.push_back(createShmTransport());
+    if (!options_.force_tcp) {
+        transports_.push_back(createShmTransport());
+        // Rides on the shm transport's descriptor server; absent without CUDA.
+        if (auto cuda_ipc = createCudaIpcTransport()) transports_.push_back(std::move(cuda_ipc));
+    }
     transports_.push_back(createTcpTransport());
     for (auto& t : transports_) {
         Status st = t->start(host_.get(), &local_);
@@ -226,6 +232,26 @@ Result<void*> TransferEngine::allocateSharedMemory(size_t length, const std::str
     Status st = registerLocalMemory(p, alloc.length, "cpu", true);
     if (!st.ok()) {
         (void)memory_.freeShared(alloc.addr);
+        return st;
+    }
+    return p;
+}
+
+Result<void*> TransferEngine::allocateDeviceMemory(size_t length, int device) {
+    MC_ASSIGN_OR_RETURN(auto memory, allocateExportableDeviceMemory(device, length));
+    MC_ASSIGN_OR_RETURN(int fd, memory->exportFd());
+    const uint64_t addr = memory->addr();
+    const uint64_t rounded = memory->length();
+    std::string location = "cuda:" + std::to_string(device);
+    // The registry owns the allocation from here: freeShared releases it.
+    std::shared_ptr<ExportableDeviceMemory> owned(std::move(memory));
+    MC_RETURN_IF_ERROR(
+        memory_.adoptShared(addr, rounded, fd, location, [owned]() mutable { owned.reset(); })
+            .status());
+    void* p = reinterpret_cast<void*>(addr);
+    Status st = registerLocalMemory(p, rounded, location, true);
+    if (!st.ok()) {
+        (void)memory_.freeShared(addr);
         return st;
     }
     return p;
@@ -416,9 +442,25 @@ Status TransferEngine::submitTransfer(BatchID batch_id, const std::vector<Transf
         Status st = validate(requests[i], &peer, &region, &refresh);
         if (!st.ok()) return st.withContext("request " + std::to_string(i));
         Transport* t = nullptr;
+        // validate() found the source registered; its location says who may copy it.
+        const auto source = memory_.find(reinterpret_cast<uint64_t>(requests[i].source),
+                                         requests[i].length);
+        const bool device_source = source && cudaOrdinal(source->location) >= 0;
         if (requests[i].target_id != kLocalSegment) {
             t = select(*peer, *region);
             if (!t) return Unavailable("request " + std::to_string(i) + ": no transport reaches " + peer->name);
+        }
+        if (device_source && (!t || !t->copiesDeviceMemory())) {
+            return Unavailable("request " + std::to_string(i) + ": the source is device memory (" +
+                               source->location + ") and " +
+                               (t ? std::string("the ") + t->name() + " transport"
+                                  : std::string("a local copy")) +
+                               " copies host memory only");
+        }
+        if (!t && cudaOrdinal(region->location) >= 0) {
+            return Unavailable("request " + std::to_string(i) +
+                               ": a local copy into device memory (" + region->location +
+                               ") is not supported; copy on a CUDA stream instead");
         }
         planned.push_back(
             {std::make_shared<TransferTask>(requests[i], std::move(peer), batch->signal), t});

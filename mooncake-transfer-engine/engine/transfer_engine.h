@@ -1,7 +1,7 @@
 // TransferEngine: registers local memory, publishes it as a named segment in
 // a KVStore, and moves bytes to/from peer segments in batches over the best
-// transport per peer (shm on the same host, tcp otherwise; MC_FORCE_TCP=1
-// forces tcp). Thread-safe.
+// transport per peer (cuda_ipc for device memory and shm for host memory on
+// the same host, tcp otherwise; MC_FORCE_TCP=1 forces tcp). Thread-safe.
 #pragma once
 
 #include <map>
@@ -55,6 +55,11 @@ public:
     // CPU memory that same-host peers can map (memfd). Registered on return;
     // free with freeSharedMemory.
     Result<void*> allocateSharedMemory(size_t length, const std::string& debug_name = "buffer");
+    // Device memory on CUDA device `device` that same-host peers can map
+    // (cuda_ipc), rounded up to the allocation granularity; registered as
+    // "cuda:<device>" on return. kUnavailable without CUDA. Free it with
+    // freeSharedMemory.
+    Result<void*> allocateDeviceMemory(size_t length, int device);
     Status freeSharedMemory(void* addr);
 
     Result<SegmentID> openSegment(const std::string& name, Deadline deadline);

@@ -98,6 +98,10 @@ public:
     // True when this transport can move bytes to/from `region` of `peer`.
     virtual bool canReach(const SegmentDesc& peer, const RegionDesc& region) const = 0;
 
+    // Whether the local side of a request may be device memory (the engine
+    // refuses such requests for transports that copy with the CPU).
+    virtual bool copiesDeviceMemory() const { return false; }
+
     // Queues the task; the transport completes it (possibly before returning).
     // The request has already been validated against the peer descriptor and
     // the local registry.

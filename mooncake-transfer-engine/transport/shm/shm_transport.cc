@@ -76,8 +76,8 @@ Status ShmTransport::exportRegion(const LocalRegion& region, RegionDesc* desc) {
     if (!region.remote_accessible)
         return Status::OK();
     auto alloc = host_->memory().findShared(region.addr, region.length);
-    if (!alloc)
-        return Status::OK();  // plain memory: peers use another transport
+    if (!alloc || alloc->location != "cpu")
+        return Status::OK();  // plain or device memory: peers use another transport
     desc->shm_export = encodeShmExport(ShmExport{alloc->id, alloc->addr, alloc->length});
     return Status::OK();
 }

@@ -48,9 +48,10 @@ public:
         (void)region, (void)desc;
         return Status::OK();  // tcp reaches any registered range without export data
     }
+    // Host memory only: the serving side copies with plain loads and stores,
+    // which device memory does not take.
     bool canReach(const SegmentDesc& peer, const RegionDesc& region) const override {
-        (void)region;
-        return peer.tcp_port != 0;
+        return peer.tcp_port != 0 && region.location == "cpu";
     }
     void submit(const std::shared_ptr<TransferTask>& task) override;
     Status probe(const SegmentDesc& peer, Deadline deadline) override;

@@ -1,0 +1,227 @@
+#include "mooncake-pg/device/all_reduce.h"
+
+#include <string>
+
+#include "mooncake-pg/device/reduce_ops.cuh"
+#include "mooncake-pg/device/spin_wait.cuh"
+
+namespace mooncake::pg::device {
+
+namespace {
+
+constexpr int kThreads = 512;
+// Enough blocks to keep the copy engines of one SM group busy on the reduce;
+// one-shot inputs are small.
+constexpr int kMaxReduceBlocks = 32;
+
+__device__ __forceinline__ bool callIsCurrent(const DeviceGroupView& g, DeviceOpResult* result) {
+    uint64_t abort = *g.abort_word;
+    if (abort != 0) {
+        reportFailure(result, DeviceStatus::kAborted, -1, abort);
+        return false;
+    }
+    uint64_t current = *g.current_epoch;
+    if (current != g.epoch) {
+        reportFailure(result, DeviceStatus::kStaleEpoch, -1, current);
+        return false;
+    }
+    return true;
+}
+
+// Block b copies the input into this rank's slot at member b, then publishes
+// the signature and raises the flag there.
+__global__ void pushKernel(DeviceGroupView g, const char* input, uint64_t bytes, uint64_t tag,
+                           uint64_t signature, DeviceOpResult* result) {
+    __shared__ bool current;
+    if (threadIdx.x == 0)
+        current = callIsCurrent(g, result);
+    __syncthreads();
+    if (!current)
+        return;
+    const int dst = blockIdx.x;
+    const int parity = static_cast<int>(tag & 1);
+    char* window = g.windows[dst];
+    char* slot = window + slotOffset(parity, g.rank, g.size, g.slot_bytes);
+    const bool aligned =
+        ((reinterpret_cast<uintptr_t>(input) | reinterpret_cast<uintptr_t>(slot)) & 15) == 0;
+    const uint64_t vectors = aligned ? bytes / 16 : 0;
+    const int4* in4 = reinterpret_cast<const int4*>(input);
+    int4* out4 = reinterpret_cast<int4*>(slot);
+    for (uint64_t i = threadIdx.x; i < vectors; i += blockDim.x)
+        out4[i] = in4[i];
+    for (uint64_t i = vectors * 16 + threadIdx.x; i < bytes; i += blockDim.x)
+        slot[i] = input[i];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        *reinterpret_cast<volatile uint64_t*>(window + signatureOffset(parity, g.rank)) = signature;
+        // The fence makes every thread's slot stores (ordered before it by the
+        // barrier) and the signature visible before the flag.
+        __threadfence_system();
+        storeReleaseSys(reinterpret_cast<uint64_t*>(window + flagOffset(parity, g.rank)), tag);
+    }
+}
+
+template <typename T, ReduceOp kOp>
+__global__ void waitReduceKernel(DeviceGroupView g, T* output, uint64_t count, uint64_t tag,
+                                 uint64_t signature, DeviceOpResult* result) {
+    __shared__ bool failed;
+    if (threadIdx.x == 0)
+        failed = false;
+    __syncthreads();
+    const int parity = static_cast<int>(tag & 1);
+    char* own = g.windows[g.rank];
+    if (threadIdx.x < static_cast<unsigned>(g.size)) {
+        const int src = static_cast<int>(threadIdx.x);
+        const uint64_t start = globalTimerNs();
+        if (!waitFlag(g, reinterpret_cast<const uint64_t*>(own + flagOffset(parity, src)), tag, src,
+                      start, result)) {
+            failed = true;
+        } else {
+            uint64_t theirs =
+                *reinterpret_cast<volatile uint64_t*>(own + signatureOffset(parity, src));
+            if (theirs != signature) {
+                reportFailure(result, DeviceStatus::kMismatch, src, theirs);
+                failed = true;
+            }
+        }
+    }
+    __syncthreads();
+    if (failed)
+        return;
+    const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+    for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+         i += stride) {
+        T acc = reinterpret_cast<const T*>(own + slotOffset(parity, 0, g.size, g.slot_bytes))[i];
+        for (int src = 1; src < g.size; ++src) {
+            const T* slot =
+                reinterpret_cast<const T*>(own + slotOffset(parity, src, g.size, g.slot_bytes));
+            acc = combine<T, kOp>(acc, slot[i]);
+        }
+        if constexpr (kOp == ReduceOp::kAvg)
+            acc = divideBy(acc, g.size);
+        output[i] = acc;
+    }
+}
+
+template <typename T, ReduceOp kOp>
+void launchReduce(const DeviceGroupView& g, void* output, uint64_t count, uint64_t tag,
+                  uint64_t signature, DeviceOpResult* result, cudaStream_t stream) {
+    uint64_t blocks = (count + kThreads - 1) / kThreads;
+    if (blocks < 1)
+        blocks = 1;
+    if (blocks > kMaxReduceBlocks)
+        blocks = kMaxReduceBlocks;
+    waitReduceKernel<T, kOp><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        g, static_cast<T*>(output), count, tag, signature, result);
+}
+
+template <typename T>
+Status launchForType(const DeviceGroupView& g, void* output, uint64_t count, ReduceOp op,
+                     uint64_t tag, uint64_t signature, DeviceOpResult* result,
+                     cudaStream_t stream) {
+    switch (op) {
+        case ReduceOp::kSum:
+            launchReduce<T, ReduceOp::kSum>(g, output, count, tag, signature, result, stream);
+            return Status::OK();
+        case ReduceOp::kAvg:
+            launchReduce<T, ReduceOp::kAvg>(g, output, count, tag, signature, result, stream);
+            return Status::OK();
+        case ReduceOp::kProduct:
+            launchReduce<T, ReduceOp::kProduct>(g, output, count, tag, signature, result, stream);
+            return Status::OK();
+        case ReduceOp::kMin:
+            launchReduce<T, ReduceOp::kMin>(g, output, count, tag, signature, result, stream);
+            return Status::OK();
+        case ReduceOp::kMax:
+            launchReduce<T, ReduceOp::kMax>(g, output, count, tag, signature, result, stream);
+            return Status::OK();
+        case ReduceOp::kBand:
+            launchReduce<T, ReduceOp::kBand>(g, output, count, tag, signature, result, stream);
+            return Status::OK();
+        case ReduceOp::kBor:
+            launchReduce<T, ReduceOp::kBor>(g, output, count, tag, signature, result, stream);
+            return Status::OK();
+        case ReduceOp::kBxor:
+            launchReduce<T, ReduceOp::kBxor>(g, output, count, tag, signature, result, stream);
+            return Status::OK();
+    }
+    return InvalidArgument("unknown reduce op");
+}
+
+Status launchReduceFor(DataType dtype, const DeviceGroupView& g, void* output, uint64_t count,
+                       ReduceOp op, uint64_t tag, uint64_t signature, DeviceOpResult* result,
+                       cudaStream_t stream) {
+    switch (dtype) {
+        case DataType::kFloat32:
+            return launchForType<float>(g, output, count, op, tag, signature, result, stream);
+        case DataType::kFloat64:
+            return launchForType<double>(g, output, count, op, tag, signature, result, stream);
+        case DataType::kFloat16:
+            return launchForType<__half>(g, output, count, op, tag, signature, result, stream);
+        case DataType::kBFloat16:
+            return launchForType<__nv_bfloat16>(g, output, count, op, tag, signature, result,
+                                                stream);
+        case DataType::kInt8:
+            return launchForType<int8_t>(g, output, count, op, tag, signature, result, stream);
+        case DataType::kUInt8:
+            return launchForType<uint8_t>(g, output, count, op, tag, signature, result, stream);
+        case DataType::kInt16:
+            return launchForType<int16_t>(g, output, count, op, tag, signature, result, stream);
+        case DataType::kInt32:
+            return launchForType<int32_t>(g, output, count, op, tag, signature, result, stream);
+        case DataType::kInt64:
+            return launchForType<int64_t>(g, output, count, op, tag, signature, result, stream);
+        case DataType::kBool:
+            return launchForType<bool>(g, output, count, op, tag, signature, result, stream);
+    }
+    return InvalidArgument("unknown dtype");
+}
+
+Status checkGroup(const DeviceGroupView& g) {
+    if (g.size < 1 || g.size > kMaxDeviceRanks)
+        return InvalidArgument("device group size " + std::to_string(g.size) + " is not in [1, " +
+                               std::to_string(kMaxDeviceRanks) + "]");
+    if (g.rank < 0 || g.rank >= g.size)
+        return InvalidArgument("device group rank " + std::to_string(g.rank) + " is not in [0, " +
+                               std::to_string(g.size) + ")");
+    for (int r = 0; r < g.size; ++r) {
+        if (!g.windows[r])
+            return InvalidArgument("the window of rank " + std::to_string(r) + " is not mapped");
+    }
+    if (!g.abort_word || !g.current_epoch)
+        return InvalidArgument("the device group has no abort word or epoch word");
+    return Status::OK();
+}
+
+}  // namespace
+
+Status oneShotAllReduce(const DeviceGroupView& group, const void* input, void* output, size_t count,
+                        DataType dtype, ReduceOp op, uint64_t seq, DeviceOpResult* result,
+                        cudaStream_t stream) {
+    MC_RETURN_IF_ERROR(checkGroup(group));
+    std::string why;
+    if (!reduceOpSupported(op, dtype, &why))
+        return InvalidArgument(why);
+    if (!result)
+        return InvalidArgument("oneShotAllReduce needs a result word");
+    const uint64_t bytes = static_cast<uint64_t>(count) * dataTypeSize(dtype);
+    if (bytes > group.slot_bytes) {
+        return InvalidArgument("one-shot all_reduce of " + std::to_string(bytes) +
+                               " bytes does not fit a " + std::to_string(group.slot_bytes) +
+                               "-byte slot");
+    }
+    const uint64_t tag = callTag(group.epoch, seq);
+    const uint64_t signature = callSignature(kAllReduceCollective, static_cast<uint8_t>(dtype),
+                                             static_cast<uint8_t>(op), count);
+    pushKernel<<<group.size, kThreads, 0, stream>>>(group, static_cast<const char*>(input), bytes,
+                                                    tag, signature, result);
+    MC_RETURN_IF_ERROR(
+        launchReduceFor(dtype, group, output, count, op, tag, signature, result, stream));
+    cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess)
+        return Internal(std::string("launching the all_reduce kernels: ") +
+                        cudaGetErrorString(err));
+    return Status::OK();
+}
+
+}  // namespace mooncake::pg::device

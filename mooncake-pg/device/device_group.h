@@ -1,0 +1,105 @@
+// What a device collective kernel knows about its group, and what it reports
+// back. Plain types only: shared by host code (which fills them) and kernels
+// (which get them by value), with no CUDA or torch headers.
+//
+// Every rank owns one window of device memory that every member has mapped
+// (transfer engine cuda_ipc). A window starts with a header of flags and call
+// signatures, one per source rank and parity, followed by the data slots:
+//
+//   flags[2][kMaxDeviceRanks]       u64, written by the source after its data
+//   signatures[2][kMaxDeviceRanks]  u64, the source's call signature
+//   slots[2][size][slot_bytes]      the sources' payloads
+//
+// Calls alternate between the two parities (seq % 2). A flag holds the call's
+// tag, (epoch << kSeqBits) | seq, so a flag of an older call or of an older
+// membership epoch never satisfies a wait, and a source may reuse a parity's
+// slot at a peer once that peer has signalled the call in between (it only
+// does so after it finished reading).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+// The layout functions are used by host code and kernels alike.
+#if defined(__CUDACC__)
+#define MC_HOST_DEVICE __host__ __device__
+#else
+#define MC_HOST_DEVICE
+#endif
+
+namespace mooncake::pg::device {
+
+inline constexpr int kMaxDeviceRanks = 64;
+inline constexpr int kSeqBits = 40;
+inline constexpr uint64_t kSeqMask = (uint64_t{1} << kSeqBits) - 1;
+
+inline constexpr uint64_t kWindowHeaderBytes = 4096;
+static_assert(2 * 2 * kMaxDeviceRanks * sizeof(uint64_t) <= kWindowHeaderBytes,
+              "flags and signatures must fit the window header");
+
+MC_HOST_DEVICE inline constexpr uint64_t flagOffset(int parity, int src) {
+    return (static_cast<uint64_t>(parity) * kMaxDeviceRanks + static_cast<uint64_t>(src)) * 8;
+}
+MC_HOST_DEVICE inline constexpr uint64_t signatureOffset(int parity, int src) {
+    return 2 * kMaxDeviceRanks * 8 + flagOffset(parity, src);
+}
+MC_HOST_DEVICE inline constexpr uint64_t slotOffset(int parity, int src, int size,
+                                                    uint64_t slot_bytes) {
+    return kWindowHeaderBytes + (static_cast<uint64_t>(parity) * static_cast<uint64_t>(size) +
+                                 static_cast<uint64_t>(src)) *
+                                    slot_bytes;
+}
+// The window a group of `size` ranks needs for `slot_bytes` per source.
+MC_HOST_DEVICE inline constexpr uint64_t windowBytes(int size, uint64_t slot_bytes) {
+    return slotOffset(2, 0, size, slot_bytes);
+}
+
+MC_HOST_DEVICE inline constexpr uint64_t callTag(uint64_t epoch, uint64_t seq) {
+    return (epoch << kSeqBits) | (seq & kSeqMask);
+}
+
+struct DeviceGroupView {
+    int rank = 0;
+    int size = 0;
+    // Every member's window as mapped in this process (this rank's included),
+    // all laid out as above with the same slot_bytes.
+    char* windows[kMaxDeviceRanks] = {};
+    uint64_t slot_bytes = 0;
+    // The membership epoch the call was enqueued (or captured) under, and the
+    // group's current one in device-readable memory: a call whose epoch is no
+    // longer current (a graph replayed after a membership change) fails
+    // without touching any peer.
+    uint64_t epoch = 0;
+    const volatile uint64_t* current_epoch = nullptr;
+    // Host-mapped word the host sets to a nonzero reason on evidence of a
+    // failure (dead peer, abort notice, deactivation); every spin checks it.
+    const volatile uint64_t* abort_word = nullptr;
+    // Every spin gives up after this long; negative: never.
+    int64_t timeout_ns = -1;
+};
+
+enum class DeviceStatus : int32_t {
+    kOk = 0,
+    kTimeout = 1,     // a peer did not signal in time; culprit is that peer
+    kAborted = 2,     // the host set the abort word; detail is its value
+    kMismatch = 3,    // a peer's call signature differs; detail is the peer's
+    kStaleEpoch = 4,  // the call's epoch is not the group's current one
+};
+
+// Written by the kernels (first failure wins), read by the host once the
+// call's stream work has completed. Lives in host-mapped memory.
+struct DeviceOpResult {
+    int32_t status = 0;
+    int32_t culprit = -1;
+    uint64_t detail = 0;
+};
+
+// A call's identity as every rank must agree on it: the collective, the
+// element type, the reduction and the element count.
+MC_HOST_DEVICE inline constexpr uint64_t callSignature(uint8_t collective, uint8_t dtype,
+                                                       uint8_t op, uint64_t count) {
+    return (static_cast<uint64_t>(collective) << 56) | (static_cast<uint64_t>(dtype) << 48) |
+           (static_cast<uint64_t>(op) << 40) | (count & ((uint64_t{1} << 40) - 1));
+}
+
+}  // namespace mooncake::pg::device

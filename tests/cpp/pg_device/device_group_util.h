@@ -1,0 +1,136 @@
+// Forked ranks on the one GPU with a device group between them: each rank's
+// window is exportable device memory (transfer engine cuda_ipc), mapped by
+// every other rank; the abort word, the current epoch and the result live in
+// host-mapped memory. Children report through their exit code; the parent
+// never touches CUDA (a context does not survive fork).
+#pragma once
+
+#include <cuda_runtime.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mooncake-pg/device/device_group.h"
+#include "mooncake-transfer-engine/engine/transfer_engine.h"
+#include "mooncake-transfer-engine/metadata/kv_store.h"
+#include "tests/cpp/te/cuda_test_util.h"
+#include "tests/cpp/te/shm_test_util.h"
+
+namespace mooncake::pg::device::test {
+
+using te::shm_test::kWaitMs;
+using te::test::Child;
+using te::test::TempDir;
+
+#define CUDA_CHILD_OK(expr)                                                             \
+    do {                                                                                \
+        cudaError_t _e = (expr);                                                        \
+        if (_e != cudaSuccess) {                                                        \
+            std::fprintf(stderr, "child at %s:%d: %s: %s\n", __FILE__, __LINE__, #expr, \
+                         cudaGetErrorString(_e));                                       \
+            return 1;                                                                   \
+        }                                                                               \
+    } while (0)
+
+// Everything one rank holds.
+struct Rank {
+    int rank = 0;
+    int size = 0;
+    std::shared_ptr<KVStore> store;
+    std::unique_ptr<te::TransferEngine> engine;
+    char* window = nullptr;
+    uint64_t window_bytes = 0;
+    uint64_t* host_words = nullptr;  // [0] abort, [1] current epoch, [2..] result
+    DeviceGroupView view;
+    cudaStream_t stream = nullptr;
+
+    DeviceOpResult* hostResult() { return reinterpret_cast<DeviceOpResult*>(host_words + 2); }
+    DeviceOpResult* deviceResult() {
+        void* p = nullptr;
+        (void)cudaHostGetDevicePointer(&p, hostResult(), 0);
+        return static_cast<DeviceOpResult*>(p);
+    }
+    void clearResult() { *hostResult() = DeviceOpResult{}; }
+    void setAbort(uint64_t v) { reinterpret_cast<volatile uint64_t*>(host_words)[0] = v; }
+    void setCurrentEpoch(uint64_t v) { reinterpret_cast<volatile uint64_t*>(host_words)[1] = v; }
+};
+
+// All `size` ranks add themselves to `name` and wait until everyone has.
+inline Status barrier(KVStore& store, const std::string& name, int size) {
+    MC_ASSIGN_OR_RETURN(int64_t arrived, store.add("barrier/" + name, 1));
+    Deadline deadline = Deadline::afterMs(kWaitMs);
+    while (arrived < size) {
+        if (deadline.expired())
+            return Timeout("barrier " + name);
+        usleep(1000);
+        MC_ASSIGN_OR_RETURN(arrived, store.add("barrier/" + name, 0));
+    }
+    return Status::OK();
+}
+
+// Sets up `r` as rank `rank` of `size` with windows of `slot_bytes` slots
+// (room for `room_for` ranks), epoch 1. Returns 0 or a failing exit code.
+inline int setUp(Rank& r, const std::string& dir, int rank, int size, uint64_t slot_bytes,
+                 int room_for = 0) {
+    r.rank = rank;
+    r.size = size;
+    r.store = std::make_shared<FileKVStore>(dir);
+    r.engine = te::shm_test::startEngine(r.store, "rank" + std::to_string(rank));
+    CHILD_CHECK(r.engine);
+    CUDA_CHILD_OK(cudaSetDevice(0));
+    r.window_bytes = windowBytes(room_for > size ? room_for : size, slot_bytes);
+    auto window = r.engine->allocateDeviceMemory(r.window_bytes, 0);
+    CHILD_OK(window.status());
+    r.window = static_cast<char*>(window.value());
+    CUDA_CHILD_OK(cudaMemset(r.window, 0, r.window_bytes));
+    CUDA_CHILD_OK(cudaDeviceSynchronize());
+    CHILD_OK(r.store->set("window/" + std::to_string(rank),
+                          std::to_string(reinterpret_cast<uint64_t>(r.window))));
+    r.view.rank = rank;
+    r.view.size = size;
+    r.view.slot_bytes = slot_bytes;
+    r.view.epoch = 1;
+    r.view.timeout_ns = 20'000'000'000;
+    for (int p = 0; p < size; ++p) {
+        if (p == rank) {
+            r.view.windows[p] = r.window;
+            continue;
+        }
+        uint64_t addr = te::shm_test::waitAddr(*r.store, "window/" + std::to_string(p));
+        CHILD_CHECK(addr != 0);
+        auto id = r.engine->openSegment("rank" + std::to_string(p));
+        CHILD_OK(id.status());
+        auto mapped = r.engine->mapRemote(id.value(), addr, r.window_bytes);
+        CHILD_OK(mapped.status());
+        r.view.windows[p] = static_cast<char*>(mapped.value());
+    }
+    void* words = nullptr;
+    CUDA_CHILD_OK(cudaHostAlloc(&words, 4096, cudaHostAllocMapped));
+    std::memset(words, 0, 4096);
+    r.host_words = static_cast<uint64_t*>(words);
+    r.setCurrentEpoch(1);
+    void* dev_words = nullptr;
+    CUDA_CHILD_OK(cudaHostGetDevicePointer(&dev_words, words, 0));
+    r.view.abort_word = static_cast<const volatile uint64_t*>(dev_words);
+    r.view.current_epoch = static_cast<const volatile uint64_t*>(dev_words) + 1;
+    CUDA_CHILD_OK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
+    CHILD_OK(barrier(*r.store, "setup", size));
+    return 0;
+}
+
+// Runs body(rank) in `size` children; every exit code must be 0.
+inline void runRanks(int size, const std::function<int(int)>& body) {
+    std::vector<std::unique_ptr<Child>> children;
+    for (int r = 0; r < size; ++r)
+        children.push_back(std::make_unique<Child>([&, r] { return body(r); }));
+    for (int r = 0; r < size; ++r) {
+        ASSERT_TRUE(children[r]->ok());
+        EXPECT_EQ(children[r]->wait(Deadline::afterMs(6 * kWaitMs)), 0) << "rank " << r;
+    }
+}
+
+}  // namespace mooncake::pg::device::test
