@@ -7,10 +7,12 @@
 //   inactive  one rank preset to active_ranks = 0 stays out; the others skip it
 //   timeout   one rank skips the step; the others, with a 2 s timeout, mark
 //             it inactive, finish, and the next step among them is correct
+//   combine timeout   the same with a rank that dispatches but skips the combine
 // Processes are forked before any CUDA call; the tests skip with the reason
 // where no GPU is usable.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
@@ -121,6 +123,9 @@ struct StepPlan {
     bool use_fp8 = false;
     std::vector<int> active_before;  // uploaded before the dispatch
     std::vector<int> active_after;   // expected after it (a timed-out rank at 0)
+    // Expected after the combine; empty: active_after.
+    std::vector<int> active_after_combine;
+    bool skip_combine = false;  // this rank leaves after its dispatch
     int64_t timeout_ns = kGenerousTimeoutNs;
     int expected_error = kEpErrorNone;
     std::vector<int> expected_error_infos;
@@ -189,6 +194,10 @@ int checkDispatch(const RankContext& c, const StepPlan& plan, const std::vector<
     return 0;
 }
 
+double msSince(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
 // Launches directly, or (graph mode) captures the launch once and replays it.
 int launchOrReplay(RankContext& c, cudaGraphExec_t* exec, const std::function<Status()>& launch) {
     if (!c.use_graphs) {
@@ -240,9 +249,11 @@ int step(RankContext& c, const std::vector<RankInputs>& all, const StepPlan& pla
     d.packed_recv_count = recv_count.as<int32_t>();
     d.src_info = src_info.as<int32_t>();
     d.layout_range = layout.as<int64_t>();
+    const auto t0 = std::chrono::steady_clock::now();
     if (launchOrReplay(c, &c.dispatch_graph, [&] { return launchDispatch(g, d, c.stream); }))
         return 1;
     EXPECT_CHILD(waitStream(c.stream, kStreamWaitMs, "dispatch", c.rank), "dispatch");
+    const double dispatch_ms = msSince(t0);
     if (checkActive(c, plan.active_after, "after dispatch"))
         return 1;
 
@@ -263,6 +274,11 @@ int step(RankContext& c, const std::vector<RankInputs>& all, const StepPlan& pla
                        cudaMemcpyDeviceToHost));
     if (checkDispatch(c, plan, all, h_data, h_scales, h_counts, h_src, h_layout))
         return 1;
+    if (plan.skip_combine) {
+        std::printf("rank %d %s: dispatch ok (%.1f ms), combine skipped on purpose\n", c.rank,
+                    c.scenario.c_str(), dispatch_ms);
+        return 0;
+    }
 
     // The test's experts, from the reference rows (packed layout, unused rows zero).
     std::vector<uint16_t> y(static_cast<size_t>(s.nle() * cap * s.hidden), 0);
@@ -286,17 +302,21 @@ int step(RankContext& c, const std::vector<RankInputs>& all, const StepPlan& pla
     cb.num_tokens = mine.num_tokens;
     cb.top_k = s.top_k;
     cb.out = out.as<void>();
+    const auto t1 = std::chrono::steady_clock::now();
     if (launchOrReplay(c, &c.combine_graph, [&] { return launchCombine(g, cb, c.stream); }))
         return 1;
     EXPECT_CHILD(waitStream(c.stream, kStreamWaitMs, "combine", c.rank), "combine");
-    if (checkActive(c, plan.active_after, "after combine"))
+    const double combine_ms = msSince(t1);
+    const std::vector<int>& combined =
+        plan.active_after_combine.empty() ? plan.active_after : plan.active_after_combine;
+    if (checkActive(c, combined, "after combine"))
         return 1;
 
     std::vector<uint16_t> h_out(static_cast<size_t>(mine.num_tokens) * s.hidden);
     CUDA_OK(cudaMemcpy(h_out.data(), out.as<void>(), h_out.size() * 2, cudaMemcpyDeviceToHost));
     std::vector<float> got(h_out.size());
     size_t inexact = 0;
-    std::vector<float> want = expectedCombine(s, mine, plan.active_after);
+    std::vector<float> want = expectedCombine(s, mine, combined);
     for (size_t i = 0; i < h_out.size(); ++i) {
         got[i] = bf16Value(h_out[i]);
         inexact += h_out[i] != bf16Bits(want[i]);
@@ -316,9 +336,12 @@ int step(RankContext& c, const std::vector<RankInputs>& all, const StepPlan& pla
         EXPECT_CHILD(known, "error info %d is none of the injected ids", state.error_info);
         CUDA_OK(cudaMemset(&epState(c.buffer)->error_code, 0, 8));
     }
-    std::printf("rank %d %s: %s step ok, %d tokens, combine calc_diff %.3g, %zu/%zu inexact\n",
-                c.rank, c.scenario.c_str(), plan.use_fp8 ? "fp8" : "bf16", mine.num_tokens, diff,
-                inexact, h_out.size());
+    // Times include the host wait and are printed for the record only.
+    std::printf(
+        "rank %d %s: %s step ok, %d tokens, dispatch %.1f ms, combine %.1f ms, combine calc_diff "
+        "%.3g, %zu/%zu not bit-exact\n",
+        c.rank, c.scenario.c_str(), plan.use_fp8 ? "fp8" : "bf16", mine.num_tokens, dispatch_ms,
+        combine_ms, diff, inexact, h_out.size());
     return 0;
 }
 
@@ -374,6 +397,30 @@ int scenarioTimeout(RankContext& c, int absent) {
         return 1;
     plan.active_before = plan.active_after;  // the next step among the survivors
     return step(c, inputsFor(c.s, 21), plan);
+}
+
+// One rank dispatches but skips the combine: the others' combine waits time
+// out, mark it inactive and leave its experts out; the next step runs
+// among the survivors.
+int scenarioCombineTimeout(RankContext& c, int absent) {
+    if (resetBuffers(c, "combine timeout, rank " + std::to_string(absent) + " absent"))
+        return 1;
+    StepPlan plan;
+    plan.timeout_ns = kFailureTimeoutNs;
+    plan.active_before.assign(c.s.num_ranks, 1);
+    plan.active_after = plan.active_before;
+    plan.active_after_combine = plan.active_before;
+    plan.active_after_combine[absent] = 0;
+    plan.skip_combine = c.rank == absent;
+    if (step(c, inputsFor(c.s, 30), plan))
+        return 1;
+    if (c.rank == absent)
+        return 0;
+    StepPlan next;
+    next.timeout_ns = kFailureTimeoutNs;
+    next.active_before = plan.active_after_combine;
+    next.active_after = next.active_before;
+    return step(c, inputsFor(c.s, 31), next);
 }
 
 // The same step captured once as two CUDA graphs and replayed three times
@@ -451,6 +498,8 @@ int rankMain(const Plan& plan, int rank, const std::string& dir) {
             rc = scenarioInactive(c, plan.inactive_rank);
         if (rc == 0)
             rc = scenarioTimeout(c, plan.absent_rank);
+        if (rc == 0)
+            rc = scenarioCombineTimeout(c, plan.absent_rank);
     }
     if (c.dispatch_graph)
         (void)cudaGraphExecDestroy(c.dispatch_graph);
