@@ -194,6 +194,14 @@ int checkDispatch(const RankContext& c, const StepPlan& plan, const std::vector<
     return 0;
 }
 
+// Host-to-device copies go on the test's stream. A plain cudaMemcpy from
+// pageable memory may return before its DMA lands, and it runs on the legacy
+// stream, which a non-blocking stream does not wait for: the kernels could
+// read half-copied inputs.
+cudaError_t upload(const RankContext& c, void* dst, const void* src, size_t bytes) {
+    return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c.stream);
+}
+
 double msSince(std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
 }
@@ -229,13 +237,11 @@ int step(RankContext& c, const std::vector<RankInputs>& all, const StepPlan& pla
                        &recv_scales = b.recv_scales, &recv_count = b.recv_count,
                        &src_info = b.src_info, &layout = b.layout, &expert_out = b.expert_out,
                        &out = b.out;
-    CUDA_OK(cudaMemcpy(x.as<void>(), mine.x.data(), mine.x.size() * 2, cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(topk.as<void>(), mine.topk_idx.data(), mine.topk_idx.size() * 8,
-                       cudaMemcpyHostToDevice));
-    CUDA_OK(cudaMemcpy(weights.as<void>(), mine.topk_weights.data(), mine.topk_weights.size() * 4,
-                       cudaMemcpyHostToDevice));
+    CUDA_OK(upload(c, x.as<void>(), mine.x.data(), mine.x.size() * 2));
+    CUDA_OK(upload(c, topk.as<void>(), mine.topk_idx.data(), mine.topk_idx.size() * 8));
+    CUDA_OK(upload(c, weights.as<void>(), mine.topk_weights.data(), mine.topk_weights.size() * 4));
     std::vector<int32_t> active(plan.active_before.begin(), plan.active_before.end());
-    CUDA_OK(cudaMemcpy(c.active, active.data(), active.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(upload(c, c.active, active.data(), active.size() * 4));
 
     const EpGroupArgs g = c.group(plan.timeout_ns);
     DispatchArgs d;
@@ -277,6 +283,7 @@ int step(RankContext& c, const std::vector<RankInputs>& all, const StepPlan& pla
     if (plan.skip_combine) {
         std::printf("rank %d %s: dispatch ok (%.1f ms), combine skipped on purpose\n", c.rank,
                     c.scenario.c_str(), dispatch_ms);
+        std::fflush(stdout);
         return 0;
     }
 
@@ -292,7 +299,7 @@ int step(RankContext& c, const std::vector<RankInputs>& all, const StepPlan& pla
                 yr[h] = expertOutput(xr[h], expert);
         }
     }
-    CUDA_OK(cudaMemcpy(expert_out.as<void>(), y.data(), y.size() * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(upload(c, expert_out.as<void>(), y.data(), y.size() * 2));
     CombineArgs cb;
     cb.x = expert_out.as<void>();
     cb.src_info = src_info.as<int32_t>();
@@ -334,7 +341,8 @@ int step(RankContext& c, const std::vector<RankInputs>& all, const StepPlan& pla
         for (int v : plan.expected_error_infos)
             known |= v == state.error_info;
         EXPECT_CHILD(known, "error info %d is none of the injected ids", state.error_info);
-        CUDA_OK(cudaMemset(&epState(c.buffer)->error_code, 0, 8));
+        CUDA_OK(cudaMemsetAsync(&epState(c.buffer)->error_code, 0, 8, c.stream));
+        CUDA_OK(cudaStreamSynchronize(c.stream));
     }
     // Times include the host wait and are printed for the record only.
     std::printf(
@@ -342,6 +350,7 @@ int step(RankContext& c, const std::vector<RankInputs>& all, const StepPlan& pla
         "%.3g, %zu/%zu not bit-exact\n",
         c.rank, c.scenario.c_str(), plan.use_fp8 ? "fp8" : "bf16", mine.num_tokens, dispatch_ms,
         combine_ms, diff, inexact, h_out.size());
+    std::fflush(stdout);  // children leave through _exit
     return 0;
 }
 
@@ -481,6 +490,7 @@ int rankMain(const Plan& plan, int rank, const std::string& dir) {
     CHILD_CHECK(peers_dev.ok() && active.ok());
     CUDA_OK(cudaMemcpy(peers_dev.as<void>(), peers.data(), peers.size() * sizeof(void*),
                        cudaMemcpyHostToDevice));
+    CUDA_OK(cudaDeviceSynchronize());  // see upload()
     cudaStream_t stream;
     CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     Barrier barrier(*store, rank, s.num_ranks);
