@@ -199,6 +199,8 @@ int checkDispatch(const RankContext& c, const StepPlan& plan, const std::vector<
 // stream, which a non-blocking stream does not wait for: the kernels could
 // read half-copied inputs.
 cudaError_t upload(const RankContext& c, void* dst, const void* src, size_t bytes) {
+    if (bytes == 0)  // a rank without tokens has empty (null) inputs
+        return cudaSuccess;
     return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c.stream);
 }
 
