@@ -1,0 +1,109 @@
+// The symmetric per-rank EP buffer: every rank allocates the same layout, so
+// a sender computes an offset once and adds it to the peer's mapped base.
+//
+//   [0, kEpStateBytes)              EpState: this rank's own counters (never
+//                                   written by peers)
+//   half 0, half 1 (phase bit)      each:
+//     signals                       dispatch counts u64 [nle][num_ranks],
+//                                   combine flags u64 [num_experts], padded
+//                                   to 256 bytes
+//     dispatch receive region       messages [nle][num_ranks][max_tokens]
+//     combine receive region        BF16 rows [num_experts][max_tokens][hidden]
+//
+// A message is a 16-byte header (int32 source token index, 12 bytes unused)
+// and the payload: BF16 hidden*2 bytes, or FP8 hidden bytes followed by
+// hidden/128 float scales. The slot stride is the BF16 size, so the layout
+// does not depend on use_fp8. Operation number `seq` (1, 2, ...) uses half
+// seq & 1: a sender can be at most one operation ahead of any receiver (its
+// next receive waits for that receiver's send), so the half it writes is
+// never the one being read. The formula is in docs/ep-kernels.md.
+#pragma once
+
+#include <cstdint>
+
+#include "mooncake-ep/core/host_device.h"
+
+namespace mooncake::ep {
+
+inline constexpr int64_t kEpHiddenAlign = 128;  // channels per FP8 scale
+inline constexpr int64_t kEpMessageHeaderBytes = 16;
+inline constexpr int64_t kEpStateBytes = 256;
+inline constexpr int64_t kEpRegionAlign = 256;
+
+// Local bookkeeping at offset 0 of the buffer. The sequence numbers make the
+// kernels graph-replayable: each operation reads its number here instead of
+// taking it from the host.
+struct EpState {
+    uint64_t dispatch_seq;   // last completed dispatch (0: none yet)
+    uint64_t combine_seq;    // last completed combine
+    uint32_t dispatch_done;  // blocks of the running dispatch receive that finished
+    uint32_t combine_done;   // blocks of the running combine receive that finished
+    int32_t error_code;      // EpError; the first error wins, the caller clears it
+    int32_t error_info;      // the offending value (e.g. the expert id)
+};
+static_assert(sizeof(EpState) <= kEpStateBytes, "EpState outgrew its reserved bytes");
+
+// Reported through EpState::error_code; never a trap.
+enum EpError : int32_t {
+    kEpErrorNone = 0,
+    kEpErrorBadExpertId = 1,  // a topk_idx entry outside [-1, num_experts); error_info = the id
+};
+
+MC_EP_HD constexpr int64_t epAlignUp(int64_t v, int64_t a) {
+    return (v + a - 1) / a * a;
+}
+
+struct EpLayout {
+    int64_t num_ranks;
+    int64_t num_experts;
+    int64_t max_tokens;  // num_max_dispatch_tokens_per_rank
+    int64_t hidden;
+
+    MC_EP_HD constexpr int64_t numLocalExperts() const { return num_experts / num_ranks; }
+    MC_EP_HD constexpr int64_t messageBytes() const { return kEpMessageHeaderBytes + 2 * hidden; }
+    MC_EP_HD constexpr int64_t fp8ScaleOffset() const { return kEpMessageHeaderBytes + hidden; }
+    MC_EP_HD constexpr int64_t signalBytes() const {
+        return epAlignUp(8 * (numLocalExperts() * num_ranks + num_experts), kEpRegionAlign);
+    }
+    MC_EP_HD constexpr int64_t dispatchRegionBytes() const {
+        return numLocalExperts() * num_ranks * max_tokens * messageBytes();
+    }
+    MC_EP_HD constexpr int64_t combineRegionBytes() const {
+        return num_experts * max_tokens * hidden * 2;
+    }
+    MC_EP_HD constexpr int64_t halfBytes() const {
+        return signalBytes() + dispatchRegionBytes() + combineRegionBytes();
+    }
+    MC_EP_HD constexpr int64_t totalBytes() const { return kEpStateBytes + 2 * halfBytes(); }
+
+    MC_EP_HD constexpr int64_t halfOffset(int phase) const {
+        return kEpStateBytes + phase * halfBytes();
+    }
+    MC_EP_HD constexpr int64_t dispatchCountOffset(int phase, int64_t local_expert,
+                                                   int64_t src_rank) const {
+        return halfOffset(phase) + 8 * (local_expert * num_ranks + src_rank);
+    }
+    MC_EP_HD constexpr int64_t combineFlagOffset(int phase, int64_t expert) const {
+        return halfOffset(phase) + 8 * (numLocalExperts() * num_ranks + expert);
+    }
+    MC_EP_HD constexpr int64_t dispatchMessageOffset(int phase, int64_t local_expert,
+                                                     int64_t src_rank, int64_t slot) const {
+        return halfOffset(phase) + signalBytes() +
+               ((local_expert * num_ranks + src_rank) * max_tokens + slot) * messageBytes();
+    }
+    MC_EP_HD constexpr int64_t combineRowOffset(int phase, int64_t expert, int64_t token) const {
+        return halfOffset(phase) + signalBytes() + dispatchRegionBytes() +
+               (expert * max_tokens + token) * hidden * 2;
+    }
+};
+
+// Bytes of the EP buffer for these limits (the same on every rank):
+// 256 + 2 * (align256(16 * num_experts)
+//            + num_experts * max_tokens * (16 + 2 * hidden)     dispatch
+//            + num_experts * max_tokens * 2 * hidden)           combine
+MC_EP_HD constexpr int64_t epBufferSizeHint(int64_t max_tokens, int64_t hidden, int64_t num_ranks,
+                                            int64_t num_experts) {
+    return EpLayout{num_ranks, num_experts, max_tokens, hidden}.totalBytes();
+}
+
+}  // namespace mooncake::ep

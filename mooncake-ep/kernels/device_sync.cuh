@@ -1,0 +1,85 @@
+// Device-side ordering and waiting for the EP kernels. Peers' buffers are
+// mapped device memory (same GPU or another GPU of the host), so signals use
+// system-scope release/acquire: a release store publishes every write the
+// block made before it (the block meets at __syncthreads and the signalling
+// thread fences first).
+#pragma once
+
+#include <cstdint>
+
+#include "mooncake-ep/core/signal_word.h"
+
+namespace mooncake::ep {
+
+__device__ __forceinline__ uint64_t epGlobalTimerNs() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ uint64_t epLoadAcquireSys(const uint64_t* p) {
+    uint64_t v;
+    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void epStoreReleaseSys(uint64_t* p, uint64_t v) {
+    asm volatile("st.release.sys.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ int32_t epLoadVolatile(const int32_t* p) {
+    return *static_cast<const volatile int32_t*>(p);
+}
+
+// Called by the block's signalling thread after __syncthreads: the block's
+// writes to the peer, then the signal.
+__device__ __forceinline__ void epSignal(uint64_t* word, uint64_t seq, uint32_t payload) {
+    __threadfence_system();
+    epStoreReleaseSys(word, epMakeSignal(seq, payload));
+}
+
+enum class EpWait { kArrived, kTimedOut, kPeerInactive };
+
+// Spins until `word` carries `seq`. Gives up when another block marked the
+// peer inactive, or after timeout_ns (< 0: never), and then marks it
+// inactive itself. Never traps.
+__device__ inline EpWait epWaitSignal(const uint64_t* word, uint64_t seq, int32_t* peer_active,
+                                      int64_t timeout_ns, uint32_t* payload) {
+    const uint64_t start = epGlobalTimerNs();
+    for (uint32_t spins = 0;; ++spins) {
+        const uint64_t v = epLoadAcquireSys(word);
+        if (epSignalMatches(v, seq)) {
+            *payload = epSignalPayload(v);
+            return EpWait::kArrived;
+        }
+        // Checked every few spins: the timer read and the flag load are not free.
+        if ((spins & 63) == 63) {
+            if (epLoadVolatile(peer_active) == 0)
+                return EpWait::kPeerInactive;
+            if (timeout_ns >= 0 && epGlobalTimerNs() - start > static_cast<uint64_t>(timeout_ns)) {
+                atomicExch(peer_active, 0);
+                return EpWait::kTimedOut;
+            }
+        }
+    }
+}
+
+// The last block of a grid to call this (once per block, thread 0) stores
+// `seq` as the completed operation and resets the counter for the next one.
+// Every block read the previous value at its start, before any block got here.
+__device__ inline void epFinishOperation(uint32_t* done, uint64_t* completed_seq, uint64_t seq) {
+    __threadfence();
+    if (atomicAdd(done, 1u) == gridDim.x * gridDim.y - 1) {
+        *done = 0;
+        *static_cast<volatile uint64_t*>(completed_seq) = seq;
+        __threadfence();
+    }
+}
+
+// Reports a bad argument seen on the device; the first report wins.
+__device__ inline void epReportError(int32_t* code, int32_t* info, int32_t error, int32_t value) {
+    if (atomicCAS(code, 0, error) == 0)
+        atomicExch(info, value);
+}
+
+}  // namespace mooncake::ep

@@ -1,0 +1,84 @@
+// Launch API of the EP dispatch/combine kernels: raw device pointers, sizes
+// and a stream, no torch. Every launch checks its arguments on the host
+// (errors name the argument, its value and what was expected), then enqueues
+// kernels that never synchronize with the CPU, so a dispatch/combine step can
+// be captured in a CUDA graph and replayed.
+//
+// Before the first operation every rank zeroes its whole buffer and the
+// ranks meet (a barrier): the sequence numbers and signals start at zero.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "mooncake-ep/core/buffer_layout.h"
+#include "mooncake-ep/core/host_device.h"
+#include "mooncake-transfer-engine/common/status.h"
+
+namespace mooncake::ep {
+
+// What every operation of one EP group shares.
+struct EpGroupArgs {
+    int rank = 0;
+    int num_ranks = 0;
+    int num_experts = 0;
+    int max_tokens = 0;  // num_max_dispatch_tokens_per_rank
+    int hidden = 0;      // a multiple of 128
+    void* local_buffer = nullptr;
+    uint64_t local_buffer_bytes = 0;  // at least epBufferSizeHint(...)
+    // Device array [num_ranks]: every rank's buffer as mapped here (entry
+    // `rank` is local_buffer).
+    void* const* peer_buffers = nullptr;
+    // Device int32 [num_ranks]. Ranks at 0 are skipped; a wait that times out
+    // sets its peer's entry to 0 and goes on.
+    int32_t* active_ranks = nullptr;
+    int64_t timeout_ns = -1;  // per wait; < 0 waits without a deadline
+};
+
+struct DispatchArgs {
+    const void* x = nullptr;            // BF16 [num_tokens, hidden]
+    const int64_t* topk_idx = nullptr;  // [num_tokens, top_k], -1 = none
+    int num_tokens = 0;                 // <= max_tokens
+    int top_k = 0;
+    bool use_fp8 = false;
+    // Outputs (nle = num_experts / num_ranks, cap = num_ranks * max_tokens):
+    void* packed_recv_x = nullptr;         // BF16 or FP8 E4M3 [nle, cap, hidden]
+    float* packed_recv_scales = nullptr;   // use_fp8 only: [nle, cap, hidden / 128]
+    int32_t* packed_recv_count = nullptr;  // [nle]
+    int32_t* src_info = nullptr;           // [nle, cap]: source token index
+    int64_t* layout_range = nullptr;       // [nle, num_ranks]: begin << 32 | count
+};
+
+struct CombineArgs {
+    const void* x = nullptr;  // BF16 expert outputs [nle, cap, hidden]
+    // The handle of the matching dispatch.
+    const int32_t* src_info = nullptr;
+    const int64_t* layout_range = nullptr;
+    const int64_t* topk_idx = nullptr;    // the dispatch's [num_tokens, top_k]
+    const float* topk_weights = nullptr;  // [num_tokens, top_k]
+    int num_tokens = 0;
+    int top_k = 0;
+    void* out = nullptr;  // BF16 [num_tokens, hidden]
+};
+
+// The layout the group's arguments describe.
+MC_EP_HD inline EpLayout epLayoutOf(const EpGroupArgs& g) {
+    return EpLayout{g.num_ranks, g.num_experts, g.max_tokens, g.hidden};
+}
+
+// Host-side checks only (no CUDA call): OK or kInvalidArgument.
+Status checkGroupArgs(const EpGroupArgs& g);
+Status checkDispatchArgs(const EpGroupArgs& g, const DispatchArgs& a);
+Status checkCombineArgs(const EpGroupArgs& g, const CombineArgs& a);
+
+// Enqueue on `stream`; kInternal when the launch itself fails.
+Status launchDispatch(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t stream);
+Status launchCombine(const EpGroupArgs& g, const CombineArgs& a, cudaStream_t stream);
+
+// The local buffer's EpState (device memory).
+MC_EP_HD inline EpState* epState(void* local_buffer) {
+    return static_cast<EpState*>(local_buffer);
+}
+
+}  // namespace mooncake::ep

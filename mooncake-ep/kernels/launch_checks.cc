@@ -1,0 +1,87 @@
+// Host-side argument checks shared by the dispatch and combine launches.
+#include <string>
+
+#include "mooncake-ep/kernels/ep_kernels.h"
+
+namespace mooncake::ep {
+namespace {
+
+Status bad(const std::string& what) {
+    return InvalidArgument(what);
+}
+
+std::string str(int64_t v) {
+    return std::to_string(v);
+}
+
+}  // namespace
+
+Status checkGroupArgs(const EpGroupArgs& g) {
+    if (g.num_ranks < 1)
+        return bad("num_ranks is " + str(g.num_ranks) + ", expected >= 1");
+    if (g.rank < 0 || g.rank >= g.num_ranks)
+        return bad("rank is " + str(g.rank) + ", expected in [0, " + str(g.num_ranks) + ")");
+    if (g.num_experts < 1 || g.num_experts % g.num_ranks != 0)
+        return bad("num_experts is " + str(g.num_experts) + ", expected a positive multiple of " +
+                   "num_ranks (" + str(g.num_ranks) + ")");
+    if (g.hidden < kEpHiddenAlign || g.hidden % kEpHiddenAlign != 0)
+        return bad("hidden is " + str(g.hidden) + ", expected a positive multiple of 128");
+    if (g.max_tokens < 1)
+        return bad("max_tokens is " + str(g.max_tokens) + ", expected >= 1");
+    const int64_t need = epLayoutOf(g).totalBytes();
+    if (g.local_buffer_bytes < static_cast<uint64_t>(need))
+        return bad("local_buffer_bytes is " + std::to_string(g.local_buffer_bytes) +
+                   ", expected at least " + str(need) + " (epBufferSizeHint for max_tokens " +
+                   str(g.max_tokens) + ", hidden " + str(g.hidden) + ", num_ranks " +
+                   str(g.num_ranks) + ", num_experts " + str(g.num_experts) + ")");
+    if (g.local_buffer == nullptr)
+        return bad("local_buffer is null, expected the rank's EP buffer");
+    if (g.peer_buffers == nullptr)
+        return bad("peer_buffers is null, expected a device array of num_ranks buffer pointers");
+    if (g.active_ranks == nullptr)
+        return bad("active_ranks is null, expected a device int32 array of num_ranks entries");
+    return Status::OK();
+}
+
+namespace {
+
+Status checkTokens(const EpGroupArgs& g, int num_tokens, int top_k) {
+    if (num_tokens < 0 || num_tokens > g.max_tokens)
+        return bad("num_tokens is " + str(num_tokens) +
+                   ", expected in [0, max_tokens = " + str(g.max_tokens) + "]");
+    if (top_k < 1)
+        return bad("top_k is " + str(top_k) + ", expected >= 1");
+    return Status::OK();
+}
+
+}  // namespace
+
+Status checkDispatchArgs(const EpGroupArgs& g, const DispatchArgs& a) {
+    MC_RETURN_IF_ERROR(checkGroupArgs(g));
+    MC_RETURN_IF_ERROR(checkTokens(g, a.num_tokens, a.top_k));
+    if (a.num_tokens > 0 && (a.x == nullptr || a.topk_idx == nullptr))
+        return bad("x or topk_idx is null with num_tokens " + str(a.num_tokens));
+    if (a.packed_recv_x == nullptr || a.packed_recv_count == nullptr || a.src_info == nullptr ||
+        a.layout_range == nullptr)
+        return bad(
+            "a dispatch output (packed_recv_x, packed_recv_count, src_info, "
+            "layout_range) is null");
+    if (a.use_fp8 && a.packed_recv_scales == nullptr)
+        return bad("packed_recv_scales is null with use_fp8, expected [nle, cap, hidden / 128]");
+    return Status::OK();
+}
+
+Status checkCombineArgs(const EpGroupArgs& g, const CombineArgs& a) {
+    MC_RETURN_IF_ERROR(checkGroupArgs(g));
+    MC_RETURN_IF_ERROR(checkTokens(g, a.num_tokens, a.top_k));
+    if (a.x == nullptr || a.src_info == nullptr || a.layout_range == nullptr)
+        return bad(
+            "x, src_info or layout_range is null, expected the expert outputs and the "
+            "dispatch handle");
+    if (a.num_tokens > 0 &&
+        (a.topk_idx == nullptr || a.topk_weights == nullptr || a.out == nullptr))
+        return bad("topk_idx, topk_weights or out is null with num_tokens " + str(a.num_tokens));
+    return Status::OK();
+}
+
+}  // namespace mooncake::ep

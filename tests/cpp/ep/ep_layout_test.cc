@@ -1,0 +1,147 @@
+// Host-only checks of the EP core: the buffer layout (regions disjoint,
+// aligned, inside the size hint, which matches the documented formula), the
+// signal and handle encodings, the launch argument checks (they fail before
+// any CUDA call, so they run without a GPU), and the host FP8 quantizer.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "mooncake-ep/core/signal_word.h"
+#include "mooncake-ep/kernels/ep_kernels.h"
+#include "tests/cpp/ep/ep_reference.h"
+
+namespace mooncake::ep {
+namespace {
+
+TEST(EpLayout, SizeHintIsTheDocumentedFormula) {
+    for (int64_t m : {1, 48, 128}) {
+        for (int64_t h : {128, 7168, 8192}) {
+            for (auto [r, e] : {std::pair<int64_t, int64_t>{1, 1}, {2, 32}, {8, 256}}) {
+                const int64_t signals = epAlignUp(16 * e, 256);
+                const int64_t half = signals + e * m * (16 + 2 * h) + e * m * 2 * h;
+                EXPECT_EQ(epBufferSizeHint(m, h, r, e), 256 + 2 * half) << m << " " << h;
+            }
+        }
+    }
+    // The benchmark shape of issue 11: 128 tokens, hidden 7168, 8 ranks, 256 experts.
+    EXPECT_EQ(epBufferSizeHint(128, 7168, 8, 256),
+              256 + 2 * (4096 + 256LL * 128 * (16 + 4 * 7168)));
+}
+
+TEST(EpLayout, RegionsAreDisjointAlignedAndInside) {
+    const EpLayout L{4, 16, 32, 7168};
+    const int64_t total = epBufferSizeHint(32, 7168, 4, 16);
+    for (int phase = 0; phase < 2; ++phase) {
+        const int64_t half = L.halfOffset(phase);
+        EXPECT_GE(half, kEpStateBytes);
+        // Signals first, then messages, then combine rows, then the next half.
+        EXPECT_EQ(L.dispatchCountOffset(phase, 0, 0), half);
+        EXPECT_LT(L.combineFlagOffset(phase, 15) + 8, L.dispatchMessageOffset(phase, 0, 0, 0) + 1);
+        EXPECT_EQ(L.combineFlagOffset(phase, 0), L.dispatchCountOffset(phase, 3, 3) + 8);
+        EXPECT_EQ(L.dispatchMessageOffset(phase, 3, 3, 31) + L.messageBytes(),
+                  L.combineRowOffset(phase, 0, 0));
+        EXPECT_EQ(L.combineRowOffset(phase, 15, 31) + 2 * 7168, half + L.halfBytes());
+        EXPECT_EQ(L.dispatchMessageOffset(phase, 1, 2, 3) % 16, 0);
+        EXPECT_EQ(L.combineRowOffset(phase, 5, 7) % 16, 0);
+        EXPECT_EQ((L.dispatchMessageOffset(phase, 0, 0, 0) + L.fp8ScaleOffset()) % 16, 0);
+    }
+    EXPECT_EQ(L.halfOffset(1) + L.halfBytes(), total);
+    // The FP8 payload (data + scales) fits in the BF16-sized slot.
+    EXPECT_LE(L.fp8ScaleOffset() + 4 * 7168 / 128, L.messageBytes());
+}
+
+TEST(EpSignal, CarriesSequenceAndCount) {
+    const uint64_t w = epMakeSignal(7, 123);
+    EXPECT_TRUE(epSignalMatches(w, 7));
+    EXPECT_FALSE(epSignalMatches(w, 5));  // a stale word never satisfies a newer wait
+    EXPECT_FALSE(epSignalMatches(w, 8));
+    EXPECT_FALSE(epSignalMatches(0, 1));  // the zeroed buffer matches no operation
+    EXPECT_EQ(epSignalPayload(w), 123u);
+    EXPECT_TRUE(epSignalMatches(epMakeSignal((1ull << 32) + 3, 0), (1ull << 32) + 3));
+}
+
+TEST(EpHandle, LayoutRangeIsBeginHighCountLow) {
+    const int64_t r = epEncodeRange(1000, 37);
+    EXPECT_EQ(r, (int64_t{1000} << 32) | 37);
+    EXPECT_EQ(epRangeBegin(r), 1000);
+    EXPECT_EQ(epRangeCount(r), 37);
+}
+
+EpGroupArgs validGroup() {
+    EpGroupArgs g;
+    g.rank = 1;
+    g.num_ranks = 2;
+    g.num_experts = 8;
+    g.max_tokens = 16;
+    g.hidden = 256;
+    g.local_buffer = reinterpret_cast<void*>(0x1000);
+    g.local_buffer_bytes = static_cast<uint64_t>(epBufferSizeHint(16, 256, 2, 8));
+    g.peer_buffers = reinterpret_cast<void* const*>(0x2000);
+    g.active_ranks = reinterpret_cast<int32_t*>(0x3000);
+    return g;
+}
+
+void expectInvalid(const Status& st, const std::string& says) {
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find(says), std::string::npos) << st.toString();
+}
+
+TEST(EpLaunchChecks, NameTheArgumentTheValueAndTheExpectation) {
+    EXPECT_TRUE(checkGroupArgs(validGroup()).ok());
+    EpGroupArgs g = validGroup();
+    g.hidden = 200;
+    expectInvalid(checkGroupArgs(g), "hidden is 200, expected a positive multiple of 128");
+    g = validGroup();
+    g.num_experts = 7;
+    expectInvalid(checkGroupArgs(g),
+                  "num_experts is 7, expected a positive multiple of num_ranks (2)");
+    g = validGroup();
+    g.rank = 2;
+    expectInvalid(checkGroupArgs(g), "rank is 2, expected in [0, 2)");
+    g = validGroup();
+    g.local_buffer_bytes -= 1;
+    expectInvalid(checkGroupArgs(g), "local_buffer_bytes is");
+    g = validGroup();
+    g.hidden = 512;  // a larger hidden than the buffer was sized for
+    expectInvalid(checkGroupArgs(g), "expected at least");
+
+    DispatchArgs d;
+    d.num_tokens = 17;
+    d.top_k = 4;
+    expectInvalid(checkDispatchArgs(validGroup(), d),
+                  "num_tokens is 17, expected in [0, max_tokens = 16]");
+    d.num_tokens = 0;
+    d.top_k = 0;
+    expectInvalid(checkDispatchArgs(validGroup(), d), "top_k is 0, expected >= 1");
+    d.top_k = 16;
+    expectInvalid(checkDispatchArgs(validGroup(), d), "a dispatch output");
+    // Launching validates first: no CUDA call is made for bad arguments.
+    expectInvalid(launchDispatch(validGroup(), d, nullptr), "a dispatch output");
+    CombineArgs cb;
+    cb.top_k = 2;
+    expectInvalid(launchCombine(validGroup(), cb, nullptr), "x, src_info or layout_range is null");
+}
+
+TEST(EpReference, QuantizerFollowsTheRule) {
+    // One group: amax 3.5 -> scale 3.5 / 448, 3.5 maps to 448 (E4M3 0x7e), 0 to 0.
+    std::vector<uint16_t> row(128, test::bf16Bits(0.0f));
+    row[5] = test::bf16Bits(-3.5f);
+    row[6] = test::bf16Bits(3.5f);
+    row[7] = test::bf16Bits(1.75f);
+    std::vector<uint8_t> q(128);
+    float scale = 0;
+    test::quantizeRow(row.data(), 128, q.data(), &scale);
+    EXPECT_EQ(scale, 3.5f / 448.0f);
+    EXPECT_EQ(q[6], 0x7e);
+    EXPECT_EQ(q[5], 0xfe);
+    EXPECT_EQ(q[7], 0x76);  // 224 = 1.75 * 2^7
+    EXPECT_EQ(q[0], 0x00);
+    // An all-zero group uses the amax floor.
+    std::vector<uint16_t> zeros(128, test::bf16Bits(0.0f));
+    test::quantizeRow(zeros.data(), 128, q.data(), &scale);
+    EXPECT_EQ(scale, kEpFp8AmaxFloor / 448.0f);
+}
+
+}  // namespace
+}  // namespace mooncake::ep
