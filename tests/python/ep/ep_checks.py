@@ -47,8 +47,14 @@ def gather_topk(topk_idx, max_tokens, ref_group):
 
 
 def check_dispatch(rank, world, recv, recv_count, handle, all_topk, active, num_experts,
-                   max_tokens, hidden, use_fp8, label):
-    """Asserts recv_x/recv_count/handle against the expected receive set."""
+                   max_tokens, hidden, use_fp8, label, views=None):
+    """Asserts recv_x/recv_count/handle against the expected receive set.
+
+    `active` is this rank's active_ranks; `views[r]` is rank r's (default: all
+    the same). A source's rows arrive when it saw itself and this rank as
+    active and this rank sees it as active.
+    """
+    views = views or [active] * world
     num_local = num_experts // world
     src_info, layout_range = handle[0], handle[1]
     data = fp8_dequantize(*recv) if use_fp8 else recv
@@ -61,7 +67,7 @@ def check_dispatch(rank, world, recv, recv_count, handle, all_topk, active, num_
         expert = rank * num_local + le
         expect = []
         for src in range(world):
-            if not (active[src] and active[rank]):
+            if not (active[src] and active[rank] and views[src][src] and views[src][rank]):
                 continue
             tokens = torch.nonzero((all_topk[src] == expert).any(dim=1)).flatten().tolist()
             expect += [(src, t) for t in tokens]
@@ -88,13 +94,17 @@ def check_dispatch(rank, world, recv, recv_count, handle, all_topk, active, num_
     return data
 
 
-def combine_reference(rank, x, topk_idx, topk_weights, active, num_local):
-    """x * sum of the weights of entries whose expert's rank is active, in double."""
+def combine_reference(rank, x, topk_idx, topk_weights, active, num_local, sent=True):
+    """x * sum of the weights of entries whose expert's rank is active, in double.
+
+    sent=False: `active` changed after the dispatch (all rows went out), so only
+    the experts' ranks matter, not whether this rank itself is active.
+    """
     valid = topk_idx >= 0
     expert_rank = topk_idx.clamp(min=0) // num_local
     active_t = torch.tensor(active, dtype=torch.bool)
     valid &= active_t[expert_rank]
-    if not active[rank]:
+    if sent and not active[rank]:
         valid &= False
     weight = (topk_weights.double() * valid).sum(dim=1, keepdim=True)
     return x.double() * weight

@@ -96,6 +96,32 @@ def _grid_worker(ctx, device="cpu"):
         diffs.append(check_combine(out, combine_reference(rank, x, idx, w, [1] * world, 3),
                                    False, "two in flight"))
 
+    # A rank marked inactive between dispatch and combine (as a timeout would):
+    # combine must drop its experts' outputs although their rows came back.
+    x, idx, w = make_inputs(rank, 8, 256, num_experts, 4, 102)
+    act = torch.ones(world, dtype=torch.int32)
+    recv, _, handle, _, _ = buf.dispatch(x, idx, act, 8, num_experts, -1, use_fp8=False)
+    act[world - 1] = 0
+    out, _, _ = buf.combine(recv, idx, w, act, -1, handle)
+    diffs.append(check_combine(out, combine_reference(rank, x, idx, w, one_down, 3, sent=False),
+                               False, "marked inactive after dispatch"))
+    act[world - 1] = 1
+
+    # Views differ: only rank 0 sees the last rank as inactive. Rank 0 must drop
+    # the rows the last rank still sends it, and not send it any.
+    views = [one_down] + [all_active] * (world - 1)
+    x, idx, w = make_inputs(rank, 8, 256, num_experts, 4, 103)
+    all_topk = gather_topk(idx, 8, ctx.ref)
+    act = torch.tensor(views[rank], dtype=torch.int32)
+    recv, count, handle, _, _ = buf.dispatch(x, idx, act, 8, num_experts, -1, use_fp8=False)
+    check_dispatch(rank, world, recv, count, handle, all_topk, views[rank], num_experts, 8, 256,
+                   False, "views differ", views=views)
+    out, _, _ = buf.combine(recv, idx, w, act, -1, handle)
+    if rank != world - 1:  # the last rank loses rank 0's experts: rank 0 treats it as gone
+        diffs.append(check_combine(out, combine_reference(rank, x, idx, w, views[rank], 3), False,
+                                   "views differ"))
+    act = torch.ones(world, dtype=torch.int32)
+
     # A Kimi-like width and top-8 over a second buffer, with out= supplied.
     big = new_buffer(dist.group.WORLD, 16, 1024, world, 8 * world)
     x, idx, w = make_inputs(rank, 16, 1024, 8 * world, 8, 7)
