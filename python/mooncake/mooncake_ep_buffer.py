@@ -156,7 +156,17 @@ class Buffer:
         self.use_fast_path = False
 
     def update_ep_member(self):
-        """Re-exchanges metadata after a membership change; older handles stop working."""
+        """Re-exchanges metadata after a membership change; older handles stop working.
+
+        EP ranks are fixed when the Buffer is built (the layout and expert
+        placement depend on them): a group whose size changed needs a new Buffer.
+        """
+        size = dist.get_world_size(self.group)
+        if size != self.group_size:
+            raise RuntimeError(
+                f"the group now has {size} ranks but this Buffer was built for {self.group_size}; "
+                f"EP ranks are fixed per Buffer: build a new Buffer for the new size"
+            )
         self._generation += 1
         self._connect()
 
