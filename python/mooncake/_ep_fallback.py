@@ -55,7 +55,7 @@ def fp8_dequantize(data, scales):
     return (blocks * scales.unsqueeze(-1)).view(data.shape).to(torch.bfloat16)
 
 
-def _comm_device(group, data_device):
+def comm_device(group, data_device):
     """The device the group's collectives take tensors on."""
     name = str(dist.get_backend(group)).lower()
     if name in ("gloo", "mooncake-cpu"):
@@ -77,7 +77,7 @@ def _failed_ranks(work, num_ranks):
     return [int(r) for r in torch.nonzero(hint).flatten()]
 
 
-class _Collectives:
+class Collectives:
     """The group, where its collectives run, and how a failed one is reported."""
 
     def __init__(self, group, rank, num_ranks):
@@ -170,7 +170,7 @@ def dispatch(coll, x, topk_idx, active_ranks, max_tokens, num_experts, use_fp8, 
     num_tokens, hidden = x.shape
     top_k = topk_idx.size(1)
     dev = x.device
-    comm_dev = _comm_device(coll.group, dev)
+    comm_dev = comm_device(coll.group, dev)
 
     key, counts, active_host = _host_counts(topk_idx, active_ranks, rank, num_experts, num_local)
     if int(counts[num_experts + 1]) > 0:
@@ -277,7 +277,7 @@ def combine(coll, x, topk_idx, topk_weights, active_ranks, route, num_experts, t
     num_local = num_experts // coll.num_ranks
     hidden = x.size(-1)
     dev = x.device
-    comm_dev = _comm_device(coll.group, dev)
+    comm_dev = comm_device(coll.group, dev)
 
     slots = route.recv_slots
     send = x.view(-1, hidden).index_select(0, slots.clamp(min=0))

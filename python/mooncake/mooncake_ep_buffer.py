@@ -115,7 +115,7 @@ class Buffer:
         self._id = next(_buffer_ids)
         self._generation = 0
         self._serial = 0
-        self._coll = fallback._Collectives(group, self.rank, self.group_size)
+        self._coll = fallback.Collectives(group, self.rank, self.group_size)
         self._connect()
 
     # -- membership --------------------------------------------------------
@@ -124,9 +124,10 @@ class Buffer:
         """Exchanges this rank's metadata through the group; every rank must agree."""
         runtime_reason = _ep_runtime.unavailable_reason()
         can_fast = 1 if runtime_reason is None and os.environ.get(FORCE_FALLBACK_ENV) != "1" else 0
-        mine = torch.tensor([_META_VERSION, self.num_ep_buffer_bytes, can_fast, self._generation],
-                            dtype=torch.int64)
-        device = fallback._comm_device(self.group, torch.device("cpu"))
+        # Not the generation: a replacement process starts a fresh Buffer while
+        # survivors call update_ep_member(), and both must connect.
+        mine = torch.tensor([_META_VERSION, self.num_ep_buffer_bytes, can_fast], dtype=torch.int64)
+        device = fallback.comm_device(self.group, torch.device("cpu"))
         gathered = [torch.zeros_like(mine, device=device) for _ in range(self.group_size)]
         dist.all_gather(gathered, mine.to(device), group=self.group)
         table = torch.stack([g.cpu() for g in gathered])
