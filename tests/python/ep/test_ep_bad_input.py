@@ -141,8 +141,11 @@ def _bad_input_worker(ctx):
     buf.update_ep_member()
     _expect(f, "stale handle", ValueError, r"predates update_ep_member\(\)",
             lambda: buf.combine(recv, other_idx, w, act, -1, other_handle))
-    _expect(f, "stale handle buffer", NotImplementedError, r"get_next_combine_buffer needs the fast path",
-            lambda: buf.get_next_combine_buffer(dispatch()[2]))
+    fresh_recv, _, fresh, _, _ = dispatch()
+    _expect(f, "fresh handle, no fast path", NotImplementedError,
+            r"get_next_combine_buffer needs the fast path", lambda: buf.get_next_combine_buffer(fresh))
+    out, _, _ = buf.combine(fresh_recv, idx, w, act, -1, fresh)
+    check_combine(out, combine_reference(rank, x, idx, w, [1] * world, 2), False, "after update")
     return f
 
 
