@@ -136,6 +136,25 @@ def _grid_worker(ctx, device="cpu"):
         assert combined is out
         diffs.append(check_combine(out, combine_reference(rank, x, idx, w, [1] * world, 8),
                                    use_fp8, f"big fp8={use_fp8}"))
+    if world == 4:
+        # A Buffer per subgroup: EP ranks are group ranks, collectives stay in the group.
+        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        sub = pairs[rank // 2]
+        sub_buf = new_buffer(sub, 8, 256, 2, 4)
+        assert (sub_buf.rank, sub_buf.group_size) == (rank % 2, 2)
+        x, idx, w = make_inputs(rank, 8, 256, 4, 2, 200)
+        act2 = torch.ones(2, dtype=torch.int32)
+        recv, count, handle, _, _ = sub_buf.dispatch(x, idx, act2, 8, 4, -1, use_fp8=True)
+        # Rows carry rank - 128 of the global rank: both sources are in this pair.
+        srcs = set()
+        for le in range(2):
+            rows = recv[0][le, : int(count[le])].float() * recv[1][le, : int(count[le]), :1]
+            srcs |= set((rows[:, 0] + 128).long().tolist())
+        assert srcs <= {rank - rank % 2, rank - rank % 2 + 1}, srcs
+        from mooncake.mooncake_ep_buffer import fp8_dequantize
+        out, _, _ = sub_buf.combine(fp8_dequantize(*recv), idx, w, act2, -1, handle)
+        diffs.append(check_combine(out, combine_reference(rank % 2, x, idx, w, [1, 1], 2), True,
+                                   "subgroup"))
     return max(diffs)
 
 
