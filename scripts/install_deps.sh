@@ -33,3 +33,5 @@ if ! $PY -c 'import torch, sys; sys.exit(0 if torch.__version__.split("+")[0] ==
     $PY -m pip install -q torch==2.11.0
 fi
 $PY -c 'import pytest, numpy' 2>/dev/null || $PY -m pip install -q pytest numpy
+# ep_benchmark --plot (and its test).
+$PY -c 'import matplotlib' 2>/dev/null || $PY -m pip install -q matplotlib

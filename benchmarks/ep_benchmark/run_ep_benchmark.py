@@ -1,0 +1,365 @@
+#!/usr/bin/env python3
+"""Mooncake EP dispatch/combine benchmark: uniform, k_hot incast and zipf routing.
+
+    # one host: spawns --num-ranks workers
+    python benchmarks/ep_benchmark/run_ep_benchmark.py --num-ranks 8 --routing-mode k_hot
+    # several hosts: torchrun sets RANK/WORLD_SIZE (--num-ranks is ignored)
+    torchrun --nproc-per-node 4 ... run_ep_benchmark.py --config configs/cuda_zipfian.json
+    # CPU smoke run over the collective fallback (wall-clock timers)
+    python benchmarks/ep_benchmark/run_ep_benchmark.py --device cpu --pg-backend gloo \
+        --num-ranks 2 --num-experts 8 --hidden-size 256 --num-tokens 16 --iters 5
+
+See README.md in this folder for every flag and the JSON schema.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_REPO = os.path.dirname(os.path.dirname(_HERE))
+for _p in (_HERE, os.path.join(_REPO, "python")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import metrics  # noqa: E402
+import routing  # noqa: E402
+
+PG_BACKENDS = ("nccl", "mooncake", "mooncake-cpu", "gloo")
+CPU_PG_BACKENDS = ("mooncake-cpu", "gloo")
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=None, help="JSON file of defaults; CLI flags override it")
+    p.add_argument("--backend", default="cuda", help="label written to the JSON; changes nothing")
+    p.add_argument("--num-ranks", type=int, default=8, help="ranks to spawn (ignored under torchrun)")
+    p.add_argument("--num-experts", type=int, default=256)
+    p.add_argument("--hidden-size", type=int, default=7168)
+    p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--num-tokens", type=int, default=1024, help="tokens per rank (also the buffer capacity)")
+    p.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16", help="dispatch data type")
+    p.add_argument("--routing-mode", choices=sorted(routing.ROUTING_MODES), default="uniform")
+    p.add_argument("--hot-experts", type=int, default=32, help="k_hot: number of hot experts")
+    p.add_argument("--hot-fraction", type=float, default=0.9, help="k_hot: share of hot tokens")
+    p.add_argument("--zipf-alpha", type=float, default=1.0, help="zipf: exponent alpha")
+    p.add_argument("--zero-copy", action=argparse.BooleanOptionalAction, default=False,
+                   help="combine through get_next_combine_buffer (fast path only)")
+    p.add_argument("--async-finish", action=argparse.BooleanOptionalAction, default=False,
+                   help="event-based completion")
+    p.add_argument("--return-recv-hook", action=argparse.BooleanOptionalAction, default=False,
+                   help="hook-based completion (excludes --async-finish)")
+    p.add_argument("--pg-backend", choices=PG_BACKENDS, default="nccl")
+    p.add_argument("--warmup-iters", type=int, default=20)
+    p.add_argument("--iters", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0, help="routing seed; rank r uses seed + r")
+    p.add_argument("--json-output", default=None, help="result file (default: rank 0 prints to stdout)")
+    p.add_argument("--master-addr", default="127.0.0.1", help="spawn mode only")
+    p.add_argument("--master-port", type=int, default=29500, help="spawn mode only")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="where tensors live; cpu needs --pg-backend mooncake-cpu or gloo")
+    p.add_argument("--timeout-us", type=int, default=-1, help="EP timeout_us (-1: none)")
+    p.add_argument("--plot", default=None, metavar="PATH.png",
+                   help="latency CDFs and the expert-load histogram")
+    p.add_argument("--compare", action="store_true",
+                   help="run the fast path and the fallback in one invocation, print the speedup")
+    return p
+
+
+def load_config(path, parser):
+    with open(path) as f:
+        cfg = json.load(f)
+    if not isinstance(cfg, dict):
+        raise ValueError(f"--config {path}: expected a JSON object, got {type(cfg).__name__}")
+    known = {a.dest for a in parser._actions}
+    unknown = sorted(set(cfg) - known)
+    if unknown:
+        raise ValueError(f"--config {path}: unknown keys {unknown}; expected some of {sorted(known)}")
+    return cfg
+
+
+def parse_args(argv=None):
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=None)
+    known, _ = pre.parse_known_args(argv)
+    parser = build_parser()
+    if known.config:
+        parser.set_defaults(**load_config(known.config, parser))
+    args = parser.parse_args(argv)
+    validate_args(args)
+    return args
+
+
+def world_size_of(args):
+    return int(os.environ["WORLD_SIZE"]) if "RANK" in os.environ else args.num_ranks
+
+
+def validate_args(args):
+    """ValueError naming the flag, its value and the rule."""
+    world = world_size_of(args)
+    for name in ("num_ranks", "num_experts", "hidden_size", "top_k", "num_tokens", "iters"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.warmup_iters < 0:
+        raise ValueError(f"--warmup-iters must be >= 0, got {args.warmup_iters}")
+    if args.num_experts % world != 0:
+        raise ValueError(
+            f"--num-experts {args.num_experts} must be divisible by the number of ranks {world}")
+    if args.top_k > args.num_experts:
+        raise ValueError(f"--top-k {args.top_k} must be <= --num-experts {args.num_experts}")
+    if args.async_finish and args.return_recv_hook:
+        raise ValueError("--async-finish and --return-recv-hook are mutually exclusive")
+    if args.dtype == "fp8" and args.hidden_size % 128 != 0:
+        raise ValueError(
+            f"--dtype fp8 needs --hidden-size divisible by 128 (one scale per 128 channels), "
+            f"got {args.hidden_size}")
+    if args.hidden_size % 128 != 0:
+        raise ValueError(f"--hidden-size must be a multiple of 128 (Buffer.dispatch), got {args.hidden_size}")
+    if args.routing_mode == "k_hot":
+        routing.check_k_hot(args.num_experts, args.top_k, args.hot_experts, args.hot_fraction)
+    if args.routing_mode == "zipf":
+        routing.check_zipf(args.zipf_alpha)
+    if args.device == "cpu" and args.pg_backend not in CPU_PG_BACKENDS:
+        raise ValueError(
+            f"--device cpu needs --pg-backend in {CPU_PG_BACKENDS}, got {args.pg_backend}")
+    if args.timeout_us != -1 and args.timeout_us <= 0:
+        raise ValueError(f"--timeout-us must be -1 or > 0, got {args.timeout_us}")
+
+
+def check_environment(args, local_world_size):
+    """RuntimeError, before any process group exists, for setups that cannot run."""
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                "--device cuda but torch.cuda.is_available() is False; use --device cpu with "
+                "--pg-backend mooncake-cpu or gloo")
+        gpus = torch.cuda.device_count()
+        if args.pg_backend == "nccl" and local_world_size > gpus:
+            raise RuntimeError(
+                f"--pg-backend nccl needs one GPU per rank: {local_world_size} ranks on this host "
+                f"but {gpus} visible GPU(s) (NCCL refuses two ranks on one GPU); use "
+                f"--pg-backend mooncake or fewer ranks")
+    if args.pg_backend.startswith("mooncake"):
+        try:
+            from mooncake import pg  # noqa: F401  (registers the backends)
+        except ImportError as e:
+            raise RuntimeError(f"--pg-backend {args.pg_backend} needs mooncake.pg: {e}") from e
+
+
+class _Clock:
+    """CUDA events on the GPU, wall clock on the CPU (where the fallback is synchronous)."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+
+    def stamp(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def elapsed_ms(self, a, b):
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1000.0
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+class EPBenchmarkWorker:
+    def __init__(self, args, rank, world_size, device, buffer_cls, group):
+        self.args, self.rank, self.world = args, rank, world_size
+        self.device, self.group = device, group
+        self.clock = _Clock(device)
+        self.num_local = args.num_experts // world_size
+        size = buffer_cls.get_ep_buffer_size_hint(args.num_tokens, args.hidden_size, world_size,
+                                                  args.num_experts)
+        self.buffer = buffer_cls(group, size)
+        self.zero_copy = args.zero_copy
+        self.topk_idx, self.topk_weights = routing.generate_routing(
+            args.routing_mode, args.num_tokens, args.num_experts, args.top_k, args.seed + rank,
+            device=device, hot_experts=args.hot_experts, hot_fraction=args.hot_fraction,
+            zipf_alpha=args.zipf_alpha)
+        gen = torch.Generator().manual_seed(10_000 + args.seed + rank)
+        self.x = torch.randn(args.num_tokens, args.hidden_size, generator=gen).to(
+            torch.bfloat16).to(device)
+        self.active_ranks = torch.ones(world_size, dtype=torch.int32, device=device)
+        self.out = torch.zeros(args.num_tokens, args.hidden_size, dtype=torch.bfloat16, device=device)
+        ids = torch.arange(rank * self.num_local, (rank + 1) * self.num_local, device=device)
+        self.expert_scale = (ids * 0.1 + 1.0).to(torch.bfloat16).view(-1, 1, 1)
+
+    def mock_expert_forward(self, recv_x):
+        if isinstance(recv_x, tuple):
+            from mooncake.mooncake_ep_buffer import fp8_dequantize
+            recv_x = fp8_dequantize(*recv_x)
+        return recv_x * self.expert_scale
+
+    def _complete(self, event, hook):
+        if self.args.return_recv_hook:
+            hook()
+        # Also without --async-finish: the in-stream wait keeps iterations from overlapping.
+        event.current_stream_wait()
+
+    def step(self):
+        a = self.args
+        t0 = self.clock.stamp()
+        recv_x, _, handle, event, hook = self.buffer.dispatch(
+            self.x, self.topk_idx, self.active_ranks, a.num_tokens, a.num_experts, a.timeout_us,
+            use_fp8=a.dtype == "fp8", async_finish=a.async_finish,
+            return_recv_hook=a.return_recv_hook)
+        self._complete(event, hook)
+        t1 = self.clock.stamp()
+        expert_out = self.mock_expert_forward(recv_x)
+        if self.zero_copy:
+            combine_in = self.buffer.get_next_combine_buffer(handle)
+            combine_in.copy_(expert_out)
+        else:
+            combine_in = expert_out.contiguous()
+        t2 = self.clock.stamp()
+        _, event, hook = self.buffer.combine(
+            combine_in, self.topk_idx, self.topk_weights, self.active_ranks, a.timeout_us, handle,
+            zero_copy=self.zero_copy, async_finish=a.async_finish,
+            return_recv_hook=a.return_recv_hook, out=self.out)
+        self._complete(event, hook)
+        t3 = self.clock.stamp()
+        self.clock.sync()
+        e = self.clock.elapsed_ms
+        return e(t0, t1), e(t2, t3), e(t0, t3)
+
+    def warmup(self):
+        for _ in range(self.args.warmup_iters):
+            self.step()
+        self.clock.sync()
+
+    def run_measured(self):
+        samples = [self.step() for _ in range(self.args.iters)]
+        return [torch.tensor([s[i] for s in samples], dtype=torch.float64) for i in range(3)]
+
+    def gathered(self, local):
+        return [metrics.gather_latencies(t, self.group) for t in local]
+
+
+def _make_group(args, rank, world_size, local_rank):
+    check_environment(args, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
+    if args.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend=args.pg_backend, init_method="env://", rank=rank,
+                            world_size=world_size)
+    return device
+
+
+def _summary(doc):
+    m = doc["metrics"]
+    return {k: m[k] for k in ("dispatch_latency_ms", "combine_latency_ms",
+                              "end_to_end_latency_ms", "tokens_per_second")}
+
+
+def run_worker(args, rank, world_size, local_rank):
+    from mooncake.mooncake_ep_buffer import FORCE_FALLBACK_ENV, Buffer
+
+    device = _make_group(args, rank, world_size, local_rank)
+    group = dist.group.WORLD
+    try:
+        worker = EPBenchmarkWorker(args, rank, world_size, device, Buffer, group)
+        phases = [("fast_path" if worker.buffer.use_fast_path else "fallback", worker)]
+        notice = None
+        if args.compare:
+            if worker.buffer.use_fast_path:
+                os.environ[FORCE_FALLBACK_ENV] = "1"
+                try:
+                    slow = EPBenchmarkWorker(args, rank, world_size, device, Buffer, group)
+                finally:
+                    os.environ.pop(FORCE_FALLBACK_ENV, None)
+                slow.zero_copy = False  # get_next_combine_buffer is fast-path only
+                phases.append(("fallback", slow))
+            else:
+                notice = (f"--compare: the fast path is unavailable "
+                          f"({worker.buffer.fast_path_reason}); ran the fallback only")
+        if worker.zero_copy and not worker.buffer.use_fast_path:
+            raise RuntimeError(
+                f"--zero-copy needs the fast path (get_next_combine_buffer), but this run uses the "
+                f"fallback: {worker.buffer.fast_path_reason}; rerun with --no-zero-copy")
+        docs = {}
+        for name, w in phases:
+            w.warmup()
+            local = w.run_measured()
+            per_rank = w.gathered(local)
+            load, counts = metrics.compute_global_expert_load(w.topk_idx, args.num_experts, group)
+            extra = {
+                "device": args.device,
+                "ep_path": name,
+                "fast_path_unavailable_reason": None if w.buffer.use_fast_path else w.buffer.fast_path_reason,
+                "timer": "cuda_events" if device.type == "cuda" else "wall_clock",
+            }
+            docs[name] = (metrics.assemble_json_output(args, world_size, *per_rank, load, extra),
+                          per_rank, counts)
+        if rank == 0:
+            _emit(args, docs, phases, notice)
+    finally:
+        dist.destroy_process_group()
+
+
+def _emit(args, docs, phases, notice):
+    first = phases[0][0]
+    doc, per_rank, counts = docs[first]
+    if args.compare:
+        fast = docs.get("fast_path")
+        slow = docs.get("fallback")
+        speedup = None
+        if fast and slow:
+            speedup = (slow[0]["metrics"]["end_to_end_latency_ms"]["mean"]
+                       / fast[0]["metrics"]["end_to_end_latency_ms"]["mean"])
+        doc["compare"] = {
+            "fast_path": _summary(fast[0]) if fast else None,
+            "fallback": _summary(slow[0]) if slow else None,
+            "speedup_end_to_end_mean": speedup,
+            "note": notice,
+        }
+        print(notice or f"--compare: fast path is {speedup:.2f}x the fallback (mean end-to-end)",
+              file=sys.stderr)
+    text = json.dumps(doc, indent=2)
+    if args.json_output:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json_output)), exist_ok=True)
+        with open(args.json_output, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+    if args.plot:
+        from plots import plot_results
+        crit = [metrics.critical_path(t) for t in per_rank]
+        plot_results(args.plot, *crit, counts,
+                     f"{args.routing_mode}, {doc['world_size']} ranks, {args.dtype}, {first}")
+
+
+def _spawn_entry(local_rank, args):
+    os.environ["RANK"] = str(local_rank)
+    os.environ["LOCAL_RANK"] = str(local_rank)
+    os.environ["WORLD_SIZE"] = str(args.num_ranks)
+    os.environ["LOCAL_WORLD_SIZE"] = str(args.num_ranks)
+    run_worker(args, local_rank, args.num_ranks, local_rank)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if "RANK" in os.environ:  # torchrun
+        run_worker(args, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                   int(os.environ.get("LOCAL_RANK", 0)))
+        return
+    check_environment(args, args.num_ranks)
+    os.environ["MASTER_ADDR"] = args.master_addr
+    os.environ["MASTER_PORT"] = str(args.master_port)
+    import torch.multiprocessing as mp
+    mp.spawn(_spawn_entry, args=(args,), nprocs=args.num_ranks, join=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Finds the compiled EP runtime (the CUDA fast path), if this build has one.
+
+The runtime is the extension module ``mooncake.ep_<torch version>``. Builds
+without it (today: every build) still get the Python API, which then runs the
+collective fallback; ``unavailable_reason()`` says why the fast path is off.
+"""
+
+import warnings
+
+import torch
+
+from mooncake import _loader
+
+_state = None  # (module or None, reason or None), filled on first use
+
+
+def _load():
+    global _state
+    if _state is not None:
+        return _state
+    try:
+        module = _loader.load_versioned("ep", "Mooncake EP runtime")
+    except ImportError as e:
+        _state = (None, f"the compiled EP runtime is not available ({e})")
+        if _loader.built_versions("ep"):
+            # Runtimes exist, just not for this torch: likely an environment
+            # mix-up the user wants to hear about, not only a slow fallback.
+            warnings.warn(_state[1], RuntimeWarning, stacklevel=3)
+        return _state
+    if not hasattr(module, "Buffer"):
+        # A module from a build that carries only the version stamp.
+        _state = (None, f"{module.__name__} has no fast-path Buffer in this build")
+        return _state
+    _state = (module, None)
+    return _state
+
+
+def runtime():
+    """The compiled runtime module, or None."""
+    return _load()[0]
+
+
+def unavailable_reason(device=None):
+    """None when the fast path can run on `device`, else a sentence saying why not."""
+    module, reason = _load()
+    if module is None:
+        return reason
+    if device is not None and torch.device(device).type != "cuda":
+        return f"the fast path moves CUDA tensors only; this buffer's data is on {device}"
+    if not torch.cuda.is_available():
+        return "the fast path needs CUDA and torch.cuda.is_available() is False"
+    return None

@@ -1,0 +1,95 @@
+"""Single-process parts of the EP API: size hint, FP8 format, EventOverlap, mooncake.ep."""
+
+import importlib
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from mooncake import _ep_runtime
+from mooncake.mooncake_ep_buffer import Buffer, EventOverlap, fp8_dequantize, fp8_quantize
+
+
+def test_size_hint_matches_the_documented_formula():
+    # 2 halves x (signal: 256 ints rounded to 128 B, data: 256 experts x 128 slots
+    # x (32 B of header/tail + 7168 BF16 channels)).
+    assert Buffer.get_ep_buffer_size_hint(128, 7168, 8, 256) == 2 * (1024 + 256 * 128 * 14368)
+    # 3 experts: 12 bytes of signal round up to 128.
+    assert Buffer.get_ep_buffer_size_hint(1, 128, 3, 3) == 2 * (128 + 3 * 1 * (32 + 256))
+
+
+def test_size_hint_arguments_are_checked():
+    with pytest.raises(ValueError, match=r"num_max_dispatch_tokens_per_rank must be >= 1, got 0"):
+        Buffer.get_ep_buffer_size_hint(0, 128, 2, 2)
+    with pytest.raises(TypeError, match=r"hidden must be an int, got 128.0"):
+        Buffer.get_ep_buffer_size_hint(1, 128.0, 2, 2)
+
+
+def test_fp8_scales_are_amax_over_448_with_a_floor():
+    x = torch.zeros(2, 256, dtype=torch.bfloat16)
+    x[0, :128] = torch.linspace(-3.5, 2.0, 128).to(torch.bfloat16)
+    x[0, 128:] = 0.25
+    # row 1 stays zero: its scale uses the 1e-4 floor
+    data, scales = fp8_quantize(x)
+    assert data.dtype == torch.float8_e4m3fn and data.shape == (2, 256)
+    assert scales.dtype == torch.float32 and scales.shape == (2, 2)
+    want = torch.tensor([[3.5 / 448, 0.25 / 448], [1e-4 / 448, 1e-4 / 448]], dtype=torch.float32)
+    assert torch.equal(scales, want), (scales, want)
+    back = fp8_dequantize(data, scales)
+    assert back.dtype == torch.bfloat16
+    assert torch.equal(back[0, 128:], x[0, 128:]) and not bool(back[1].any())
+    # e4m3 keeps 3 mantissa bits: each value within 1/16 of itself (plus BF16 rounding).
+    err = (back[0, :128].float() - x[0, :128].float()).abs()
+    assert bool((err <= x[0, :128].float().abs() / 16 + 1e-2).all())
+    # The block's largest magnitude maps to the FP8 maximum exactly.
+    assert data[0, 0].float() == -448.0
+
+
+def test_event_overlap_without_an_event_is_a_no_op():
+    held = torch.ones(2)
+    ev = EventOverlap(None, [held])
+    ev.current_stream_wait()
+    with ev as entered:
+        assert entered is ev
+    assert ev.extra_tensors[0] is held
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: orders a stream after an event")
+def test_event_overlap_waits_on_cuda():
+    event = torch.cuda.Event()
+    event.record()
+    EventOverlap(event).current_stream_wait()
+    torch.cuda.synchronize()
+
+
+def test_mooncake_ep_imports_without_the_runtime_and_says_why():
+    sys.modules.pop("mooncake.ep", None)
+    ep = importlib.import_module("mooncake.ep")
+    assert ep.Buffer is Buffer
+    if _ep_runtime.runtime() is None:
+        assert ep.FAST_PATH_AVAILABLE is False
+        assert "Mooncake EP runtime was not built against torch==" in ep.FAST_PATH_UNAVAILABLE_REASON
+
+
+def test_one_rank_buffer_round_trip():
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        buf = Buffer(dist.group.WORLD, Buffer.get_ep_buffer_size_hint(4, 128, 1, 2))
+        assert buf.use_fast_path is False and buf.fast_path_reason
+        x = torch.arange(4 * 128, dtype=torch.float32).view(4, 128).to(torch.bfloat16)
+        idx = torch.tensor([[0, 1], [1, -1], [-1, -1], [1, 0]], dtype=torch.int64)
+        w = torch.tensor([[0.5, 0.25], [2.0, 9.0], [9.0, 9.0], [1.0, 1.0]])
+        act = torch.ones(1, dtype=torch.int32)
+        recv, count, handle, _, _ = buf.dispatch(x, idx, act, 4, 2, -1, use_fp8=False)
+        assert count.tolist() == [2, 3]
+        # Packed per expert, by source rank then token: expert 0 <- tokens 0, 3; expert 1 <- 0, 1, 3.
+        assert handle[0][0, :2].tolist() == [0, 3] and handle[0][1, :3].tolist() == [0, 1, 3]
+        assert handle[1].tolist() == [[2], [3]]  # (begin 0 << 32) | count
+        assert torch.equal(recv[0, :2], x[[0, 3]]) and torch.equal(recv[1, :3], x[[0, 1, 3]])
+        out, _, _ = buf.combine(recv, idx, w, act, -1, handle)
+        want = x.float() * torch.tensor([0.75, 2.0, 0.0, 2.0]).view(-1, 1)
+        assert torch.equal(out, want.to(torch.bfloat16))
+    finally:
+        dist.destroy_process_group()

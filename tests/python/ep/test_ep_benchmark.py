@@ -1,0 +1,203 @@
+"""ep_benchmark: routing distributions, metrics by hand, every validation error, CPU smoke runs."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+import harness
+
+BENCH = os.path.join(harness.REPO_ROOT, "benchmarks", "ep_benchmark")
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+
+import metrics  # noqa: E402
+import routing  # noqa: E402
+import run_ep_benchmark as bench  # noqa: E402
+
+
+def _no_duplicates(idx):
+    s = torch.sort(idx, dim=1).values
+    return bool((s[:, 1:] != s[:, :-1]).all())
+
+
+@pytest.mark.parametrize("mode", sorted(routing.ROUTING_MODES))
+def test_routing_shapes_weights_and_distinct_experts(mode):
+    idx, w = routing.generate_routing(mode, 500, 64, 8, seed=1, hot_experts=16)
+    assert idx.dtype == torch.int64 and idx.shape == (500, 8)
+    assert bool(((idx >= 0) & (idx < 64)).all()) and _no_duplicates(idx)
+    assert w.dtype == torch.float32 and torch.allclose(w.sum(1), torch.ones(500))
+    again, _ = routing.generate_routing(mode, 500, 64, 8, seed=1, hot_experts=16)
+    other, _ = routing.generate_routing(mode, 500, 64, 8, seed=2, hot_experts=16)
+    assert torch.equal(idx, again) and not torch.equal(idx, other)
+
+
+def test_k_hot_sends_the_hot_fraction_to_the_hot_experts():
+    idx, _ = routing.k_hot_routing(2000, 64, 4, torch.Generator().manual_seed(0),
+                                   hot_experts=16, hot_fraction=0.9)
+    all_hot = (idx < 16).all(dim=1).float().mean().item()
+    # 1800 tokens are hot by construction; a uniform token lands all-hot with p ~ 0.003.
+    assert 0.9 <= all_hot <= 0.905, all_hot
+    # Shuffled: the hot tokens are not one block at the front.
+    assert (idx[1800:] < 16).all(dim=1).float().mean().item() > 0.5
+
+
+def test_zipf_rank_frequency_slope_is_minus_alpha():
+    alpha = 1.2
+    idx, _ = routing.zipfian_routing(40000, 64, 1, torch.Generator().manual_seed(0),
+                                     zipf_alpha=alpha)
+    freq = torch.bincount(idx.flatten(), minlength=64).double()[:16]
+    x = torch.log(torch.arange(1, 17, dtype=torch.float64))
+    y = torch.log(freq)
+    slope = float(((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum())
+    assert abs(slope + alpha) < 0.1, slope
+
+
+def test_uniform_is_balanced():
+    idx, _ = routing.uniform_routing(20000, 64, 4, torch.Generator().manual_seed(0))
+    counts = torch.bincount(idx.flatten(), minlength=64).double()
+    assert float(counts.max() / counts.mean()) < 1.2 and float(counts.min() / counts.mean()) > 0.8
+
+
+def test_latency_stats_by_hand():
+    s = metrics.latency_stats([float(v) for v in range(10, 0, -1)])  # 1..10, any order
+    want = {"p50": 5.5, "p90": 9.1, "p99": 9.91, "p999": 9.991, "mean": 5.5}
+    assert s.keys() == want.keys()
+    assert all(math.isclose(s[k], want[k], abs_tol=1e-12) for k in want), s
+
+
+def test_critical_path_load_and_throughput_by_hand():
+    assert metrics.critical_path([[1.0, 5.0], [3.0, 2.0]]).tolist() == [3.0, 5.0]
+    assert metrics.expert_load_summary([2, 4, 6, 8]) == {
+        "max_tokens_per_expert": 8.0, "min_tokens_per_expert": 2.0,
+        "mean_tokens_per_expert": 5.0, "imbalance_ratio": 1.6}
+    assert metrics.tokens_per_second(1024, 8, 2.0) == 4_096_000.0
+    idx = torch.tensor([[0, 3], [3, -1]])
+    assert metrics.local_expert_counts(idx, 4).tolist() == [1.0, 0.0, 0.0, 2.0]
+
+
+def _args(**kw):
+    base = dict(num_experts=8, hidden_size=256, routing_mode="uniform", backend="cuda", top_k=2,
+                num_tokens=4, dtype="bf16", zero_copy=False, async_finish=False,
+                return_recv_hook=False, warmup_iters=1, iters=2, pg_backend="gloo",
+                hot_experts=4, hot_fraction=0.5, zipf_alpha=1.0)
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+@pytest.mark.parametrize("mode", ["uniform", "k_hot", "zipf"])
+def test_assembled_json_follows_the_schema(mode):
+    d = [[1.0, 2.0], [3.0, 1.0]]
+    doc = metrics.assemble_json_output(_args(routing_mode=mode), 2, d, d, [[2.0, 2.0], [2.0, 6.0]],
+                                       metrics.expert_load_summary([1, 3]))
+    assert metrics.schema_errors(doc, 2) == []
+    # e2e critical path [2, 6]: mean 4 ms -> 4 tokens x 2 ranks / 0.004 s
+    assert doc["metrics"]["tokens_per_second"] == 2000.0
+    assert doc["metrics"]["per_rank_stats"]["e2e_latency_ms"]["rank1"]["mean"] == 4.0
+    assert ("hot_experts" in doc) == (mode == "k_hot") and ("zipf_alpha" in doc) == (mode == "zipf")
+    del doc["metrics"]["per_rank_stats"]["combine_latency_ms"]["rank1"]
+    assert metrics.schema_errors(doc, 2) == ["metrics.per_rank_stats.combine_latency_ms has keys ['rank0']"]
+
+
+@pytest.fixture
+def no_torchrun(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(k, raising=False)
+
+
+SMALL = ["--num-ranks", "2", "--num-experts", "8", "--hidden-size", "256", "--top-k", "2"]
+
+
+@pytest.mark.parametrize("extra,pattern", [
+    (["--num-experts", "9"], r"--num-experts 9 must be divisible by the number of ranks 2"),
+    (["--async-finish", "--return-recv-hook"], r"mutually exclusive"),
+    (["--dtype", "fp8", "--hidden-size", "200"], r"--dtype fp8 needs --hidden-size divisible by 128 .*got 200"),
+    (["--routing-mode", "k_hot", "--hot-experts", "9"], r"hot_experts=9 must be <= num_experts=8"),
+    (["--routing-mode", "k_hot", "--hot-experts", "1"], r"hot_experts=1 must be >= top_k=2"),
+    (["--routing-mode", "k_hot", "--hot-experts", "4", "--hot-fraction", "1.0"],
+     r"hot_fraction must be in the open interval \(0, 1\), got 1.0"),
+    (["--routing-mode", "k_hot", "--hot-experts", "4", "--hot-fraction", "0"], r"got 0.0"),
+    (["--routing-mode", "zipf", "--zipf-alpha", "0"], r"zipf_alpha must be > 0, got 0.0"),
+    (["--device", "cpu", "--pg-backend", "nccl"], r"--device cpu needs --pg-backend in"),
+    (["--iters", "0"], r"--iters must be >= 1, got 0"),
+])
+def test_validate_args_errors(no_torchrun, extra, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        bench.parse_args(SMALL + extra)
+
+
+def test_validate_uses_world_size_under_torchrun(monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ValueError, match=r"divisible by the number of ranks 3"):
+        bench.parse_args(SMALL)  # --num-ranks 2 is ignored
+
+
+def test_defaults_config_and_cli_override(no_torchrun):
+    a = bench.parse_args([])
+    assert (a.backend, a.num_ranks, a.num_experts, a.hidden_size, a.top_k, a.num_tokens, a.dtype,
+            a.routing_mode, a.hot_experts, a.hot_fraction, a.zipf_alpha, a.zero_copy,
+            a.async_finish, a.return_recv_hook, a.pg_backend, a.warmup_iters, a.iters, a.seed,
+            a.json_output, a.master_addr, a.master_port) == (
+        "cuda", 8, 256, 7168, 8, 1024, "bf16", "uniform", 32, 0.9, 1.0, False, False, False,
+        "nccl", 20, 100, 0, None, "127.0.0.1", 29500)
+    cfg = os.path.join(BENCH, "configs", "cuda_zipfian.json")
+    a = bench.parse_args(["--config", cfg, "--iters", "5", "--no-zero-copy"])
+    assert (a.routing_mode, a.zipf_alpha, a.iters, a.zero_copy, a.async_finish) == (
+        "zipf", 1.0, 5, False, True)
+    for name, mode in (("cuda_uniform.json", "uniform"), ("cuda_incast_k_hot.json", "k_hot")):
+        a = bench.parse_args(["--config", os.path.join(BENCH, "configs", name)])
+        assert a.routing_mode == mode and a.zero_copy and a.pg_backend == "nccl"
+
+
+def test_unknown_config_key(tmp_path, no_torchrun):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({"num_expert": 8}))
+    with pytest.raises(ValueError, match=r"unknown keys \['num_expert'\]"):
+        bench.parse_args(["--config", str(path)])
+
+
+def test_nccl_with_more_ranks_than_gpus_is_refused(monkeypatch, no_torchrun):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(RuntimeError, match=r"--pg-backend nccl needs one GPU per rank: 8 ranks"):
+        bench.check_environment(bench.parse_args([]), 8)
+
+
+def _smoke(tmp_path, pg_backend, extra):
+    out = tmp_path / "result.json"
+    cmd = [sys.executable, os.path.join(BENCH, "run_ep_benchmark.py"), "--device", "cpu",
+           "--pg-backend", pg_backend, *SMALL, "--num-tokens", "8", "--warmup-iters", "1",
+           "--iters", "3", "--master-port", str(harness.free_port()), "--json-output", str(out),
+           *extra]
+    env = harness.child_env({"RANK": None, "WORLD_SIZE": None})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert metrics.schema_errors(doc, 2) == [], doc
+    assert doc["ep_path"] == "fallback" and doc["timer"] == "wall_clock"
+    return doc, proc.stderr
+
+
+def test_cpu_smoke_gloo_k_hot_fp8_compare_and_plot(tmp_path):
+    png = tmp_path / "plot.png"
+    doc, err = _smoke(tmp_path, "gloo", ["--routing-mode", "k_hot", "--hot-experts", "2",
+                                         "--dtype", "fp8", "--async-finish", "--compare",
+                                         "--plot", str(png)])
+    assert doc["hot_experts"] == 2 and doc["compare"]["fast_path"] is None
+    assert "fast path is unavailable" in doc["compare"]["note"] and "ran the fallback only" in err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cpu_smoke_mooncake_cpu_zipf_hook(tmp_path):
+    err = harness.backend_import_error("mooncake-cpu")
+    if err is not None:
+        pytest.fail(f"mooncake-cpu is not available: {err}", pytrace=False)
+    doc, _ = _smoke(tmp_path, "mooncake-cpu", ["--routing-mode", "zipf", "--return-recv-hook"])
+    assert doc["pg_backend"] == "mooncake-cpu" and doc["zipf_alpha"] == 1.0
+    assert doc["metrics"]["expert_load"]["mean_tokens_per_expert"] == 8 * 2 * 2 / 8
