@@ -73,6 +73,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
+from harness_os import enter_netns as _enter_netns, native_stacks as _native_stacks
+
 BACKEND_ENV = "MC_TEST_BACKEND"
 DEFAULT_BACKEND = "mooncake-cpu"
 BUILTIN_BACKENDS = ("gloo", "nccl", "mpi", "ucc")
@@ -324,21 +326,6 @@ def _write_result(path: str, payload: dict) -> None:
 
 
 NETNS_ENV = "MC_TEST_NETNS"
-
-
-def _enter_netns(name: str) -> None:
-    """Moves this (still single-threaded) process into network namespace `name`
-    (`ip netns add`): threads started afterwards inherit it."""
-    import ctypes
-    clone_newnet = 0x40000000
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
-    try:
-        if libc.setns(fd, clone_newnet) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns into network namespace {name!r}: {os.strerror(err)}")
-    finally:
-        os.close(fd)
 
 
 def _worker_main(rank, world_size, backend, fn, args, tmpdir, port, init, ref_group,
@@ -610,33 +597,6 @@ def _supervise(procs, tmpdir, timeout_s, grace_s, expected, pending=None, start=
         head += f", watchdog {timeout_s:g} s" + (f", rank {shortened_by} failed first" if shortened_by is not None else "") + ")"
         raise WorkersFailed(head + ":\n\n" + "\n\n".join(problems))
     return results
-
-
-def _native_stacks(pid: int, limit: int = 12000) -> str:
-    """Every thread's C++ backtrace of a hung worker, via gdb when present:
-    Python stacks alone do not show where the backend waits. Keeps the frames
-    of our code (and the wait they sit in) so the report stays short."""
-    gdb = shutil.which("gdb")
-    if gdb is None:
-        return ""
-    try:
-        out = subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 30"],
-                             capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    keep, threads = [], out.split("\nThread ")
-    for t in threads[1:]:
-        lines = t.splitlines()
-        ours = [ln for ln in lines[1:] if "mooncake" in ln or "pthread_cond" in ln
-                or "futex" in ln or "poll" in ln or "nanosleep" in ln]
-        idle = any(loop in t for loop in _IDLE_LOOPS)
-        if any("mooncake" in ln for ln in ours) and not idle:
-            keep.append("Thread " + lines[0] + "\n" + "\n".join(ln[:220] for ln in ours[:14]))
-    return "\n".join(keep)[:limit]
-
-
-# Background threads that wait for work by design; a hang is elsewhere.
-_IDLE_LOOPS = ("EventLoop::loop", "ShmServer::step", "LivenessProber::run", "P2PEngine::Impl::run")
 
 
 def _indent(text: str, prefix: str = "    ") -> str:
