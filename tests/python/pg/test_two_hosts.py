@@ -91,6 +91,9 @@ def _collectives(ctx):
     rs_out = torch.empty(500)
     dist.reduce_scatter_tensor(rs_out, rs_in)
     assert torch.equal(rs_out, sum(_vals(q, 500) + r for q in range(ws))), "reduce_scatter"
+    rs_list = torch.empty(40)
+    dist.reduce_scatter(rs_list, [_vals(r, 40) * (p + 1) for p in range(ws)])
+    assert torch.equal(rs_list, sum(_vals(q, 40) for q in range(ws)) * (r + 1)), "reduce_scatter"
     done.append("reduce_scatter")
 
     # Uneven all_to_all: rank r sends p + r + 1 rows of 100 * r + p to rank p.
@@ -101,6 +104,11 @@ def _collectives(ctx):
     dist.all_to_all_single(a_out, a_in, recv, send)
     expect = torch.cat([torch.full((recv[q], 3), 100.0 * q + r) for q in range(ws)])
     assert torch.equal(a_out, expect), "all_to_all_single uneven"
+    lists_out = [torch.empty(r + 2, dtype=torch.int32) for _ in range(ws)]
+    dist.all_to_all(lists_out, [torch.full((p + 2,), 10 * r + p, dtype=torch.int32)
+                                for p in range(ws)])
+    assert all(torch.equal(lists_out[q], torch.full((r + 2,), 10 * q + r, dtype=torch.int32))
+               for q in range(ws)), "all_to_all lists"
     done.append("all_to_all")
 
     g = [torch.empty(9) for _ in range(ws)] if r == 1 else None
@@ -115,6 +123,9 @@ def _collectives(ctx):
     objs = [None] * ws
     dist.all_gather_object(objs, {"rank": r, "pid": os.getpid()})
     assert [o["rank"] for o in objs] == list(range(ws)), "all_gather_object"
+    bobj = [{"from": r}] if r == 2 else [None]
+    dist.broadcast_object_list(bobj, src=2)
+    assert bobj == [{"from": 2}], "broadcast_object_list"
     dist.barrier()
     done.append("barrier_objects")
     return done
