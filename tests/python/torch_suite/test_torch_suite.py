@@ -13,6 +13,7 @@ MC_TORCH_SUITE_INIT (tcp | file) picks the rendezvous; see dist_suite.py.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -76,7 +77,7 @@ def results(request):
     tmpdir = tempfile.mkdtemp(prefix="mc_torch_suite_")
     t0 = time.monotonic()
     runs = {b: _start(b, tmpdir) for b in BACKENDS}
-    out, problems = {}, []
+    out, problems, summaries = {}, [], {}
     for backend, (proc, report, log) in runs.items():
         try:
             rc = proc.wait(timeout=max(1.0, RUN_TIMEOUT_S - (time.monotonic() - t0)))
@@ -87,22 +88,21 @@ def results(request):
         log.close()
         print(f"\n===== {backend}: exit {rc}; last lines of its pytest run =====")
         print(_tail(log.name, 25))
+        summaries[backend] = f"{backend} pytest: " + (_tail(log.name, 1).strip() or f"exit {rc}")
         if not os.path.exists(report):
             problems.append(f"{backend}: no report (exit {rc}); log tail:\n{_tail(log.name)}")
             continue
         out[backend] = _parse(report)
     if problems:
         pytest.fail("\n".join(problems), pytrace=False)
-    lines = _table(out, time.monotonic() - t0)
-    print("\n".join(lines))
     # The comparison is the point of this run: show it in CI logs even when
     # pytest captures output (a passing test's prints are otherwise dropped).
-    reporter = request.config.pluginmanager.getplugin("terminalreporter")
-    if reporter is not None and request.config.getoption("capture") != "no":
-        reporter.write_line("")
-        for line in lines:
-            reporter.write_line(line)
-    return out
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+    with capman.global_and_fixture_disabled():
+        lines = _table(out, time.monotonic() - t0) + list(summaries.values())
+        print("\n" + "\n".join(lines), flush=True)
+    yield out
+    shutil.rmtree(tmpdir, ignore_errors=True)  # on failure the log tails are printed above
 
 
 def _table(out: dict, wall_s: float) -> list:
