@@ -10,6 +10,8 @@ command -v g++ >/dev/null || need_apt+=(g++)
 command -v ccache >/dev/null || need_apt+=(ccache)
 # Only for the test harness: native stacks of a hung worker in its report.
 command -v gdb >/dev/null || need_apt+=(gdb)
+# Only for the two-namespace test (tests/python/pg/test_two_hosts.py): `ip netns`.
+command -v ip >/dev/null || need_apt+=(iproute2)
 command -v clang++ >/dev/null || need_apt+=(clang)
 [ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
 if command -v clang++ >/dev/null; then
@@ -32,6 +34,7 @@ if ! $PY -c 'import torch, sys; sys.exit(0 if torch.__version__.split("+")[0] ==
         2>/dev/null; then
     $PY -m pip install -q torch==2.11.0
 fi
-$PY -c 'import pytest, numpy' 2>/dev/null || $PY -m pip install -q pytest numpy
+# expecttest: imported by torch's own distributed test suite (tests/python/torch_suite).
+$PY -c 'import pytest, numpy, expecttest' 2>/dev/null || $PY -m pip install -q pytest numpy expecttest
 # ep_benchmark --plot (and its test).
 $PY -c 'import matplotlib' 2>/dev/null || $PY -m pip install -q matplotlib

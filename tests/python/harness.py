@@ -43,6 +43,11 @@ things, all optional:
 With init=False each process does its own init, so a process index (`ctx.rank`,
 the position in the result list) need not be its rank in the group.
 
+Transports: `set_transport("tcp")` makes every later run_ranks of a mooncake
+backend start its workers with MC_FORCE_TCP=1 (the TCP put path and bounce
+ring instead of shared memory) until `set_transport("shm")`; pg/conftest.py
+does this for modules marked `both_transports`, once per transport.
+
 The backend under test comes from $MC_TEST_BACKEND (default "mooncake-cpu"; a
 comma-separated list runs the tests once per backend). MC_TEST_BACKEND=gloo runs
 the suites against gloo, which validates the tests themselves.
@@ -67,6 +72,8 @@ import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
+
+from harness_os import enter_netns as _enter_netns, native_stacks as _native_stacks
 
 BACKEND_ENV = "MC_TEST_BACKEND"
 DEFAULT_BACKEND = "mooncake-cpu"
@@ -127,6 +134,30 @@ def backend_import_error(backend: str) -> Optional[str]:
             err = "`from mooncake import pg` did not finish within 120 s"
         _import_checked[backend] = err
     return _import_checked[backend]
+
+
+# --------------------------------------------------------------------------- transports
+
+# Worker environment per transport of the mooncake backends.
+TRANSPORTS = {"shm": {}, "tcp": {"MC_FORCE_TCP": "1"}}
+_transport = "shm"
+
+
+def set_transport(name: str) -> None:
+    """Transport for the workers of later run_ranks calls (mooncake backends only)."""
+    global _transport
+    if name not in TRANSPORTS:
+        raise ValueError(f"transport {name!r}: expected one of {sorted(TRANSPORTS)}")
+    _transport = name
+
+
+def current_transport() -> str:
+    return _transport
+
+
+def transport_env(backend: str) -> dict:
+    """Environment that selects the current transport for `backend`'s workers."""
+    return dict(TRANSPORTS[_transport]) if is_mooncake(backend) else {}
 
 
 # --------------------------------------------------------------------------- ports, env
@@ -294,8 +325,13 @@ def _write_result(path: str, payload: dict) -> None:
     os.replace(tmp, path)
 
 
+NETNS_ENV = "MC_TEST_NETNS"
+
+
 def _worker_main(rank, world_size, backend, fn, args, tmpdir, port, init, ref_group,
                  pg_options, pg_timeout_s):
+    if os.environ.get(NETNS_ENV):
+        _enter_netns(os.environ[NETNS_ENV])
     paths = _paths(tmpdir, rank)
     stack_file = open(paths["stack"], "w")
     faulthandler.register(signal.SIGUSR1, file=stack_file, all_threads=True)
@@ -381,7 +417,9 @@ def run_ranks(fn: Callable, world_size: int, backend: str, timeout_s: float,
               pg_options: Optional[Callable[[int], Any]] = None,
               pg_timeout_s: Optional[float] = None, grace_s: float = 10.0,
               late: Optional[Mapping[int, str]] = None,
-              expect_killed: Sequence[int] = ()) -> list:
+              expect_killed: Sequence[int] = (),
+              rank_env: Optional[Mapping[int, Mapping[str, str]]] = None,
+              netns: Optional[Mapping[int, str]] = None) -> list:
     """Runs fn(ctx, *args) on `world_size` spawned ranks; returns results in rank order.
 
     env:        extra environment for the workers (None values unset a variable).
@@ -392,13 +430,16 @@ def run_ranks(fn: Callable, world_size: int, backend: str, timeout_s: float,
     expect_fail: see module docstring; matching ranks return RankError objects.
     late:       {proc: event}: start process `proc` once ctx.signal(event) was called.
     expect_killed: processes expected to die from a signal; they return Killed objects.
+    rank_env:   {proc: {VAR: value}}: environment of one process on top of `env`.
+    netns:      {proc: name}: the process runs in network namespace `name` (see
+                tests/python/pg/netns.py); MASTER_ADDR must then be reachable from it.
     """
     expected = _normalise_expect(expect_fail, world_size)
     tmpdir = tempfile.mkdtemp(prefix="mc_ranks_")
     port = free_port()
     base_env = child_env({
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(world_size),
-        "LOCAL_WORLD_SIZE": str(world_size), **(env or {}),
+        "LOCAL_WORLD_SIZE": str(world_size), **transport_env(backend), **(env or {}),
     })
     late = dict(late or {})
     for rank in late:
@@ -407,8 +448,14 @@ def run_ranks(fn: Callable, world_size: int, backend: str, timeout_s: float,
     spawn = multiprocessing.get_context("spawn")
     procs = []
 
+    rank_env = dict(rank_env or {})
+    netns = dict(netns or {})
+
     def start(rank):
-        with _patched_environ({**base_env, "RANK": str(rank), "LOCAL_RANK": str(rank)}):
+        extra = {**rank_env.get(rank, {}), "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        if rank in netns:
+            extra[NETNS_ENV] = netns[rank]
+        with _patched_environ({**base_env, **extra}):
             procs[rank].start()
 
     try:
@@ -550,33 +597,6 @@ def _supervise(procs, tmpdir, timeout_s, grace_s, expected, pending=None, start=
         head += f", watchdog {timeout_s:g} s" + (f", rank {shortened_by} failed first" if shortened_by is not None else "") + ")"
         raise WorkersFailed(head + ":\n\n" + "\n\n".join(problems))
     return results
-
-
-def _native_stacks(pid: int, limit: int = 12000) -> str:
-    """Every thread's C++ backtrace of a hung worker, via gdb when present:
-    Python stacks alone do not show where the backend waits. Keeps the frames
-    of our code (and the wait they sit in) so the report stays short."""
-    gdb = shutil.which("gdb")
-    if gdb is None:
-        return ""
-    try:
-        out = subprocess.run([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 30"],
-                             capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    keep, threads = [], out.split("\nThread ")
-    for t in threads[1:]:
-        lines = t.splitlines()
-        ours = [ln for ln in lines[1:] if "mooncake" in ln or "pthread_cond" in ln
-                or "futex" in ln or "poll" in ln or "nanosleep" in ln]
-        idle = any(loop in t for loop in _IDLE_LOOPS)
-        if any("mooncake" in ln for ln in ours) and not idle:
-            keep.append("Thread " + lines[0] + "\n" + "\n".join(ln[:220] for ln in ours[:14]))
-    return "\n".join(keep)[:limit]
-
-
-# Background threads that wait for work by design; a hang is elsewhere.
-_IDLE_LOOPS = ("EventLoop::loop", "ShmServer::step", "LivenessProber::run", "P2PEngine::Impl::run")
 
 
 def _indent(text: str, prefix: str = "    ") -> str:

@@ -2,10 +2,14 @@
 #include "mooncake-transfer-engine/metadata/kv_store.h"
 
 #include <gtest/gtest.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <fstream>
+#include <future>
 #include <set>
 #include <thread>
 
@@ -55,13 +59,48 @@ TYPED_TEST(KVStoreTest, GetOfMissingKeyTimesOutAtDeadline) {
     EXPECT_LT(waited, std::chrono::seconds(5));
 }
 
+// The kernel's scheduling state of thread `tid` of this process ('R', 'S', ...).
+char threadState(pid_t tid) {
+    std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/stat");
+    std::string line;
+    std::getline(in, line);
+    // "tid (comm) S ...": comm may hold spaces and parentheses, the state follows the last ')'.
+    const size_t close = line.rfind(')');
+    return close == std::string::npos || close + 2 >= line.size() ? '?' : line[close + 2];
+}
+
 TYPED_TEST(KVStoreTest, GetWakesWhenAnotherThreadSets) {
     auto store = makeStore<TypeParam>();
-    std::thread setter([&] { ASSERT_TRUE(store->set("late", "v").ok()); });
-    auto got = store->get("late", Deadline::afterMs(10000));
-    setter.join();
-    ASSERT_TRUE(got.ok());
-    EXPECT_EQ(got.value(), "v");
+    // The set must happen while get() is already waiting, or this would only
+    // test the fast path: the getter announces its thread id right before the
+    // call, and the set waits until that thread sleeps (in get's wait, since
+    // nothing else between the announcement and the call blocks). get()'s own
+    // deadline is far beyond the bound on the wake-up, so a get that only
+    // notices the value when its deadline passes fails here.
+    std::atomic<pid_t> getter_tid{0};
+    std::promise<Result<std::string>> result;
+    std::future<Result<std::string>> got = result.get_future();
+    std::thread getter([&] {
+        const Deadline deadline = Deadline::afterMs(120000);
+        getter_tid.store(static_cast<pid_t>(::syscall(SYS_gettid)));
+        result.set_value(store->get("late", deadline));
+    });
+    const Deadline wait_limit = Deadline::afterMs(10000);
+    bool sleeping = false;
+    while (!wait_limit.expired() && !sleeping) {
+        const pid_t tid = getter_tid.load();
+        sleeping = tid != 0 && threadState(tid) == 'S';
+        if (!sleeping)
+            std::this_thread::yield();
+    }
+    EXPECT_TRUE(sleeping) << "the getter thread did not block in get() within 10 s";
+    ASSERT_TRUE(store->set("late", "v").ok());
+    const bool woke = got.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+    getter.join();
+    ASSERT_TRUE(woke) << "get() did not return within 30 s of the set (its deadline was 120 s)";
+    Result<std::string> value = got.get();
+    ASSERT_TRUE(value.ok()) << value.status().toString();
+    EXPECT_EQ(value.value(), "v");
 }
 
 TYPED_TEST(KVStoreTest, AddCountsFromZero) {

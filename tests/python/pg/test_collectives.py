@@ -20,6 +20,9 @@ import harness
 from pg_checks import (AVG_INT_REJECTION, DTYPES, Checker, kind_for, local_reduce, make,
                        reduce_cases, rop, short, summarize)
 
+# Shared memory and TCP (MC_FORCE_TCP=1): see conftest.py.
+pytestmark = pytest.mark.both_transports
+
 WORLD_SIZES = (2, 3, 4)
 JOB_TIMEOUT_S = 240
 
@@ -435,7 +438,7 @@ _JOBS = {}
 
 
 def _job(backend, ws):
-    key = (backend, ws)
+    key = (backend, ws, harness.current_transport())
     if key not in _JOBS:
         try:
             _JOBS[key] = (None, harness.run_ranks(_collectives_worker, ws, backend, JOB_TIMEOUT_S))

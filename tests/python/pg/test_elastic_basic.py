@@ -17,10 +17,15 @@ import pytest
 import torch
 
 import harness
+import known_defects
 
 pytestmark = pytest.mark.skipif(
     not harness.is_mooncake(harness.backend_under_test()),
     reason="elastic membership is a mooncake-cpu feature")
+
+# The membership scenarios run over shared memory and over TCP (MC_FORCE_TCP=1,
+# see conftest.py); option validation does not depend on the transport.
+both_transports = pytest.mark.both_transports
 
 BACKEND = "mooncake-cpu"
 FAST = {"MC_PG_TIMEOUT_MS": "3000", "MC_PG_RECONCILE_WINDOW_MS": "4000"}
@@ -131,6 +136,7 @@ def _two_sided(ctx):
     return first_s
 
 
+@both_transports
 def test_seed_two_sided_join():
     res = harness.run_ranks(_two_sided, 3, BACKEND, timeout_s=120, env=FAST, init=False)
     print(f"join_group -> first 3-rank all_reduce done: {res[2] * 1000:.1f} ms")
@@ -176,6 +182,7 @@ def _holes(ctx):
     return True
 
 
+@both_transports
 def test_deactivate_leaves_hole():
     res = harness.run_ranks(_holes, 3, BACKEND, timeout_s=120, env=FAST,
                             pg_options=_opts_four, ref_group=False)
@@ -220,7 +227,9 @@ def _killed(ctx):
     return failed_s
 
 
-def test_killed_rank_default_mode():
+@both_transports
+def test_killed_rank_default_mode(request):
+    known_defects.xfail_over_tcp(request, known_defects.DEAD_PEER_FAILS_TCP_PUTS)
     res = harness.run_ranks(_killed, 3, BACKEND, timeout_s=120, env=FAST, ref_group=False,
                             pg_options=_opts_three, expect_killed=[2])
     print(f"SIGKILL -> survivors' failed completion: {res[0]:.2f} s, {res[1]:.2f} s")
@@ -289,6 +298,7 @@ def _deactivated_inside(ctx):
     return told_s
 
 
+@both_transports
 def test_rank_deactivated_inside_a_call_is_told():
     # A 20 s collective timeout: without the notice rank 2 would wait that long.
     env = dict(FAST, MC_PG_TIMEOUT_MS="20000", MC_PG_RECONCILE_WINDOW_MS="25000")
@@ -343,6 +353,7 @@ def _stale_generation(ctx):
     return True
 
 
+@both_transports
 def test_joiner_skips_a_destroyed_generation():
     res = harness.run_ranks(_stale_generation, 3, BACKEND, timeout_s=120, env=FAST, init=False)
     assert res == [True] * 3
@@ -377,6 +388,7 @@ def _store_held_by_main_thread(ctx):
     return waited
 
 
+@both_transports
 def test_control_plane_does_not_share_the_callers_store_connection():
     # The store timeout bounds the wait: without a connection of its own the
     # Coordinator could not answer rank 1, and rank 0's wait would time out.

@@ -597,8 +597,15 @@ def test_seed_examples_as_written(backend, seed):
 
 
 def test_processes_leave_cleanly(backend):
-    """Every process that was not killed leaves with destroy_process_group (no error)."""
+    """Every process that was not killed leaves with destroy_process_group (no error).
+    A job that failed as a whole fails this test too: it never showed a clean exit."""
+    failed = []
     for name in ("default", "deferred", "framework", "replace", "holes", "jointimeout", "seeds"):
         job = _run(name, backend)
-        if job["error"] is None:
-            _expect(job, "leave:")
+        if job["error"] is not None:
+            failed.append(f"job {name!r} failed as a whole, so its exits were never checked:\n"
+                          f"{job['error']}")
+            continue
+        _expect(job, "leave:")
+    if failed:
+        pytest.fail("\n\n".join(failed), pytrace=False)

@@ -1,6 +1,7 @@
 """The multi-process harness itself: errors, hangs and deaths are reported, not swallowed."""
 
 import os
+import re
 import time
 
 import pytest
@@ -20,17 +21,18 @@ def _misbehave(ctx):
 
 
 def test_error_hang_and_death_are_reported():
-    t0 = time.monotonic()
     with pytest.raises(harness.WorkersFailed) as info:
         harness.run_ranks(_misbehave, 3, "gloo", timeout_s=60, init=False, grace_s=3)
-    took = time.monotonic() - t0
     text = str(info.value)
     assert "rank 1 raised ValueError: boom from rank 1" in text
     assert "_misbehave" in text                       # the worker's traceback
     assert "rank 0 HUNG" in text and "about to hang" in text
     assert "_misbehave" in text.split("rank 0 HUNG")[1]   # python stack of the hung rank
     assert "rank 2 died without reporting a result (exit code 3)" in text
-    assert took < 40, f"the failure of rank 1 should cut the wait short (took {took:.1f} s)"
+    # The watchdog cut its wait short because rank 1 or 2 failed (a condition,
+    # not a duration: gdb on the hung rank takes long on a loaded machine).
+    head = text.splitlines()[0]
+    assert re.search(r"rank [12] failed first", head), head
 
 
 def _fail_on_zero(ctx):

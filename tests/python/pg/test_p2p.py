@@ -18,6 +18,9 @@ import torch.distributed as dist
 import harness
 from pg_checks import DTYPES, diff, make, short
 
+# Shared memory and TCP (MC_FORCE_TCP=1): see conftest.py.
+pytestmark = pytest.mark.both_transports
+
 WORLD_SIZES = (2, 3, 4)
 JOB_TIMEOUT_S = 180
 
@@ -290,7 +293,7 @@ _JOBS = {}
 
 
 def _job(backend, ws):
-    key = (backend, ws)
+    key = (backend, ws, harness.current_transport())
     if key not in _JOBS:
         skip = set(NOT_ON_GLOO) if backend == "gloo" else set()
         try:
