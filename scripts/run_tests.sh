@@ -10,6 +10,9 @@ PY=${PYTHON:-python3}
 echo "== ctest =="
 ctest --test-dir build --output-on-failure -j 2 --timeout 600
 
+echo "== fuzzing (clang: libFuzzer, ASan, UBSan) =="
+bash scripts/run_fuzzers.sh
+
 echo "== pytest =="
 set +e
 PYTHONPATH=python $PY -m pytest -q -rs tests/python

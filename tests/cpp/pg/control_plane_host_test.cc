@@ -264,6 +264,8 @@ TEST(MailboxTest, KeysAndEndpointEncoding) {
     EXPECT_FALSE(decodeEndpoint("tcp://h").has_value());
     EXPECT_FALSE(decodeEndpoint("tcp://h|inbox=123").has_value());
     EXPECT_FALSE(decodeEndpoint("tcp://h|inbox=000000000000000G").has_value());
+    // An empty data-plane part is never encoded: nothing to probe.
+    EXPECT_FALSE(decodeEndpoint("|inbox=0123456789abcdef").has_value());
     EXPECT_LE(encodeEndpoint(std::string(kMaxDataEndpointBytes, 'e'), ~0ull).size(),
               kMaxEndpointBytes);
 }
