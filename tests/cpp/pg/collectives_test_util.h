@@ -5,11 +5,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -93,12 +97,78 @@ private:
     Mapping mapping_;
 };
 
+// For tests of who is blamed at a deadline: the listed ranks may not time
+// out before each has written to every other one. waitFlag asks peerFailed
+// before it looks at the deadline, so a listed rank blocked there stays in
+// its wait until every other listed rank's first message (its round-0
+// message, sent before it waits on anyone) is in its window. However late a
+// thread runs, the only members missing at the deadline are the unlisted.
+class EntryGate {
+public:
+    explicit EntryGate(std::vector<int> ranks) : ranks_(std::move(ranks)) {}
+
+    // Forgets earlier writes: the next call is the one gated.
+    void arm() {
+        std::lock_guard<std::mutex> lock(mu_);
+        written_.clear();
+    }
+
+    void wrote(int from, int to) {
+        std::lock_guard<std::mutex> lock(mu_);
+        written_.emplace(from, to);
+        cv_.notify_all();
+    }
+    void awaitAllWroteTo(int to) {
+        if (std::find(ranks_.begin(), ranks_.end(), to) == ranks_.end())
+            return;
+        std::unique_lock<std::mutex> lock(mu_);
+        auto all = [&] {
+            for (int from : ranks_) {
+                if (from != to && written_.count({from, to}) == 0)
+                    return false;
+            }
+            return true;
+        };
+        if (!cv_.wait_for(lock, std::chrono::seconds(20), all))
+            ADD_FAILURE() << "rank " << to << ": a listed rank never wrote to it";
+    }
+
+private:
+    std::vector<int> ranks_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::set<std::pair<int, int>> written_;
+};
+
+class EntryGatedFabric : public ForwardingFabric {
+public:
+    EntryGatedFabric(std::shared_ptr<Fabric> inner, std::shared_ptr<EntryGate> gate)
+        : ForwardingFabric(std::move(inner)), gate_(std::move(gate)) {}
+    Status putFlag(int peer, uint64_t offset, uint64_t value) override {
+        Status st = inner().putFlag(peer, offset, value);
+        gate_->wrote(rank(), peer);
+        return st;
+    }
+    bool peerFailed(int peer) const override {
+        gate_->awaitAllWroteTo(rank());
+        return ForwardingFabric::peerFailed(peer);
+    }
+
+private:
+    std::shared_ptr<EntryGate> gate_;
+};
+
 class Cluster {
 public:
-    explicit Cluster(int n, CommOptions options = smallOptions(), Mapping mapping = Mapping::kAll)
+    // `gate`, when given, wraps every rank's fabric (see EntryGate).
+    explicit Cluster(int n, CommOptions options = smallOptions(), Mapping mapping = Mapping::kAll,
+                     std::shared_ptr<EntryGate> gate = nullptr)
         : n_(n), group_(n, Communicator::windowBytesFor(n, options)) {
         for (int r = 0; r < n; ++r) {
-            auto fabric = std::make_shared<MappingFabric>(group_.fabric(r), mapping);
+            std::shared_ptr<Fabric> fabric =
+                std::make_shared<MappingFabric>(group_.fabric(r), mapping);
+            if (gate)
+                fabric = std::make_shared<EntryGatedFabric>(fabric, gate);
             comms_.push_back(std::make_unique<Communicator>(fabric, options));
         }
     }
