@@ -11,6 +11,9 @@ echo "== ctest =="
 # --no-tests=error: a filter or build that registers nothing is a failure, not a pass.
 ctest --test-dir build --output-on-failure --no-tests=error -j 2 --timeout 600
 
+echo "== fuzzing (clang: libFuzzer, ASan, UBSan) =="
+bash scripts/run_fuzzers.sh
+
 echo "== pytest =="
 # Exit status 5 (nothing collected) fails the run like any other non-zero status.
 PYTHONPATH=python $PY -m pytest -q -rs tests/python

@@ -38,7 +38,9 @@ std::string encodeEndpoint(std::string_view endpoint, uint64_t nonce) {
 std::optional<DecodedEndpoint> decodeEndpoint(std::string_view encoded) {
     // The last marker wins, so a data-plane endpoint may itself contain one.
     const size_t at = encoded.rfind(kInboxMarker);
-    if (at == std::string_view::npos)
+    // An empty data-plane part is never encoded (an empty endpoint stays
+    // empty); accepting it would probe a member that published nothing.
+    if (at == std::string_view::npos || at == 0)
         return std::nullopt;
     std::string_view digits = encoded.substr(at + kInboxMarker.size());
     if (digits.size() != 16)

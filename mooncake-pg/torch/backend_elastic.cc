@@ -27,6 +27,7 @@
 #include "mooncake-pg/core/communicator.h"
 #include "mooncake-pg/core/engine_fabric.h"
 #include "mooncake-pg/core/p2p.h"
+#include "mooncake-pg/core/pair_epoch.h"
 #include "mooncake-pg/torch/backend.h"
 #include "mooncake-pg/torch/store_adapter.h"
 #include "mooncake-transfer-engine/common/env.h"
@@ -196,13 +197,11 @@ Status MooncakeBackend::applyLatestView(Deadline deadline) {
     // Collectives restart on every epoch; a P2P pair only when one of its
     // two ranks was (re)activated since, which both ranks read alike from
     // the view whichever views in between they skipped.
-    auto since = [&view](int r) {
-        return static_cast<size_t>(r) < view.slots.size() ? view.slots[r].active_since : 0;
-    };
-    std::vector<uint64_t> pair_epoch(static_cast<size_t>(max_group_size_), 0);
-    for (int r = 0; r < max_group_size_; ++r)
-        pair_epoch[r] = std::max(since(config_.rank), since(r));
-    Status p2p = p2p_->setMembership(active, pair_epoch);
+    std::vector<uint64_t> since;
+    for (const auto& slot : view.slots)
+        since.push_back(slot.active_since);
+    Status p2p = p2p_->setMembership(active, pairEpochs(static_cast<uint32_t>(config_.rank), since,
+                                                        static_cast<size_t>(max_group_size_)));
     if (!p2p.ok())
         MC_LOG(kWarn, "pg") << "P2P membership of epoch " << view.epoch << ": " << p2p.toString();
     comm_ = active[config_.rank] != 0 ? group_comm_.get() : solo_comm_.get();

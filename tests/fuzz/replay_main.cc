@@ -1,11 +1,14 @@
 // A stand-in for libFuzzer where the compiler has none (gcc): drives any
 // LLVMFuzzerTestOneInput with a bounded number of inputs, deterministically.
 //
-//   <fuzzer> [-runs=N] [-max_len=N] [-seed=N] [FILE_OR_DIR...]
+//   <fuzzer> [-runs=N] [-max_len=N] [-seed=N] [-write_seeds=DIR] [FILE_OR_DIR...]
 //
-// Files (and files in directories) are replayed first, as crash reproducers.
-// Then N inputs: a quarter random bytes, the rest mutations of the target's
-// seedInputs() (see fuzz_seeds.h) or of earlier inputs when it has none.
+// Files (and files in directories) are replayed first: the checked-in corpus
+// and crash reproducers. Then N inputs: a quarter random bytes, the rest
+// mutations of the target's seedInputs() (see fuzz_seeds.h), of the files, or
+// of earlier inputs. -seed=0 draws a seed (printed, to reproduce a failure).
+// -write_seeds=DIR writes seedInputs() as files (how tests/fuzz/corpus began)
+// and exits.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +30,7 @@ struct Options {
     uint64_t runs = 100000;
     size_t max_len = 4096;
     uint64_t seed = 1;
+    std::string write_seeds;
     std::vector<std::string> paths;
 };
 
@@ -48,6 +52,8 @@ Options parseArgs(int argc, char** argv) {
             o.max_len = v == 0 ? 1 : v;
         } else if (flagValue(argv[i], "-seed=", &v)) {
             o.seed = v;
+        } else if (std::strncmp(argv[i], "-write_seeds=", 13) == 0) {
+            o.write_seeds = argv[i] + 13;
         } else if (argv[i][0] == '-') {
             std::fprintf(stderr, "replay: ignoring libFuzzer flag %s\n", argv[i]);
         } else {
@@ -64,13 +70,15 @@ void runOne(const std::string& input) {
     LLVMFuzzerTestOneInput(copy.data(), copy.size());
 }
 
-size_t replayPaths(const std::vector<std::string>& paths) {
+// Runs every file under `paths`; each becomes a parent for mutations too.
+size_t replayPaths(const std::vector<std::string>& paths, std::vector<std::string>* pool) {
     size_t count = 0;
     auto replayFile = [&](const std::filesystem::path& p) {
         std::ifstream in(p, std::ios::binary);
         std::stringstream ss;
         ss << in.rdbuf();
         runOne(ss.str());
+        pool->push_back(ss.str());
         ++count;
     };
     for (const auto& path : paths) {
@@ -167,18 +175,36 @@ private:
     size_t max_len_;
 };
 
+int writeSeeds(const std::vector<std::string>& seeds, const std::string& dir) {
+    std::filesystem::create_directories(dir);
+    for (size_t i = 0; i < seeds.size(); ++i) {
+        const auto path = std::filesystem::path(dir) / ("seed-" + std::to_string(i));
+        std::ofstream out(path, std::ios::binary);
+        out << seeds[i];
+        if (!out) {
+            std::fprintf(stderr, "replay: cannot write %s\n", path.c_str());
+            return 1;
+        }
+    }
+    std::printf("replay: wrote %zu seed(s) to %s\n", seeds.size(), dir.c_str());
+    return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     Options o = parseArgs(argc, argv);
-    size_t replayed = replayPaths(o.paths);
-
     std::vector<std::string> pool;
     if (mooncake::fuzz::seedInputs)
         pool = mooncake::fuzz::seedInputs();
+    if (!o.write_seeds.empty())
+        return writeSeeds(pool, o.write_seeds);
     for (const auto& s : pool)
         runOne(s);
+    size_t replayed = replayPaths(o.paths, &pool);
     const size_t seeds = pool.size();
+    if (o.seed == 0)
+        o.seed = std::random_device{}() | 1;
 
     Mutator m(o.seed, o.max_len);
     for (uint64_t i = 0; i < o.runs; ++i) {
@@ -198,7 +224,7 @@ int main(int argc, char** argv) {
             }
         }
     }
-    std::printf("replay: %zu file(s), %zu seed(s), %llu generated inputs (seed %llu): no crash\n",
+    std::printf("replay: %zu file(s), %zu parent(s), %llu generated inputs (seed %llu): no crash\n",
                 replayed, seeds, static_cast<unsigned long long>(o.runs),
                 static_cast<unsigned long long>(o.seed));
     return 0;

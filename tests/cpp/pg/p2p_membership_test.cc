@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mooncake-pg/core/p2p.h"
+#include "mooncake-pg/core/pair_epoch.h"
 #include "tests/cpp/pg/p2p_test_util.h"
 
 namespace mooncake::pg {
@@ -24,12 +25,28 @@ struct View {
     std::vector<uint64_t> since;
 };
 
-// What the elastic backend passes for rank `self` (backend_elastic.cc).
+// What the elastic backend passes for rank `self`: its pairEpochs, whose
+// values PairEpochRule below pins down.
 Status apply(P2PEngine& e, int self, const View& v) {
-    std::vector<uint64_t> pair(v.since.size());
-    for (size_t p = 0; p < v.since.size(); ++p)
-        pair[p] = std::max(v.since[self], v.since[p]);
-    return e.setMembership(v.active, pair);
+    return e.setMembership(v.active,
+                           pairEpochs(static_cast<uint32_t>(self), v.since, v.since.size()));
+}
+
+// The rule written out: a pair restarts when either of its ranks was
+// (re)activated, so its epoch is the later of the two activations; ranks that
+// are not Active (since 0) and slots past the view count as never activated.
+TEST(P2PMembership, PairEpochRule) {
+    const std::vector<uint64_t> since = {1, 1, 2, 0, 5};
+    const std::vector<std::vector<uint64_t>> want = {
+        {1, 1, 2, 1, 5, 1},  // rank 0, activated at epoch 1
+        {1, 1, 2, 1, 5, 1},  // rank 1
+        {2, 2, 2, 2, 5, 2},  // rank 2, joined at epoch 2
+        {1, 1, 2, 0, 5, 0},  // rank 3, not Active
+        {5, 5, 5, 5, 5, 5},  // rank 4, reactivated at epoch 5
+        {1, 1, 2, 0, 5, 0},  // slot 5, outside the view
+    };
+    for (uint32_t self = 0; self < want.size(); ++self)
+        EXPECT_EQ(pairEpochs(self, since, 6), want[self]) << "rank " << self;
 }
 
 void applyAll(Group& g, const View& v) {
