@@ -185,7 +185,8 @@ TEST_P(ParallelAllReduce, ExactForEveryThreadCount) {
     const int max_threads = 4;
     for (int threads = 1; threads <= max_threads; ++threads) {
         CommOptions options;
-        options.chunk_bytes = size_t{1} << 20;
+        // Pieces of 256 KiB: several rounds per block, each parallel.
+        options.chunk_bytes = size_t{256} << 10;
         options.reduce_threads = threads;
         testutil::Cluster cluster(n, options, std::get<1>(GetParam()));
         const auto members = testutil::allRanks(n);
@@ -200,8 +201,8 @@ TEST_P(ParallelAllReduce, ExactForEveryThreadCount) {
                     continue;
                 ++seed;
                 const size_t es = dataTypeSize(dtype);
-                // Per-rank blocks over one 1 MiB piece, with odd lengths.
-                const size_t count = (size_t{3} << 20) / es / 2 + 2 * static_cast<size_t>(n) + 1;
+                // Blocks of several pieces, with odd lengths.
+                const size_t count = (size_t{1} << 20) / es + 2 * static_cast<size_t>(n) + 1;
                 std::vector<uint8_t> in(count * es);
                 testutil::fillInput(in.data(), dtype, op, seed, r, 0, count);
                 Status st = cluster.comm(r).allReduce(in.data(), in.data(), count, dtype, op,
