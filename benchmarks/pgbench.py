@@ -19,6 +19,10 @@ follow nccl-tests: algbw = size / time, busbw = algbw * factor, with factor
 gather and scatter, and 1 for broadcast, reduce and sendrecv. "size" is the
 whole buffer: the all_gather output, the reduce_scatter input, one rank's
 all_to_all buffer. Each size is checked for correctness once before timing.
+
+The same run also times a single-thread memcpy of each size on rank 0 (while
+the other ranks wait) and prints every backend's busbw as a fraction of it:
+one core's copy bandwidth is the yardstick a CPU collective is read against.
 """
 
 import argparse
@@ -234,6 +238,57 @@ def measure(benches, ctrl, args, dist, torch):
     return out
 
 
+def memcpy_rows(torch, sizes_bytes, args):
+    """Single-thread memcpy (libc memmove through ctypes) of every size between two
+    distinct, pre-faulted buffers: median time per copy, and GB/s = size / time. Each
+    timed sample covers enough copies to last about 20 us, so the clock and the Python
+    call do not dominate small sizes."""
+    import ctypes
+    out = []
+    for size in sizes_bytes:
+        src_t = torch.ones(max(1, size), dtype=torch.uint8)
+        dst_t = torch.zeros_like(src_t)
+        src, dst, n = src_t.data_ptr(), dst_t.data_ptr(), src_t.numel()
+        copy = lambda: ctypes.memmove(dst, src, n)  # noqa: E731
+        reps = 1
+        while True:
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                copy()
+            if time.perf_counter() - t0 >= 20e-6 or reps >= 1 << 16:
+                break
+            reps *= 2
+        samples = []
+        budget_end = time.perf_counter() + max(args.time_budget, 0.2)
+        for i in range(max(args.iters, 5)):
+            t0 = time.perf_counter()
+            for _ in range(reps):
+                copy()
+            samples.append((time.perf_counter() - t0) / reps * 1e6)
+            if i >= 4 and time.perf_counter() > budget_end:
+                break
+        med = statistics.median(samples)
+        out.append({"backend": "memcpy", "collective": "memcpy", "size": size, "count": size,
+                    "type": "uint8", "op": None, "nranks": 1, "iters": len(samples),
+                    "time_us_median": med, "time_us_p99": percentile(samples, 99),
+                    "time_us_mean": statistics.fmean(samples), "algbw_GBps": size / (med * 1e-6) / 1e9,
+                    "busbw_GBps": size / (med * 1e-6) / 1e9, "check": "n/a", "engine": None})
+    return out
+
+
+def memcpy_ratios(rows):
+    """busbw / single-thread memcpy GB/s for every measured row."""
+    copy = {r["size"]: r["busbw_GBps"] for r in rows if r["collective"] == "memcpy"}
+    out = []
+    for r in rows:
+        if r["collective"] == "memcpy" or r["size"] not in copy or not copy[r["size"]]:
+            continue
+        out.append({"collective": r["collective"], "backend": r["backend"], "size": r["size"],
+                    "busbw_GBps": r["busbw_GBps"], "memcpy_GBps": copy[r["size"]],
+                    "busbw_over_memcpy": r["busbw_GBps"] / copy[r["size"]]})
+    return out
+
+
 def percentile(values, p):
     s = sorted(values)
     k = min(len(s) - 1, max(0, int(math.ceil(p / 100 * len(s))) - 1))
@@ -301,6 +356,9 @@ def rank_main(rank, n, args, result_path):
                 if rank == 0 and args.verbose:
                     print(f"  {b:>12} {coll:>14} {size:>12} B  {med:10.1f} us", flush=True)
             del benches
+    if rank == 0:
+        sizes_done = sorted({r["size"] for r in rows})
+        rows.extend(memcpy_rows(torch, sizes_done, args))
     dist.barrier(group=ctrl)
     dist.destroy_process_group()
     if engine is not None:
@@ -384,7 +442,7 @@ def ratios(rows):
 def print_tables(rows, rats, args, n):
     print(f"# pgbench  nranks={n} device={args.device} dtype={args.dtype} op={args.op} "
           f"iters<={args.iters} warmup={args.warmup} sizes={args.minbytes}..{args.maxbytes} x{args.stepfactor}")
-    for coll in dict.fromkeys(r["collective"] for r in rows):
+    for coll in dict.fromkeys(r["collective"] for r in rows if r["collective"] != "memcpy"):
         for b in dict.fromkeys(r["backend"] for r in rows):
             sel = [r for r in rows if r["collective"] == coll and r["backend"] == b]
             if not sel:
@@ -404,6 +462,21 @@ def print_tables(rows, rats, args, n):
                 f = lambda v: f"{v:.2f}" if v is not None else "n/a"  # noqa: E731
                 print(f"  {x['size']:>12} {f(x['busbw_ratio']):>12} {f(x['latency_ratio']):>10} "
                       f"{f(x['latency_ratio_p99']):>10}")
+    mrat = memcpy_ratios(rows)
+    if mrat:
+        backends = list(dict.fromkeys(x["backend"] for x in mrat))
+        copy = {r["size"]: r for r in rows if r["collective"] == "memcpy"}
+        for coll in dict.fromkeys(x["collective"] for x in mrat):
+            print(f"#\n# collective={coll} busbw / single-thread memcpy (rank 0, same run)")
+            head = "".join(f" {b + ' busbw':>18} {'ratio':>6}" for b in backends)
+            print(f"# {'size':>12} {'memcpy(GB/s)':>13}{head}")
+            for size in sorted({x["size"] for x in mrat if x["collective"] == coll}):
+                cells = ""
+                for b in backends:
+                    m = [x for x in mrat if x["collective"] == coll and x["backend"] == b and x["size"] == size]
+                    cells += (f" {m[0]['busbw_GBps']:>18.3f} {m[0]['busbw_over_memcpy']:>6.2f}" if m
+                              else f" {'n/a':>18} {'n/a':>6}")
+                print(f"  {size:>12} {copy[size]['busbw_GBps']:>13.3f}{cells}")
     bad = [r for r in rows if r["check"] == "FAILED"]
     if bad:
         print(f"# WARNING: {len(bad)} row(s) failed the correctness check: "
@@ -459,7 +532,8 @@ def main(argv=None):
         cfg = {k: v for k, v in vars(args).items() if k != "json_output"}
         cfg["nranks"] = n
         with open(args.json_output, "w") as f:
-            json.dump({"config": cfg, "results": rows, "ratios": rats}, f, indent=1)
+            json.dump({"config": cfg, "results": rows, "ratios": rats,
+                       "memcpy_ratios": memcpy_ratios(rows)}, f, indent=1)
     return 1 if any(r["check"] == "FAILED" for r in rows) else 0
 
 

@@ -34,6 +34,7 @@ public:
         // algorithm choice consistent with what was compared.
         s.one_shot_max =
             std::min<size_t>(options.one_shot_max_bytes, std::numeric_limits<uint32_t>::max());
+        s.reduce_threads = options.reduce_threads;
         s.active.assign(s.size, 1);
         s.read_in_place.assign(s.size, 0);
         setMembers();

@@ -49,6 +49,10 @@ struct CommOptions {
     size_t one_shot_max_bytes = 64 << 10;
     // Byte offset of the collective area inside the fabric window.
     uint64_t window_offset = 0;
+    // Threads per rank for the element-wise work of large reductions
+    // (core/reduce_pool.h); 0: MC_PG_REDUCE_THREADS, else cores / ranks on
+    // this host. Results are the same bits whatever the count.
+    int reduce_threads = 0;
 };
 
 // Evidence from a failed call: which peers did not answer or failed.

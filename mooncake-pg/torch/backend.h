@@ -272,6 +272,8 @@ private:
     std::mutex queue_mu_;  // guards queue_, accepting_, abort_pending_
     std::condition_variable queue_cv_;
     std::deque<Task> queue_;
+    // queue_.size(), for the idle worker to poll without queue_mu_.
+    std::atomic<size_t> queued_{0};
     bool accepting_ = true;
     bool abort_pending_ = false;
     std::thread worker_;

@@ -1,9 +1,12 @@
 #include "mooncake-pg/torch/work.h"
 
+#include <algorithm>
 #include <utility>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+
+#include "mooncake-pg/core/spin_wait.h"
 
 namespace mooncake::pg {
 
@@ -46,6 +49,10 @@ std::vector<at::Tensor> MooncakeWork::result() {
 }
 
 bool MooncakeWork::wait(std::chrono::milliseconds timeout) {
+    auto budget = spinBudget();
+    if (timeout != kNoTimeout)
+        budget = std::min<std::chrono::microseconds>(budget, timeout);
+    spinUntil([this] { return done_.load(std::memory_order_acquire); }, budget);
     std::unique_lock<std::mutex> lock(mutex_);
     if (timeout == kNoTimeout) {
         cv_.wait(lock, [this] { return completed_; });
@@ -106,6 +113,7 @@ bool MooncakeWork::complete(std::exception_ptr error, const std::string& message
         error_message_ = message;
         failed_ranks_ = failed_ranks;
         callbacks->swap(callbacks_);
+        done_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
     return true;

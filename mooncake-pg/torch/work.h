@@ -3,6 +3,7 @@
 // Work is handed to the caller at once and completed from that thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <functional>
@@ -31,7 +32,9 @@ public:
     void synchronize() override {}
     // Blocks the calling CPU thread until the op is done (kNoTimeout: as long
     // as it takes; the op itself is bounded by its deadline), then rethrows
-    // the failure as c10::DistBackendError carrying the core's message.
+    // the failure as c10::DistBackendError carrying the core's message. It
+    // polls for up to spinBudget() (core/spin_wait.h) before it sleeps, so a
+    // small op that completes within microseconds is not delayed by a wake-up.
     bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
     // Completes the Work as failed if it is still pending. The op itself may
     // still run to its deadline: a collective must stay in lockstep with the
@@ -63,6 +66,10 @@ private:
     const std::vector<at::Tensor> outputs_;
     const int hint_size_;
     const c10::intrusive_ptr<c10::ivalue::Future> future_;
+    // Mirrors Work::completed_ for wait()'s polling, which must not take
+    // mutex_ (the completing thread needs it). Set under mutex_ after
+    // everything wait() reads, so an acquire load that sees true sees them.
+    std::atomic<bool> done_{false};
     // Guarded by Work::mutex_, like completed_ and exception_.
     bool local_success_ = false;
     std::string error_message_;

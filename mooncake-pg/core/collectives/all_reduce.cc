@@ -7,6 +7,7 @@
 
 #include "mooncake-pg/core/collectives/collectives.h"
 #include "mooncake-pg/core/reduce_kernels.h"
+#include "mooncake-pg/core/reduce_pool.h"
 
 namespace mooncake::pg::coll {
 namespace {
@@ -64,6 +65,10 @@ Status reduceScatterAllGather(Rounds& rounds, const void* in, void* out, size_t 
     std::vector<const void*>& inputs = rounds.inputs();
     // Known after round 0, which is the same either way.
     bool fused = false;
+    // The element-wise work of a round (reduce, publish, copy back) may
+    // spread over more threads where the host has cores to spare.
+    const int threads = rounds.stepThreads();
+    ReducePool* pool = threads > 1 ? &ReducePool::shared() : nullptr;
 
     for (size_t t = 0; t < pieces + (fused ? 1 : 0); ++t) {
         // Published now: what this rank reduced last round.
@@ -99,9 +104,16 @@ Status reduceScatterAllGather(Rounds& rounds, const void* in, void* out, size_t 
             // `out` may be `in`: only this rank reads its own block of `in`,
             // and the kernel reads each element of every input before
             // writing it.
-            reduceInto(dtype, op, dst + at, inputs.data(), n, part.length);
-            if (fused)
-                std::memcpy(rounds.nextPublishArea(), dst + at, part.length * es);
+            uint8_t* publish = fused ? rounds.nextPublishArea() : nullptr;
+            const void* const* ins = inputs.data();
+            // Each slice is published right after it is reduced, while it
+            // is still in cache.
+            parallelRanges(pool, threads, part.length, reduceGrain(dtype),
+                           es * static_cast<size_t>(n + 2), [&](size_t b, size_t e) {
+                               reduceRange(dtype, op, dst + at, ins, n, b, e);
+                               if (publish != nullptr)
+                                   std::memcpy(publish + b * es, dst + at + b * es, (e - b) * es);
+                           });
         }
         if (fused && t > 0) {
             for (int j = 0; j < n; ++j) {
@@ -110,8 +122,8 @@ Status reduceScatterAllGather(Rounds& rounds, const void* in, void* out, size_t 
                 const Span block = blockOf(count, n, j);
                 const Span theirs = pieceOf(block.length, t - 1, piece);
                 if (theirs.length != 0) {
-                    std::memcpy(dst + (block.offset + theirs.offset) * es,
-                                rounds.published(members[j]), theirs.length * es);
+                    parallelCopy(pool, threads, dst + (block.offset + theirs.offset) * es,
+                                 rounds.published(members[j]), theirs.length * es);
                 }
             }
         }
@@ -132,8 +144,8 @@ Status reduceScatterAllGather(Rounds& rounds, const void* in, void* out, size_t 
             const Span theirs = pieceOf(block.length, t, piece);
             MC_RETURN_IF_ERROR(rounds.expectData(members[j], theirs.length * es));
             if (theirs.length != 0) {
-                std::memcpy(dst + (block.offset + theirs.offset) * es, rounds.data(members[j]),
-                            theirs.length * es);
+                parallelCopy(pool, threads, dst + (block.offset + theirs.offset) * es,
+                             rounds.data(members[j]), theirs.length * es);
             }
         }
         MC_RETURN_IF_ERROR(rounds.finishRound());

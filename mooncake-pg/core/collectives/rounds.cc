@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "mooncake-pg/core/collectives/call_check.h"
+#include "mooncake-pg/core/reduce_pool.h"
 
 namespace mooncake::pg::coll {
 namespace {
@@ -467,6 +468,15 @@ Status Rounds::finishRound() {
     ++call_round_;
     std::fill(sent_.begin(), sent_.end(), 0);
     return Status::OK();
+}
+
+int Rounds::stepThreads() const {
+    int local = 1;
+    for (int m : state_.members) {
+        if (m != state_.rank && state_.fabric->peerWindow(m) != nullptr)
+            ++local;
+    }
+    return reduceThreadsFor(state_.reduce_threads, local);
 }
 
 uint8_t* Rounds::ownSlot(uint64_t round) {

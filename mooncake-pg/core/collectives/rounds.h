@@ -181,6 +181,7 @@ struct CommState {
     int size = 0;
     Layout layout;
     size_t one_shot_max = 0;
+    int reduce_threads = 0;  // CommOptions::reduce_threads
     std::vector<uint8_t> active;
     std::vector<int> members;  // active ranks, ascending
     int index = -1;            // this rank's position in `members`, -1 if inactive
@@ -263,6 +264,11 @@ public:
     // scratch when nothing is published from it.
     uint8_t* publishArea() { return ownSlot(state_.round); }
     uint8_t* nextPublishArea() { return ownSlot(state_.round + 1); }
+
+    // Threads for this call's large element-wise steps (core/reduce_pool.h):
+    // CommOptions::reduce_threads, MC_PG_REDUCE_THREADS or cores / members
+    // whose windows this rank maps (the ranks of the group on this host).
+    int stepThreads() const;
 
     // Room for one input pointer per member (for reduceInto).
     std::vector<const void*>& inputs() { return inputs_; }
