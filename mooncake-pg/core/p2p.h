@@ -52,11 +52,21 @@ public:
     // Completion callback: called once, from the progress thread or the
     // caller's thread, with the final status of the operation.
     using Callback = std::function<void(Status)>;
+    // An any-source recv's callback: the status and the sender's rank (-1
+    // when no sender was matched).
+    using AnyCallback = std::function<void(Status, int source)>;
 
     static size_t windowBytesFor(int size, const P2POptions& options);
 
     P2PEngine(std::shared_ptr<Fabric> fabric, P2POptions options);
-    ~P2PEngine();  // fails pending operations with kAborted, joins the thread
+    // Fails pending operations with kAborted and joins the progress thread.
+    // Destroyed on that thread (from a completion callback), it hands the
+    // teardown to a thread of its own instead, which runs once the callback
+    // has returned.
+    ~P2PEngine();
+
+    // Whether the caller runs on the progress thread (in a callback).
+    bool onProgressThread() const;
 
     // Enqueue and return. `done` fires when the operation completes or the
     // deadline passes (kTimeout) or the peer fails (kPeerFailure). A non-OK
@@ -66,6 +76,13 @@ public:
     // the matching send's size (kInvalidArgument on both sides otherwise).
     Status send(const void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done);
     Status recv(void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done);
+    // A recv that takes the first message on `tag` any active peer offers
+    // (the peers active when it is posted). Per sender and tag, messages
+    // still match recvs in posting order, any-source ones included: a later
+    // recv from a peer on `tag` waits until this one is matched. It fails
+    // (kPeerFailure) only when every candidate peer has failed. Each pending
+    // any-source recv holds two ring slots per candidate peer.
+    Status recvAny(void* buf, size_t bytes, int tag, Deadline deadline, AnyCallback done);
 
     // Applies a membership. active[r]: rank r is an active member;
     // pair_epoch[r]: the epoch of the pair (this rank, r), which both ranks

@@ -4,8 +4,8 @@
 // coalescing in backend_p2p.cc; membership in backend_elastic.cc.
 //
 // Environment knobs (read once per process):
-//   MC_PG_TIMEOUT_MS      per-op deadline and bootstrap deadline; overrides the
-//                         group timeout of init_process_group/new_group.
+//   MC_PG_TIMEOUT_MS      per-op deadline and bootstrap deadline of groups
+//                         created without an explicit timeout= (process_group.cc).
 //   MC_PG_CHUNK_BYTES     payload bytes of one collective slot (CommOptions::
 //                         chunk_bytes), default 4 MiB. The collective area of
 //                         each rank's window is about 2 x size x chunk.
@@ -71,21 +71,22 @@ int resolveMaxGroupSize(const BackendConfig& config) {
     return static_cast<int>(max);
 }
 
-// Joins `t` without holding the GIL: a worker completing a Future may run a
-// Python callback, which needs the GIL this thread might hold.
-void joinReleasingGil(std::thread& t) {
-    if (!t.joinable())
-        return;
-    if (t.get_id() == std::this_thread::get_id()) {
-        t.detach();
-        return;
-    }
+// Set on one of a backend's own threads (worker, P2P poster) when the
+// backend was destroyed from it, i.e. its last reference went away in a
+// completion callback there: the thread was let go and must return without
+// touching the backend again.
+thread_local bool t_owner_gone = false;
+
+// Runs `fn` without holding the GIL: the thread it waits for may be
+// completing a Future whose Python callback needs the GIL this thread holds.
+template <typename Fn>
+void withoutGil(Fn&& fn) {
     if (Py_IsInitialized() && PyGILState_Check()) {
         PyThreadState* state = PyEval_SaveThread();
-        t.join();
+        fn();
         PyEval_RestoreThread(state);
     } else {
-        t.join();
+        fn();
     }
 }
 
@@ -130,10 +131,32 @@ MooncakeBackend::MooncakeBackend(const c10::intrusive_ptr<c10d::Store>& store, B
 
     bootstrap(store);
     worker_ = std::thread([this] { workerLoop(); });
+    poster_ = std::thread([this] { posterLoop(); });
 }
 
 MooncakeBackend::~MooncakeBackend() {
-    shutdown();
+    // Teardown may run on the backend's own threads: the worker and the P2P
+    // poster are let go (joinOrRelease) after what they had queued, and the
+    // P2P engine, whose progress thread cannot join itself, is destroyed on
+    // a reaper thread once the callback returns (releaseCore). The GIL,
+    // held when Python drops the last reference, goes for the whole
+    // teardown: the threads it waits for may need it.
+    withoutGil([this] { shutdown(); });
+}
+
+bool MooncakeBackend::ownerGone() {
+    return t_owner_gone;
+}
+
+void MooncakeBackend::joinOrRelease(std::thread& t) {
+    if (!t.joinable())
+        return;
+    if (t.get_id() == std::this_thread::get_id()) {
+        t.detach();
+        t_owner_gone = true;
+        return;
+    }
+    withoutGil([&t] { t.join(); });
 }
 
 void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
@@ -268,6 +291,8 @@ void MooncakeBackend::setTimeout(std::chrono::milliseconds timeout) {
     TORCH_CHECK_VALUE(timeout.count() > 0, "Mooncake PG: timeout must be positive, got ",
                       timeout.count(), " ms");
     timeout_ms_.store(timeout.count());
+    // Kept in step: getBackendOptions() reports the timeout ops run under.
+    config_.options->timeout = timeout;
 }
 
 // ---------------------------------------------------------------------------
@@ -316,9 +341,12 @@ void MooncakeBackend::workerLoop() {
         if (aborted) {
             task.work->markFailed(failureMessage(task.op_name, Aborted("the group was aborted")),
                                   {});
-            continue;
+        } else {
+            runTask(task);
         }
-        runTask(task);
+        // Completing the Work may have destroyed the backend (stopWorker).
+        if (ownerGone())
+            return;
     }
 }
 
@@ -374,6 +402,27 @@ void MooncakeBackend::stopWorker(bool abort_pending) {
             abort_pending_ = true;
     }
     queue_cv_.notify_all();
+    if (worker_.get_id() == std::this_thread::get_id()) {
+        // Destroyed from a callback on the worker: what is queued runs (or
+        // fails) here, since the worker is let go once this returns.
+        at::NoGradGuard no_grad;
+        while (true) {
+            Task task;
+            {
+                std::lock_guard<std::mutex> lock(queue_mu_);
+                if (queue_.empty())
+                    break;
+                task = std::move(queue_.front());
+                queue_.pop_front();
+            }
+            if (abort_pending) {
+                task.work->markFailed(
+                    failureMessage(task.op_name, Aborted("the group was aborted")), {});
+            } else {
+                runTask(task);
+            }
+        }
+    }
     if (abort_pending && fabric_) {
         // The running collective waits on peers' flags; marking every peer
         // failed turns those waits into immediate errors instead of waits to
@@ -383,14 +432,30 @@ void MooncakeBackend::stopWorker(bool abort_pending) {
                 fabric_->markPeerFailed(p);
         }
     }
-    joinReleasingGil(worker_);
+    joinOrRelease(worker_);
 }
 
-void MooncakeBackend::releaseCore() {
-    // P2P first: its destructor fails pending sends/recvs (their Works
-    // complete with kAborted) and stops its thread before the fabric goes.
+void MooncakeBackend::releaseCore(bool flush_p2p) {
+    stopPoster();
+    const int64_t flush_ms = flush_p2p ? std::min<int64_t>(timeout_ms_.load(), kP2PFlushMs) : 0;
+    // P2P before the fabric: its destructor fails pending sends/recvs (their
+    // Works complete with kAborted) and stops its thread. Staged sends are
+    // flushed before this rank leaves the membership, which would make the
+    // receivers drop them.
+    if (p2p_ && p2p_->onProgressThread()) {
+        // Destroyed from a P2P completion callback: the engine's progress
+        // thread is this one, so it can neither deliver staged sends nor be
+        // joined here. A reaper does both once the callback has returned;
+        // the engine keeps the fabric alive until then.
+        std::thread([p2p = std::move(p2p_), flush_ms]() mutable {
+            flushP2P(*p2p, flush_ms);
+            p2p.reset();
+        }).detach();
+    } else if (p2p_) {
+        flushP2P(*p2p_, flush_ms);
+    }
     stopControlPlane();
-    p2p_.reset();
+    withoutGil([this] { p2p_.reset(); });
     comm_ = nullptr;
     group_comm_.reset();
     solo_comm_.reset();
@@ -403,26 +468,29 @@ void MooncakeBackend::releaseCore() {
     fabric_.reset();
 }
 
+void MooncakeBackend::flushP2P(P2PEngine& p2p, int64_t flush_ms) {
+    if (flush_ms <= 0)
+        return;
+    // A completed isend is only staged; leaving now would drop it while its
+    // receiver may still be about to take it.
+    Status st = Status::OK();
+    withoutGil([&] { st = p2p.flushSends(Deadline::afterMs(flush_ms)); });
+    if (!st.ok())
+        MC_LOG(kWarn, "pg") << "shutting down with undelivered P2P sends: " << st.toString();
+}
+
 void MooncakeBackend::shutdown() {
     if (closed_.exchange(true))
         return;
     stopWorker(/*abort_pending=*/false);
-    if (p2p_) {
-        // A completed isend is only staged here; leaving now would drop it
-        // while its receiver may still be about to take it.
-        const Deadline d = Deadline::afterMs(std::min<int64_t>(timeout_ms_.load(), kP2PFlushMs));
-        Status st = p2p_->flushSends(d);
-        if (!st.ok())
-            MC_LOG(kWarn, "pg") << "shutting down with undelivered P2P sends: " << st.toString();
-    }
-    releaseCore();
+    releaseCore(/*flush_p2p=*/true);
 }
 
 void MooncakeBackend::abort() {
     if (closed_.exchange(true))
         return;
     stopWorker(/*abort_pending=*/true);
-    releaseCore();
+    releaseCore(/*flush_p2p=*/false);
 }
 
 // ---------------------------------------------------------------------------

@@ -6,7 +6,12 @@
 //     same calls in the same order anyway);
 //   * send/recv directly on the core P2PEngine, which queues them on its own
 //     progress thread, so mismatched orders across ranks cannot deadlock.
+//     After a membership change, posts wait for the P2P view on a thread of
+//     their own (the P2P poster), never behind collectives.
 // Every op returns its Work at once; only Work::wait() blocks.
+//
+// Teardown may start on one of the backend's own threads (the last reference
+// dropped in a Work's callback): see ~MooncakeBackend.
 #pragma once
 
 #include <atomic>
@@ -42,6 +47,7 @@ class SharedEngine;
 namespace control_plane {
 class CoordinatorHost;
 class MemberHost;
+struct GroupView;
 }  // namespace control_plane
 
 // "torch.float32", as Python users spell dtypes.
@@ -72,6 +78,7 @@ public:
     const std::string getBackendName() const override;
     c10::intrusive_ptr<Options> getBackendOptions() override;
     void setTimeout(std::chrono::milliseconds timeout) override;
+    int64_t timeoutMs() const { return timeout_ms_.load(); }
 
     c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                              const c10d::BroadcastOptions& opts) override;
@@ -118,6 +125,9 @@ public:
                                         int tag) override;
     c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank,
                                         int tag) override;
+    // dist.recv without src: the Work's _source_rank() names the sender.
+    c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                                 int tag) override;
 
     // Between startCoalescing and endCoalescing every op still runs as soon
     // as it is issued; endCoalescing returns one Work that completes when all
@@ -193,15 +203,39 @@ private:
     void workerLoop();
     void runTask(Task& task);
     void stopWorker(bool abort_pending);
-    void releaseCore();
+    // Stops the poster and the control plane, then flushes staged P2P sends
+    // (for up to flush_p2p's bound) and destroys the P2P engine and fabric.
+    void releaseCore(bool flush_p2p);
+    static void flushP2P(P2PEngine& p2p, int64_t flush_ms);
+    // Joins `t` without the GIL; on `t` itself, lets it go instead (the
+    // thread then returns as soon as ownerGone() says so).
+    static void joinOrRelease(std::thread& t);
+    // On one of this backend's threads: the backend was destroyed from a
+    // callback on this thread, which must not touch it again.
+    static bool ownerGone();
 
     // Queues `run` on the worker and returns its Work.
     c10::intrusive_ptr<MooncakeWork> enqueue(c10d::OpType type, const char* op_name,
                                              std::vector<at::Tensor> outputs,
                                              std::chrono::milliseconds requested_timeout,
                                              CoreOp run);
+    // `peer` < 0 (recv only): from any source.
     c10::intrusive_ptr<MooncakeWork> pointToPoint(bool is_send, std::vector<at::Tensor>& tensors,
                                                   int peer, int tag);
+    // The P2P engine's membership, applied apart from the collectives'
+    // (backend_p2p.cc). Posts go straight to the engine while its view is
+    // current; otherwise they queue, in order, for the poster thread, which
+    // applies the latest view and then posts them.
+    using P2PPost = std::function<void(Status view)>;
+    void postP2P(P2PPost post);
+    void posterLoop();
+    void stopPoster();
+    // Any thread: brings the P2P engine to the host's latest view (peers
+    // connected first); monotonic, so a late caller with an older view is a
+    // no-op. Holds view_mu_.
+    Status applyP2PView(Deadline deadline);
+    // Connects the active peers of `view` whose endpoint changed; view_mu_ held.
+    Status connectPeers(const control_plane::GroupView& view, Deadline deadline);
     // Adds `work` to the open coalescing batch, if any.
     void track(const c10::intrusive_ptr<MooncakeWork>& work);
     std::string failureMessage(const char* op_name, const Status& status) const;
@@ -263,7 +297,7 @@ private:
     std::atomic<uint64_t> latest_epoch_{0};  // the host's, set by onView
     // The data plane's; written by the worker thread only, read by P2P posts.
     std::atomic<uint64_t> applied_epoch_{0};
-    bool view_applied_ = false;              // worker thread
+    bool view_applied_ = false;  // worker thread
     std::atomic<int> usable_slots_{0};
     mutable std::mutex evidence_mu_;  // guards the two below
     bool unsynced_failure_ = false;
@@ -278,6 +312,19 @@ private:
     bool abort_pending_ = false;
     std::thread worker_;
     std::atomic<bool> closed_{false};
+
+    // Serializes connecting peers and applying views to the P2P engine
+    // (worker and poster threads).
+    std::mutex view_mu_;
+    std::atomic<uint64_t> p2p_epoch_{0};  // view_mu_ for writes
+    bool p2p_view_set_ = false;           // view_mu_
+
+    std::mutex post_mu_;  // guards the four below
+    std::condition_variable post_cv_;
+    std::deque<P2PPost> posts_;
+    bool posting_ = false;  // the poster is posting a batch: later posts queue
+    bool poster_stop_ = false;
+    std::thread poster_;
 
     std::mutex coalesce_mu_;  // guards coalescing_ and coalesced_
     bool coalescing_ = false;

@@ -27,7 +27,6 @@
 #include "mooncake-pg/core/communicator.h"
 #include "mooncake-pg/core/engine_fabric.h"
 #include "mooncake-pg/core/p2p.h"
-#include "mooncake-pg/core/pair_epoch.h"
 #include "mooncake-pg/torch/backend.h"
 #include "mooncake-pg/torch/store_adapter.h"
 #include "mooncake-transfer-engine/common/env.h"
@@ -177,31 +176,17 @@ Status MooncakeBackend::applyLatestView(Deadline deadline) {
     if (view_applied_ && view.epoch == applied_epoch_)
         return Status::OK();
     std::vector<uint8_t> active(static_cast<size_t>(max_group_size_), 0);
-    for (int r = 0; r < max_group_size_; ++r) {
-        if (!view.isActive(static_cast<uint32_t>(r)))
-            continue;
-        active[r] = 1;
-        if (r == config_.rank)
-            continue;
-        // Reserved slots filled after bootstrap, and replacements that came
-        // back with a new segment, are (re)connected before any traffic.
-        const std::string endpoint = host_->peerEndpoint(static_cast<uint32_t>(r));
-        if (endpoint.empty())
-            return Unavailable("rank " + std::to_string(r) +
-                               " is active but published no endpoint");
-        if (endpoint != fabric_->peerEndpoint(r))
-            MC_RETURN_IF_ERROR(fabric_->connectPeer(r, endpoint, deadline));
+    for (int r = 0; r < max_group_size_; ++r)
+        active[r] = view.isActive(static_cast<uint32_t>(r)) ? 1 : 0;
+    {
+        std::lock_guard<std::mutex> lock(view_mu_);
+        MC_RETURN_IF_ERROR(connectPeers(view, deadline));
     }
     const auto epoch = static_cast<uint32_t>(view.epoch & kEpochMask);
     MC_RETURN_IF_ERROR(group_comm_->setMembership(active, epoch));
-    // Collectives restart on every epoch; a P2P pair only when one of its
-    // two ranks was (re)activated since, which both ranks read alike from
-    // the view whichever views in between they skipped.
-    std::vector<uint64_t> since;
-    for (const auto& slot : view.slots)
-        since.push_back(slot.active_since);
-    Status p2p = p2p_->setMembership(active, pairEpochs(static_cast<uint32_t>(config_.rank), since,
-                                                        static_cast<size_t>(max_group_size_)));
+    // P2P follows on its own (backend_p2p.cc); bringing it along here saves
+    // the next post the detour through the poster.
+    Status p2p = applyP2PView(deadline);
     if (!p2p.ok())
         MC_LOG(kWarn, "pg") << "P2P membership of epoch " << view.epoch << ": " << p2p.toString();
     comm_ = active[config_.rank] != 0 ? group_comm_.get() : solo_comm_.get();

@@ -1,5 +1,6 @@
 // MooncakeBackend's point-to-point ops (send/recv on the P2P engine) and
 // coalescing (batch_isend_irecv, _coalescing_manager).
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -8,8 +9,11 @@
 #include <c10/util/Exception.h>
 
 #include "mooncake-pg/control_plane/member_host.h"
+#include "mooncake-pg/core/engine_fabric.h"
 #include "mooncake-pg/core/p2p.h"
+#include "mooncake-pg/core/pair_epoch.h"
 #include "mooncake-pg/torch/backend.h"
+#include "mooncake-transfer-engine/common/logging.h"
 
 namespace mooncake::pg {
 // ---------------------------------------------------------------------------
@@ -95,15 +99,23 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::recv(std::vector<at::Tensor>& te
     return pointToPoint(/*is_send=*/false, tensors, src_rank, tag);
 }
 
+c10::intrusive_ptr<c10d::Work> MooncakeBackend::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                              int tag) {
+    return pointToPoint(/*is_send=*/false, tensors, /*peer=*/-1, tag);
+}
+
 c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
                                                                std::vector<at::Tensor>& tensors,
                                                                int peer, int tag) {
+    const bool any_source = peer < 0;
     const char* op = is_send ? "send" : "recv";
     checkOpen(op);
     checkSingle(tensors, op);
-    checkRank(peer, op, is_send ? "dst" : "src");
-    TORCH_CHECK(peer != config_.rank, "Mooncake PG: ", op, " with peer ", peer,
-                ", which is this rank; send/recv to self is not supported");
+    if (!any_source) {
+        checkRank(peer, op, is_send ? "dst" : "src");
+        TORCH_CHECK(peer != config_.rank, "Mooncake PG: ", op, " with peer ", peer,
+                    ", which is this rank; send/recv to self is not supported");
+    }
     const at::Tensor user = tensors[0];
     checkTensor(user, op, "tensor");
     checkDtype(user, op, "tensor");
@@ -114,14 +126,19 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
     if (!user.is_contiguous()) {
         buffer = is_send ? user.contiguous() : at::empty_like(user, at::MemoryFormat::Contiguous);
     }
-    auto work =
-        c10::make_intrusive<MooncakeWork>(rank_, is_send ? c10d::OpType::SEND : c10d::OpType::RECV,
-                                          std::vector<at::Tensor>{user}, max_group_size_);
-    const std::string context = "Mooncake PG: " + std::string(op) + (is_send ? " to" : " from") +
-                                " rank " + std::to_string(peer) + " (tag " + std::to_string(tag) +
-                                ") on rank " + std::to_string(config_.rank) + " of group '" +
-                                config_.group_name + "' failed: ";
-    auto done = [work, user, buffer, context, is_send, peer](Status status) {
+    const c10d::OpType type = is_send      ? c10d::OpType::SEND
+                              : any_source ? c10d::OpType::RECVANYSOURCE
+                                           : c10d::OpType::RECV;
+    auto work = c10::make_intrusive<MooncakeWork>(rank_, type, std::vector<at::Tensor>{user},
+                                                  max_group_size_);
+    const auto timeout = opTimeout(c10d::kUnsetTimeout);
+    const std::string who = any_source ? std::string("any rank") : "rank " + std::to_string(peer);
+    const std::string context = "Mooncake PG: " + std::string(op) + (is_send ? " to " : " from ") +
+                                who + " (tag " + std::to_string(tag) + ") on rank " +
+                                std::to_string(config_.rank) + " of group '" + config_.group_name +
+                                "' (" + getBackendName() + ", timeout " +
+                                std::to_string(timeout.count()) + " ms) failed: ";
+    auto done = [work, user, buffer, context, is_send](Status status, int source) {
         if (status.ok() && !is_send && !buffer.is_same(user)) {
             try {
                 at::NoGradGuard no_grad;
@@ -130,13 +147,16 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
                 status = Internal(std::string("copying into the recv tensor: ") + e.what());
             }
         }
+        if (!is_send && source >= 0)
+            work->setSourceRank(source);
         if (status.ok()) {
             work->markSucceeded();
             return;
         }
         std::vector<int> failed;
-        if (status.code() == StatusCode::kTimeout || status.code() == StatusCode::kPeerFailure) {
-            failed.push_back(peer);
+        if (source >= 0 &&
+            (status.code() == StatusCode::kTimeout || status.code() == StatusCode::kPeerFailure)) {
+            failed.push_back(source);
         }
         std::string text = context + status.toString();
         if (status.code() == StatusCode::kInvalidArgument) {
@@ -144,23 +164,137 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
         }
         work->markFailed(text, failed);
     };
-    const Deadline deadline = Deadline::after(opTimeout(c10d::kUnsetTimeout));
+    const Deadline deadline = Deadline::after(timeout);
     const size_t bytes = static_cast<size_t>(buffer.numel()) * buffer.element_size();
-    // A view committed since the data plane last switched (a join, say) is
-    // applied first, so P2P with a rank get_active_ranks already shows as
-    // active works. It waits for the worker's queue, only right after a view
-    // change.
-    Status posted = Status::OK();
-    if (host_ && latest_epoch_.load() != applied_epoch_.load())
-        posted = applyViewOnWorker(op, deadline);
-    if (posted.ok())
-        posted = is_send ? p2p_->send(buffer.data_ptr(), bytes, peer, tag, deadline, done)
-                         : p2p_->recv(buffer.data_ptr(), bytes, peer, tag, deadline, done);
-    // A refused post never calls `done`.
-    if (!posted.ok())
-        work->markFailed(context + posted.toString(), {});
+    void* data = buffer.data_ptr();
+    P2PEngine* engine = p2p_.get();
+    // `view` is the outcome of bringing the engine to the latest view; a
+    // refused post never calls `done`.
+    postP2P([=](Status view) {
+        Status posted = view;
+        if (posted.ok()) {
+            if (is_send) {
+                posted = engine->send(data, bytes, peer, tag, deadline,
+                                      [done, peer](Status st) { done(std::move(st), peer); });
+            } else if (any_source) {
+                posted = engine->recvAny(data, bytes, tag, deadline, done);
+            } else {
+                posted = engine->recv(data, bytes, peer, tag, deadline,
+                                      [done, peer](Status st) { done(std::move(st), peer); });
+            }
+        }
+        if (!posted.ok())
+            work->markFailed(context + posted.toString(), {});
+    });
     track(work);
     return work;
+}
+
+// ---------------------------------------------------------------------------
+// The P2P view and the poster thread.
+
+void MooncakeBackend::postP2P(P2PPost post) {
+    bool refused = false;
+    {
+        std::lock_guard<std::mutex> lock(post_mu_);
+        // A view committed since the engine last switched (a join, say) is
+        // applied first, so P2P with a rank get_active_ranks already shows
+        // as active works; posts behind queued ones queue too, in order.
+        const bool stale = host_ && latest_epoch_.load() != p2p_epoch_.load();
+        if (stale || posting_ || !posts_.empty()) {
+            if (!poster_stop_) {
+                posts_.push_back(std::move(post));
+                post_cv_.notify_one();
+                return;
+            }
+            refused = true;
+        }
+    }
+    // Outside the lock: a refused post completes its Work, whose callbacks
+    // may post again.
+    post(refused ? Aborted("the group was shut down") : Status::OK());
+}
+
+void MooncakeBackend::posterLoop() {
+    std::unique_lock<std::mutex> lock(post_mu_);
+    while (true) {
+        post_cv_.wait(lock, [this] { return poster_stop_ || !posts_.empty(); });
+        if (posts_.empty())
+            return;  // stopping, nothing left
+        std::deque<P2PPost> batch;
+        batch.swap(posts_);
+        posting_ = true;
+        lock.unlock();
+        Status view = applyP2PView(Deadline::afterMs(timeout_ms_.load()));
+        if (!view.ok()) {
+            view = view.withContext("applying membership epoch " +
+                                    std::to_string(latest_epoch_.load()) + " to P2P");
+        }
+        for (size_t i = 0; i < batch.size(); ++i) {
+            batch[i](view);
+            if (!ownerGone())
+                continue;
+            // A completion callback dropped the last reference to the
+            // backend, which let this thread go (stopPoster): the engine is
+            // gone, so the rest are refused.
+            for (size_t k = i + 1; k < batch.size(); ++k)
+                batch[k](Aborted("the group was destroyed"));
+            return;
+        }
+        lock.lock();
+        posting_ = false;
+    }
+}
+
+void MooncakeBackend::stopPoster() {
+    {
+        std::lock_guard<std::mutex> lock(post_mu_);
+        poster_stop_ = true;
+    }
+    post_cv_.notify_all();
+    joinOrRelease(poster_);
+}
+
+Status MooncakeBackend::connectPeers(const control_plane::GroupView& view, Deadline deadline) {
+    for (int r = 0; r < max_group_size_; ++r) {
+        if (r == config_.rank || !view.isActive(static_cast<uint32_t>(r)))
+            continue;
+        // Reserved slots filled after bootstrap, and replacements that came
+        // back with a new segment, are (re)connected before any traffic.
+        const std::string endpoint = host_->peerEndpoint(static_cast<uint32_t>(r));
+        if (endpoint.empty())
+            return Unavailable("rank " + std::to_string(r) +
+                               " is active but published no endpoint");
+        if (endpoint != fabric_->peerEndpoint(r))
+            MC_RETURN_IF_ERROR(fabric_->connectPeer(r, endpoint, deadline));
+    }
+    return Status::OK();
+}
+
+Status MooncakeBackend::applyP2PView(Deadline deadline) {
+    if (!host_)
+        return Status::OK();
+    std::lock_guard<std::mutex> lock(view_mu_);
+    const control_plane::GroupView view = host_->view();
+    if (p2p_view_set_ && view.epoch <= p2p_epoch_.load())
+        return Status::OK();
+    MC_RETURN_IF_ERROR(connectPeers(view, deadline));
+    std::vector<uint8_t> active(static_cast<size_t>(max_group_size_), 0);
+    for (int r = 0; r < max_group_size_; ++r)
+        active[r] = view.isActive(static_cast<uint32_t>(r)) ? 1 : 0;
+    // A pair restarts only when one of its two ranks was (re)activated
+    // since, which both ranks read alike from the view whichever views in
+    // between they skipped.
+    std::vector<uint64_t> since;
+    for (const auto& slot : view.slots)
+        since.push_back(slot.active_since);
+    Status st = p2p_->setMembership(active, pairEpochs(static_cast<uint32_t>(config_.rank), since,
+                                                       static_cast<size_t>(max_group_size_)));
+    if (!st.ok())
+        MC_LOG(kWarn, "pg") << "P2P membership of epoch " << view.epoch << ": " << st.toString();
+    p2p_epoch_.store(view.epoch);
+    p2p_view_set_ = true;
+    return Status::OK();
 }
 
 }  // namespace mooncake::pg

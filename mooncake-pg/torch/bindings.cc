@@ -52,10 +52,12 @@ c10::intrusive_ptr<MooncakeBackend> backendOf(const py::handle& group, const cha
         return group.cast<c10::intrusive_ptr<MooncakeBackend>>();
     }
     if (py::isinstance<c10d::ProcessGroup>(group)) {
+        // A group of several backends ("cpu:mooncake-cpu,cuda:nccl") holds
+        // ours for one device type.
         auto pg = group.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
-        if (pg->hasBackends()) {
-            auto b = c10::dynamic_intrusive_pointer_cast<MooncakeBackend>(
-                pg->getBackend(c10::DeviceType::CPU));
+        for (const c10::Device& device : pg->getDeviceTypes()) {
+            auto b =
+                c10::dynamic_intrusive_pointer_cast<MooncakeBackend>(pg->getBackend(device.type()));
             if (b)
                 return b;
         }
@@ -153,7 +155,15 @@ Forms (seed API):
              "names the rank. Evidence, not a verdict.");
 
     py::class_<MooncakeBackend, c10::intrusive_ptr<MooncakeBackend>, c10d::Backend>(
-        m, "MooncakeBackend");
+        m, "MooncakeBackend")
+        .def_property_readonly(
+            "timeout",
+            [](const MooncakeBackend& b) {
+                return py::module_::import("datetime")
+                    .attr("timedelta")(py::arg("milliseconds") = b.timeoutMs());
+            },
+            "The timeout later ops run under (init's timeout=, MC_PG_TIMEOUT_MS, or "
+            "set_timeout()), as a datetime.timedelta.");
 
     py::class_<MooncakeProcessGroup, c10::intrusive_ptr<MooncakeProcessGroup>, c10d::ProcessGroup>(
         m, "MooncakeProcessGroup")
@@ -257,6 +267,9 @@ Forms (seed API):
             return backendOf(group, "get_preferred_hca")->preferredHca();
         },
         py::arg("backend"));
+    m.def(
+        "backend_of", [](const py::handle& group) { return backendOf(group, "backend_of"); },
+        py::arg("group"), "The MooncakeBackend behind a Mooncake process group.");
     m.def(
         "get_active_ranks",
         [](const py::handle& group) { return backendOf(group, "get_active_ranks")->activeRanks(); },

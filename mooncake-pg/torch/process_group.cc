@@ -35,28 +35,35 @@ std::string describeTensor(const at::Tensor& t) {
     return os.str();
 }
 
+// torch hands the creator a timeout whether or not the user passed one:
+// init_process_group/new_group substitute their default (30 min for every
+// backend but nccl) for an omitted one. So that value stands for "not
+// given", and only then does MC_PG_TIMEOUT_MS, an environment default,
+// apply; an explicit timeout=, of any other value, wins.
+std::chrono::milliseconds resolveTimeout(std::chrono::milliseconds given) {
+    const bool defaulted = given.count() <= 0 || given == kBackendDefaultTimeout;
+    if (defaulted && envTimeoutMs() > 0)
+        return std::chrono::milliseconds(envTimeoutMs());
+    return given.count() > 0 ? given : kBackendDefaultTimeout;
+}
+
 // Tensors may only be on devices whose c10d kernels reach the backend; the
-// backend itself explains CUDA tensors.
-void screen(const at::Tensor& t, const char* op) {
+// backend itself explains CUDA tensors. `backend` names the group's backend.
+void screen(const at::Tensor& t, const char* op, const std::string& backend) {
     TORCH_CHECK(!t.defined() || t.is_cpu() || t.is_cuda(), "Mooncake PG: ", op,
-                ": a tensor is on device ", t.device().str(),
-                "; expected CPU tensors (backend 'mooncake-cpu')");
+                ": a tensor is on device ", t.device().str(), "; backend '", backend, "' takes CPU",
+                backend == "mooncake" ? " or CUDA" : "", " tensors");
 }
 
-void screen(const std::vector<at::Tensor>& tensors, const char* op) {
+void screen(const std::vector<at::Tensor>& tensors, const char* op, const std::string& backend) {
     for (const auto& t : tensors)
-        screen(t, op);
+        screen(t, op, backend);
 }
 
-void screen(const std::vector<std::vector<at::Tensor>>& lists, const char* op) {
+void screen(const std::vector<std::vector<at::Tensor>>& lists, const char* op,
+            const std::string& backend) {
     for (const auto& list : lists)
-        screen(list, op);
-}
-
-// Screens each argument (a tensor, a list or a list of lists) of `op`, in order.
-template <typename... Args>
-void screenAll(const char* op, const Args&... args) {
-    (screen(args, op), ...);
+        screen(list, op, backend);
 }
 
 }  // namespace
@@ -115,6 +122,12 @@ int MooncakeProcessGroup::getSize() const {
 
 const std::string MooncakeProcessGroup::getBackendName() const {
     return backend_->getBackendName();
+}
+
+template <typename... Args>
+void MooncakeProcessGroup::screenAll(const char* op, const Args&... args) const {
+    const std::string backend = backend_->getBackendName();
+    (screen(args, op, backend), ...);
 }
 
 using PG = MooncakeProcessGroup;
@@ -232,12 +245,8 @@ c10::intrusive_ptr<MooncakeProcessGroup> createMooncakeProcessGroup(
     config.size = dist_options.group_size;
     config.is_cuda = is_cuda;
     config.group_name = dist_options.group_id;
-    if (envTimeoutMs() > 0) {
-        config.timeout = std::chrono::milliseconds(envTimeoutMs());
-    } else {
-        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(dist_options.timeout);
-        config.timeout = ms.count() > 0 ? ms : kBackendDefaultTimeout;
-    }
+    config.timeout =
+        resolveTimeout(std::chrono::duration_cast<std::chrono::milliseconds>(dist_options.timeout));
     {
         HostSettings& s = hostSettings();
         std::lock_guard<std::mutex> lock(s.mu);

@@ -69,6 +69,11 @@ public:
     const c10::intrusive_ptr<MooncakeBackend>& mooncakeBackend() const { return backend_; }
 
 private:
+    // Screens each argument (a tensor, a list or a list of lists) of `op`,
+    // in order; defined in process_group.cc, its only user.
+    template <typename... Args>
+    void screenAll(const char* op, const Args&... args) const;
+
     c10::intrusive_ptr<MooncakeBackend> backend_;
 };
 

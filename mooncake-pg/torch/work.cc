@@ -74,6 +74,13 @@ c10::intrusive_ptr<c10::ivalue::Future> MooncakeWork::getFuture() {
     return future_;
 }
 
+int MooncakeWork::sourceRank() const {
+    const int source = source_rank_.load();
+    TORCH_CHECK(source >= 0, "Mooncake PG: _source_rank() of a ", c10d::opTypeToString(opType_),
+                " Work: only a completed recv has a source rank");
+    return source;
+}
+
 bool MooncakeWork::localSuccess() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return local_success_;

@@ -42,6 +42,13 @@ public:
     void abort() override;
     c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
+    // The rank a recv received from (torch's Work._source_rank()): its peer,
+    // or for recv from any source the rank whose message it took. Throws
+    // for other ops and for an any-source recv that took no message.
+    int sourceRank() const override;
+    // Set before the Work completes.
+    void setSourceRank(int rank) { source_rank_.store(rank); }
+
     // Whether the op completed every transfer at this rank (false while pending).
     bool localSuccess() const;
     // int32 CPU tensor, one entry per rank slot: 1 where the core named the
@@ -65,6 +72,7 @@ private:
 
     const std::vector<at::Tensor> outputs_;
     const int hint_size_;
+    std::atomic<int> source_rank_{-1};
     const c10::intrusive_ptr<c10::ivalue::Future> future_;
     // Mirrors Work::completed_ for wait()'s polling, which must not take
     // mutex_ (the completing thread needs it). Set under mutex_ after

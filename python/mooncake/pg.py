@@ -49,9 +49,60 @@ _BACKENDS = {
 }
 
 
-def _make_creator(is_cuda):
+def _device_backend_map():
+    """The {device: backend} map of the init_process_group/new_group call in progress.
+
+    torch does not hand it to the creator; it is a local of the torch
+    function that calls the creator. None when that frame is not found.
+    """
+    import sys
+
+    frame = sys._getframe(1)
+    for _ in range(8):
+        if frame is None or frame.f_code.co_name == "_new_process_group_helper":
+            break
+        frame = frame.f_back
+    if frame is None or frame.f_code.co_name != "_new_process_group_helper":
+        return None
+    config = frame.f_locals.get("backend_config")
+    if config is None or not hasattr(config, "get_device_backend_map"):
+        return None
+    return {str(d): str(b).lower() for d, b in config.get_device_backend_map().items()}
+
+
+def _mixed_with(own, pg_options):
+    """Whether this group also routes a device to a backend other than ``own``.
+
+    torch takes a ProcessGroup returned by a creator as the whole group and
+    creates no backend for the other devices, so with a device string such
+    as "cpu:mooncake-cpu,cuda:nccl" the creator returns the bare backend for
+    torch to register beside the others. Such a group keeps its creation
+    size (torch's ProcessGroup), so elastic membership is refused there.
+    """
+    mapping = _device_backend_map()
+    if mapping is None or set(mapping.values()) == {own}:
+        return False
+    spelled = ",".join(f"{d}:{b}" for d, b in mapping.items())
+    if set(mapping.values()) <= set(_BACKENDS):
+        raise ValueError(
+            f"Mooncake PG: backend='{spelled}' maps devices to both mooncake backends; "
+            "write backend='mooncake' instead (it takes CPU and CUDA tensors)")
+    if pg_options is not None and isinstance(pg_options, MooncakeBackendOptions) and (
+            pg_options.is_extension or pg_options.max_group_size is not None):
+        raise ValueError(
+            f"Mooncake PG: backend='{spelled}' cannot grow (max_group_size/is_extension in "
+            f"pg_options): with several backends torch fixes the group's size. Use "
+            f"backend='{own}' alone for elastic membership")
+    return True
+
+
+def _make_creator(name, is_cuda):
     def create(dist_backend_opts, pg_options):
-        return _lib.createMooncakeBackend(dist_backend_opts, pg_options, is_cuda)
+        mixed = _mixed_with(name, pg_options)
+        group = _lib.createMooncakeBackend(dist_backend_opts, pg_options, is_cuda)
+        if mixed:
+            return _lib.backend_of(group)
+        return group
 
     # Marks creators as ours, so a re-import recognises its own registration.
     create._mooncake_pg = True
@@ -73,11 +124,104 @@ def _register_backends():
                 )
             continue
         dist.Backend.register_backend(
-            name, _make_creator(is_cuda), extended_api=True, devices=devices
+            name, _make_creator(name, is_cuda), extended_api=True, devices=devices
         )
 
 
 _register_backends()
+
+
+class _LiveGroupRanks(dict):
+    """A Mooncake group's {global rank: group rank} map that follows its size.
+
+    torch records the map once, at creation; a Mooncake group grows when
+    ranks join or are activated, and get_process_group_ranks,
+    get_global_rank and get_group_rank read this map. Every read re-derives
+    it from the group's current size: an identity map (the default group)
+    covers range(size); another map keeps its entries whose group rank is
+    below the size.
+    """
+
+    def __init__(self, group, ranks):
+        super().__init__(ranks)
+        import weakref
+
+        self._group = weakref.ref(group)
+        self._base = dict(ranks)
+        self._identity = all(g == r for g, r in self._base.items()) and sorted(
+            self._base) == list(range(len(self._base)))
+
+    def _refresh(self):
+        group = self._group()
+        if group is None:
+            return
+        size = group.size()
+        if self._identity:
+            current = {r: r for r in range(size)}
+        else:
+            current = {g: r for g, r in self._base.items() if r < size}
+        if dict.__len__(self) != len(current) or dict.items(self) != current.items():
+            dict.clear(self)
+            dict.update(self, current)
+
+    def __getitem__(self, key):
+        self._refresh()
+        return super().__getitem__(key)
+
+    def __contains__(self, key):
+        self._refresh()
+        return super().__contains__(key)
+
+    def __iter__(self):
+        self._refresh()
+        return super().__iter__()
+
+    def __len__(self):
+        self._refresh()
+        return super().__len__()
+
+    def __repr__(self):
+        self._refresh()
+        return super().__repr__()
+
+    def get(self, key, default=None):
+        self._refresh()
+        return super().get(key, default)
+
+    def keys(self):
+        self._refresh()
+        return super().keys()
+
+    def values(self):
+        self._refresh()
+        return super().values()
+
+    def items(self):
+        self._refresh()
+        return super().items()
+
+
+class _GroupRanksRegistry(dict):
+    """torch's registry of group rank maps, wrapping those of Mooncake groups."""
+
+    def __setitem__(self, group, ranks):
+        if isinstance(group, MooncakeProcessGroup) and not isinstance(ranks, _LiveGroupRanks):
+            ranks = _LiveGroupRanks(group, ranks)
+        super().__setitem__(group, ranks)
+
+
+def _install_group_ranks_registry():
+    c10d = dist.distributed_c10d
+    current = getattr(c10d, "_pg_group_ranks", None)
+    if isinstance(current, _GroupRanksRegistry) or not isinstance(current, dict):
+        return
+    registry = _GroupRanksRegistry()
+    for group, ranks in current.items():
+        registry[group] = ranks
+    c10d._pg_group_ranks = registry
+
+
+_install_group_ranks_registry()
 
 
 def set_host_ip(host_ip):

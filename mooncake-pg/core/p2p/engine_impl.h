@@ -38,6 +38,21 @@ struct OutMsg {
     std::vector<int32_t> slot;
 };
 
+struct InRecv;
+
+// An any-source recv (P2PEngine::recvAny) until a sender wins it: one
+// reservation entry (an InRecv with `any` set) per peer that was active when
+// it was posted. The first offer read converts that peer's entry into an
+// ordinary recv and cancels the others.
+struct AnyRecv {
+    int tag = 0;
+    size_t bytes = 0;
+    Deadline deadline = Deadline::never();
+    P2PEngine::AnyCallback done;  // empty once handed on or fired
+    bool resolved = false;        // won, timed out or failed
+    std::vector<std::shared_ptr<InRecv>> entries;
+};
+
 // A posted recv, from post until completed or failed.
 struct InRecv {
     uint64_t id = 0;
@@ -51,6 +66,10 @@ struct InRecv {
     uint32_t credited = 0;  // credits granted
     uint32_t received = 0;  // chunks copied out
     bool finished = false;  // completed or failed; late acks only free chunks
+    // Set while this is an any-source reservation entry (chunks == 1 then).
+    std::shared_ptr<AnyRecv> any;
+    bool reserved = false;    // the reservation credit was written
+    bool cancel_due = false;  // `any` was resolved elsewhere: withdraw it
 };
 
 // A credit this rank granted and has not seen acknowledged.
@@ -78,6 +97,9 @@ struct SendTag {
     // are answered with this status and no data.
     uint32_t bound_status = kAckOk;
     uint64_t bound_sender_bytes = 0;
+    // msgs.front() was offered to reservation bound_id and the receiver has
+    // not yet picked (data credits) or withdrawn it (cancel).
+    bool offered = false;
 };
 
 struct PeerState {
@@ -102,6 +124,10 @@ struct PeerState {
     uint64_t credits_issued = 0;
     uint64_t acks_read = 0;
     uint64_t next_recv_id = 1;
+    // Ring slots kept free for the cancels that written reservations may
+    // need, so a ring full of reservations can always be withdrawn:
+    // credits_issued - acks_read + cancel_reserved <= ring_slots.
+    uint64_t cancel_reserved = 0;
     // Granted, not yet acknowledged; keyed by credit sequence (acks come back
     // in any order across tags, so a ring index would alias a live record).
     std::unordered_map<uint64_t, CreditRecord> records;
@@ -117,6 +143,7 @@ public:
 
     Status send(const void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done);
     Status recv(void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done);
+    Status recvAny(void* buf, size_t bytes, int tag, Deadline deadline, AnyCallback done);
     Status setMembership(const std::vector<uint8_t>& active,
                          const std::vector<uint64_t>& pair_epoch);
     Status setEpoch(uint64_t epoch, const std::vector<uint8_t>* active);
@@ -125,6 +152,7 @@ public:
                            const std::vector<uint64_t>& pair_epoch);
     P2PStats stats() const;
     Status flushSends(Deadline deadline);
+    bool onProgressThread() const { return thread_.get_id() == std::this_thread::get_id(); }
     // Sends not yet delivered to peers that can still take them; mu_ held.
     size_t undeliveredSendsLocked() const;
 
@@ -164,6 +192,19 @@ private:
     Status readAcks(int peer, p2p::PeerState& ps, bool* progressed);
     Status issueCredits(int peer, p2p::PeerState& ps, bool* progressed);
     void finishRecv(p2p::PeerState& ps, std::shared_ptr<p2p::InRecv> r, Status status);
+    // Writes one credit of `kind` for `r` (a data credit for its next chunk).
+    Status grant(int peer, p2p::PeerState& ps, const std::shared_ptr<p2p::InRecv>& r, uint32_t kind,
+                 int32_t chunk, uint64_t length);
+    // p2p_any_source.cc: any-source recvs.
+    // An offer from `peer` for reservation entry `r`.
+    void takeOffer(int peer, p2p::PeerState& ps, const std::shared_ptr<p2p::InRecv>& r);
+    // Completes `any` with `status` (no source) and withdraws its entries.
+    void resolveAny(const std::shared_ptr<p2p::AnyRecv>& any, const Status& status);
+    // The pair with the reservation's peer was reset: forgets `r`, and fails
+    // its recv once no peer is left for it.
+    void dropReservation(const std::shared_ptr<p2p::InRecv>& r, const Status& status);
+    // Sender side: a cancel credit read from `peer`.
+    Status takeCancel(int peer, p2p::PeerState& ps, const p2p::Credit& c);
 
     std::shared_ptr<Fabric> fabric_;
     const P2POptions options_;

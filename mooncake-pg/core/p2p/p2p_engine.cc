@@ -88,6 +88,7 @@ void P2PEngine::Impl::resetPeer(PeerState& ps) {
     ps.credits_issued = 0;
     ps.acks_read = 0;
     ps.next_recv_id = 1;
+    ps.cancel_reserved = 0;
     ps.records.clear();
     ps.recvs.clear();
 }
@@ -293,9 +294,14 @@ Status P2PEngine::Impl::setEpoch(uint64_t epoch, const std::vector<uint8_t>* act
 
 void P2PEngine::Impl::failPeer(int peer, const Status& status, bool broken) {
     PeerState& ps = peers_[peer];
-    for (auto& r : ps.recvs) {
+    // Moved out first: dropReservation may complete an any-source recv.
+    auto recvs = std::move(ps.recvs);
+    ps.recvs.clear();
+    for (auto& r : recvs) {
         r->finished = true;
         complete(r->done, status);
+        if (r->any)
+            dropReservation(r, status);
     }
     for (auto& [tag, t] : ps.tags) {
         for (auto& m : t.msgs) {
@@ -319,6 +325,16 @@ void P2PEngine::Impl::checkDeadlines(int peer, PeerState& ps, Clock::time_point 
     for (size_t i = 0; i < ps.recvs.size();) {
         auto r = ps.recvs[i];
         if (r->deadline.at() > now) {
+            ++i;
+            continue;
+        }
+        if (r->any) {
+            // Withdrawn from every candidate peer by issueCredits.
+            if (!r->cancel_due) {
+                resolveAny(r->any, Timeout("recv of " + std::to_string(r->bytes) +
+                                           " bytes from any rank (tag " + std::to_string(r->tag) +
+                                           "): no sender offered a message"));
+            }
             ++i;
             continue;
         }
@@ -438,7 +454,17 @@ size_t P2PEngine::windowBytesFor(int size, const P2POptions& options) {
 P2PEngine::P2PEngine(std::shared_ptr<Fabric> fabric, P2POptions options)
     : impl_(std::make_unique<Impl>(std::move(fabric), options)) {}
 
-P2PEngine::~P2PEngine() = default;
+P2PEngine::~P2PEngine() {
+    if (impl_ && impl_->onProgressThread()) {
+        // Joining would be this thread joining itself; the Impl stays alive
+        // (its thread returns into it) until a thread of its own destroys it.
+        std::thread([impl = std::move(impl_)]() mutable { impl.reset(); }).detach();
+    }
+}
+
+bool P2PEngine::onProgressThread() const {
+    return impl_->onProgressThread();
+}
 
 Status P2PEngine::send(const void* buf, size_t bytes, int peer, int tag, Deadline deadline,
                        Callback done) {
@@ -448,6 +474,10 @@ Status P2PEngine::send(const void* buf, size_t bytes, int peer, int tag, Deadlin
 Status P2PEngine::recv(void* buf, size_t bytes, int peer, int tag, Deadline deadline,
                        Callback done) {
     return impl_->recv(buf, bytes, peer, tag, deadline, std::move(done));
+}
+
+Status P2PEngine::recvAny(void* buf, size_t bytes, int tag, Deadline deadline, AnyCallback done) {
+    return impl_->recvAny(buf, bytes, tag, deadline, std::move(done));
 }
 
 Status P2PEngine::setMembership(const std::vector<uint8_t>& active,

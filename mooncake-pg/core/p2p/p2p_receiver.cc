@@ -50,7 +50,15 @@ Status P2PEngine::Impl::readAcks(int peer, PeerState& ps, bool* progressed) {
         CreditRecord rec = std::move(found->second);
         ps.records.erase(found);
         std::shared_ptr<InRecv> r = std::move(rec.recv);
-        if (!r->finished) {
+        const bool reservation_answer = a.status == p2p::kAckOffer ||
+                                        a.status == p2p::kAckWithdrawn ||
+                                        a.status == p2p::kAckCancelled;
+        if (reservation_answer) {
+            // Withdrawn and cancelled only settle ring slots; an offer
+            // counts only while its recv is still up for grabs.
+            if (a.status == p2p::kAckOffer && !r->finished && r->any && !r->cancel_due)
+                takeOffer(peer, ps, r);
+        } else if (!r->finished) {
             if (a.status == p2p::kAckSizeMismatch || a.message_bytes != r->bytes) {
                 finishRecv(
                     ps, r,
@@ -89,25 +97,76 @@ Status P2PEngine::Impl::readAcks(int peer, PeerState& ps, bool* progressed) {
     return fabric_->putFlag(peer, layout_.cursor(rank_), p2p::cursorWord(ps.epoch, ps.acks_read));
 }
 
+Status P2PEngine::Impl::grant(int peer, PeerState& ps, const std::shared_ptr<InRecv>& r,
+                              uint32_t kind, int32_t chunk, uint64_t length) {
+    const uint64_t seq = ps.credits_issued;
+    p2p::CreditSlot s{};
+    s.header = s.footer = p2p::slotToken(ps.epoch, seq);
+    s.recv_id = r->id;
+    s.tag = r->tag;
+    s.kind = kind;
+    s.pool_offset = chunk >= 0 ? ps.recv_pool.offsetOf(static_cast<uint32_t>(chunk)) : 0;
+    s.length = length;
+    s.message_offset = kind == p2p::kCreditData ? uint64_t{r->credited} * options_.chunk_bytes : 0;
+    s.message_bytes = r->bytes;
+    CreditRecord& rec = ps.records[seq];
+    rec.recv = r;
+    rec.chunk = chunk;
+    rec.offset = s.message_offset;
+    rec.length = length;
+    ++ps.credits_issued;
+    return p2p::writeSlot(*fabric_, peer, layout_.creditIn(rank_, seq),
+                          window_ + layout_.creditOut(peer, seq), s);
+}
+
 Status P2PEngine::Impl::issueCredits(int peer, PeerState& ps, bool* progressed) {
     const uint64_t ring = static_cast<uint64_t>(options_.ring_slots);
+    // Whether `slots` more credits fit beside the outstanding ones and the
+    // slots kept for cancels.
+    auto room = [&](uint64_t slots) {
+        return ps.credits_issued - ps.acks_read + ps.cancel_reserved + slots <= ring;
+    };
     // Per (peer, tag) the sender binds credits to messages by recv id, in
     // order; so a recv only gets credits once every earlier recv on its tag
-    // has all of its own. Tags whose head recv is still waiting for credits
-    // are collected here.
+    // has all of its own (an any-source reservation: once it is matched).
+    // Tags whose head recv is still waiting are collected here.
     std::vector<int> blocked;
     auto is_blocked = [&](int tag) {
         return std::find(blocked.begin(), blocked.end(), tag) != blocked.end();
     };
-    // Iterate by index: a grant never removes a recv from ps.recvs.
-    for (size_t i = 0; i < ps.recvs.size(); ++i) {
-        InRecv& r = *ps.recvs[i];
-        if (r.credited == r.chunks)
+    for (size_t i = 0; i < ps.recvs.size();) {
+        std::shared_ptr<InRecv> rp = ps.recvs[i];
+        InRecv& r = *rp;
+        if (r.any) {
+            if (r.cancel_due) {
+                // Written before any later credit on the tag, so the sender
+                // unbinds its message before it could bind it to a later recv.
+                if (r.reserved) {
+                    MC_RETURN_IF_ERROR(grant(peer, ps, rp, p2p::kCreditCancel, -1, 0));
+                    --ps.cancel_reserved;  // the slot kept for it is now in use
+                }
+                finishRecv(ps, rp, Status::OK());  // removes it from ps.recvs
+                *progressed = true;
+                continue;
+            }
+            if (!r.reserved && !is_blocked(r.tag)) {
+                if (!room(2))
+                    return Status::OK();
+                MC_RETURN_IF_ERROR(grant(peer, ps, rp, p2p::kCreditReserve, -1, 0));
+                ++ps.cancel_reserved;
+                r.reserved = true;
+                *progressed = true;
+            }
+            blocked.push_back(r.tag);
+            ++i;
             continue;
-        if (is_blocked(r.tag))
+        }
+        if (r.credited == r.chunks || is_blocked(r.tag)) {
+            ++i;
             continue;
+        }
         while (r.credited < r.chunks) {
-            if (ps.credits_issued - ps.acks_read >= ring)
+            if (!room(1))
                 return Status::OK();
             uint64_t length = chunkLength(r.bytes, r.credited);
             int32_t chunk = -1;
@@ -117,28 +176,13 @@ Status P2PEngine::Impl::issueCredits(int peer, PeerState& ps, bool* progressed) 
                     break;
                 chunk = static_cast<int32_t>(*c);
             }
-            uint64_t seq = ps.credits_issued;
-            p2p::CreditSlot s{};
-            s.header = s.footer = p2p::slotToken(ps.epoch, seq);
-            s.recv_id = r.id;
-            s.tag = r.tag;
-            s.pool_offset = chunk >= 0 ? ps.recv_pool.offsetOf(static_cast<uint32_t>(chunk)) : 0;
-            s.length = length;
-            s.message_offset = uint64_t{r.credited} * options_.chunk_bytes;
-            s.message_bytes = r.bytes;
-            CreditRecord& rec = ps.records[seq];
-            rec.recv = ps.recvs[i];
-            rec.chunk = chunk;
-            rec.offset = s.message_offset;
-            rec.length = length;
-            ++ps.credits_issued;
+            MC_RETURN_IF_ERROR(grant(peer, ps, rp, p2p::kCreditData, chunk, length));
             ++r.credited;
             *progressed = true;
-            MC_RETURN_IF_ERROR(p2p::writeSlot(*fabric_, peer, layout_.creditIn(rank_, seq),
-                                              window_ + layout_.creditOut(peer, seq), s));
         }
         if (r.credited < r.chunks)
             blocked.push_back(r.tag);
+        ++i;
     }
     return Status::OK();
 }

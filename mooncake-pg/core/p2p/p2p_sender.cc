@@ -84,6 +84,16 @@ Status P2PEngine::Impl::readCredits(int peer, PeerState& ps, bool* progressed) {
                 ", offset " + std::to_string(s.message_offset) + " of " +
                 std::to_string(s.message_bytes) + "); are P2POptions equal on all ranks?");
         }
+        if (s.kind > p2p::kCreditCancel) {
+            return Internal("credit " + std::to_string(c.seq) + " has unknown kind " +
+                            std::to_string(s.kind) + "; do all ranks run the same build?");
+        }
+        // A cancel is taken at once: the reservation it withdraws may sit
+        // behind credits that wait for a send.
+        if (s.kind == p2p::kCreditCancel) {
+            MC_RETURN_IF_ERROR(takeCancel(peer, ps, c));
+            continue;
+        }
         ps.tags[s.tag].credits.push_back(c);
     }
 }
@@ -104,15 +114,28 @@ Status P2PEngine::Impl::serveCredits(int peer, PeerState& ps, bool* progressed) 
 Status P2PEngine::Impl::serveTag(int peer, PeerState& ps, int tag, SendTag& t, bool* progressed) {
     while (!t.credits.empty()) {
         const Credit& c = t.credits.front();
-        if (!t.bound || c.slot.recv_id != t.bound_id) {
+        const bool reservation = c.slot.kind == p2p::kCreditReserve;
+        if (t.offered && t.bound && c.slot.recv_id == t.bound_id && !reservation) {
+            // The receiver picked this rank for the offered message: data
+            // credits follow, carrying the recv's size.
+            t.offered = false;
+            if (t.bound_status == p2p::kAckOk && !t.msgs.empty() &&
+                c.slot.message_bytes != t.msgs.front()->bytes) {
+                auto m = t.msgs.front();
+                t.bound_status = p2p::kAckSizeMismatch;
+                t.bound_sender_bytes = m->bytes;
+                dropMsg(ps, m, sizeMismatch(rank_, peer, tag, m->bytes, c.slot.message_bytes));
+            }
+        } else if (!t.bound || c.slot.recv_id != t.bound_id) {
             // A new recv. If the previous one still had chunks to come, the
             // receiver gave up on it (its deadline): drop the rest.
-            if (t.bound && t.bound_status == p2p::kAckOk && !t.msgs.empty()) {
+            if (t.bound && t.bound_status == p2p::kAckOk && !t.offered && !t.msgs.empty()) {
                 dropMsg(ps, t.msgs.front(),
                         Aborted("rank " + std::to_string(peer) +
                                 " abandoned the matching recv (tag " + std::to_string(tag) + ")"));
             }
             t.bound = false;
+            t.offered = false;
             if (t.msgs.empty())
                 return Status::OK();  // wait for a send
             if (c.slot.message_offset != 0) {
@@ -123,6 +146,15 @@ Status P2PEngine::Impl::serveTag(int peer, PeerState& ps, int tag, SendTag& t, b
             t.bound = true;
             t.bound_id = c.slot.recv_id;
             t.bound_status = p2p::kAckOk;
+            if (reservation) {
+                // Offered, not sent: the receiver may pick another sender.
+                // It compares the sizes once it picks this one.
+                t.offered = true;
+                MC_RETURN_IF_ERROR(writeAck(peer, ps, c, p2p::kAckOffer, 0, m->bytes));
+                t.credits.pop_front();
+                *progressed = true;
+                continue;
+            }
             if (c.slot.message_bytes != m->bytes) {
                 t.bound_status = p2p::kAckSizeMismatch;
                 t.bound_sender_bytes = m->bytes;

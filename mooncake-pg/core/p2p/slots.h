@@ -31,13 +31,28 @@ inline uint64_t cursorCount(uint64_t word, uint64_t epoch) {
     return (word >> kTokenSeqBits) == (epoch & 0xffff) ? (word & kTokenSeqMask) : 0;
 }
 
-// Granted by the receiver: "put chunk [message_offset, +length) of your next
-// message on `tag` at pool_offset of my receive pool for you".
+// What a credit asks of the sender (CreditSlot::kind).
+enum CreditKind : uint32_t {
+    // "Put chunk [message_offset, +length) of your next message on `tag` at
+    // pool_offset of my receive pool for you."
+    kCreditData = 0,
+    // An any-source recv's reservation: "do you have a message on `tag`?"
+    // No data moves; the sender answers with kAckOffer (binding its next
+    // message on the tag to recv_id) once it has one. If the receiver picks
+    // this sender, data credits with the same recv_id follow.
+    kCreditReserve = 1,
+    // Withdraws reservation recv_id (another sender won, or the recv gave
+    // up): the sender acks it kAckCancelled, answers the reservation with
+    // kAckWithdrawn if it had not offered yet, and unbinds its message.
+    kCreditCancel = 2,
+};
+
+// Granted by the receiver (see CreditKind).
 struct CreditSlot {
     uint64_t header;
     uint64_t recv_id;  // same for every credit of one recv
     int32_t tag;
-    uint32_t reserved;
+    uint32_t kind;            // CreditKind
     uint64_t pool_offset;     // inside the receiver's pool for this sender
     uint64_t length;          // 0 only for a 0-byte message
     uint64_t message_offset;  // always a multiple of chunk_bytes
@@ -50,6 +65,9 @@ enum AckStatus : uint32_t {
     kAckOk = 0,
     kAckSizeMismatch = 1,  // no data; message_bytes holds the sender's size
     kAckAbandoned = 2,     // the sender gave up on the message (its send failed)
+    kAckOffer = 3,         // answers a reservation: message_bytes is the offered message's size
+    kAckWithdrawn = 4,     // answers a reservation cancelled before it was offered
+    kAckCancelled = 5,     // answers a cancel credit
 };
 
 // Written by the sender after the chunk's data: the receiver may read the
