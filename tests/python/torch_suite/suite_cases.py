@@ -85,13 +85,10 @@ UNGATED = {
                                         "new_group(timeout=) bounds a barrier"),
 }
 
-# Tests that need dist.recv() without a source (recv_anysource). Another change
-# adds it; until it is merged these fail with mooncake-cpu and are marked as
-# expected failures. Shrink this list once it lands: an unexpected pass fails
-# the run (strict), so a stale entry is noticed.
-NEEDS_RECV_ANYSOURCE = [
-    "test_send_recv_any_source",
-]
+# Tests that need dist.recv() without a source (recv_anysource), marked as
+# expected failures while it was missing. It is supported now; an entry added
+# here again must fail (strict), so a stale entry is noticed.
+NEEDS_RECV_ANYSOURCE: list = []
 
 # Tests that pass with gloo but fail with mooncake-cpu for a known reason; also
 # expected failures (strict).
