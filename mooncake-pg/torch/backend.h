@@ -160,6 +160,14 @@ private:
     // A collective's core calls, run on the worker thread. A non-OK Status
     // comes from the Communicator (its lastFailure() names the ranks).
     using CoreOp = std::function<Status(Deadline)>;
+    // Whether an op's buffers hold one block per rank of the group at issue
+    // (Task::group_size): such an op fails if the group grew since, and a
+    // rank outside that group (a reserved slot) has no block to touch.
+    enum class GroupSized {
+        kNo,
+        kBlocks,  // skipped on a rank outside the group: it has no block
+        kRooted,  // gather/scatter: still run there (local-only) for the root's list
+    };
     struct Task {
         c10::intrusive_ptr<MooncakeWork> work;
         const char* op_name;
@@ -168,6 +176,7 @@ private:
         // The committed group size when the op was issued: buffers sized by
         // it cannot hold the blocks of a larger group.
         int group_size = 0;
+        GroupSized sized = GroupSized::kNo;
     };
 
     void bootstrap(const c10::intrusive_ptr<c10d::Store>& store);
@@ -199,7 +208,7 @@ private:
     c10::intrusive_ptr<MooncakeWork> enqueue(c10d::OpType type, const char* op_name,
                                              std::vector<at::Tensor> outputs,
                                              std::chrono::milliseconds requested_timeout,
-                                             CoreOp run);
+                                             GroupSized sized, CoreOp run);
     c10::intrusive_ptr<MooncakeWork> pointToPoint(bool is_send, std::vector<at::Tensor>& tensors,
                                                   int peer, int tag);
     // Adds `work` to the open coalescing batch, if any.
@@ -263,7 +272,7 @@ private:
     std::atomic<uint64_t> latest_epoch_{0};  // the host's, set by onView
     // The data plane's; written by the worker thread only, read by P2P posts.
     std::atomic<uint64_t> applied_epoch_{0};
-    bool view_applied_ = false;              // worker thread
+    bool view_applied_ = false;  // worker thread
     std::atomic<int> usable_slots_{0};
     mutable std::mutex evidence_mu_;  // guards the two below
     bool unsynced_failure_ = false;
