@@ -13,11 +13,12 @@
 // rank, from one thread at a time (the torch layer serialises them on a
 // worker thread). Thread-compatible, not thread-safe.
 //
-// Errors: kInvalidArgument from a local check means nothing was sent; from
-// the round-0 check it means every active rank failed the same call and the
-// ranks are still in step. Any other error (kTimeout, kPeerFailure, ...)
-// leaves the ranks out of step: later calls return kAborted until
-// setMembership() starts a new epoch.
+// Errors: kInvalidArgument from an argument check (this rank's own, or the
+// round-0 comparison of every rank's call) means every active rank failed the
+// same call with the same error and the ranks are still in step: a rank whose
+// own check fails still runs round 0 to tell the others. Any other error (kTimeout, kPeerFailure,
+// ...) leaves the ranks out of step: later calls return kAborted until setMembership() starts a new
+// epoch.
 //
 // The collective area of every window must be zero before its
 // Communicator's first call (a freshly created window is).
@@ -75,9 +76,10 @@ public:
     // active rank must apply the same mask and epoch between the same two
     // calls. An epoch change resets the round counters, so flags written in
     // an older epoch are never mistaken for new ones. Epochs never decrease
-    // and are at most 65535; the mask may change within an epoch only before
-    // the epoch's first call.
-    Status setMembership(const std::vector<uint8_t>& active, uint32_t epoch);
+    // (messages carry them modulo 2^16, so they may grow without bound; one
+    // call should not skip more than 49151 epochs, see clearOlderFlags); the
+    // mask may change within an epoch only before the epoch's first call.
+    Status setMembership(const std::vector<uint8_t>& active, uint64_t epoch);
     const std::vector<uint8_t>& active() const;
 
     // in == out is allowed for every call whose in and out have the same size.
@@ -113,7 +115,8 @@ public:
     // Tags the next call with an opaque description of the caller's buffers
     // (the torch layer hashes dtype and shape). Ranks whose next calls carry
     // different non-equal signatures fail it with kInvalidArgument on every
-    // rank, like any other disagreement. Consumed by the next call.
+    // rank, like any other disagreement. Consumed by the next call, even
+    // one that fails before its exchange.
     void setNextCallSignature(uint64_t signature);
 
     // Ranks the last failed call found unresponsive or failed.

@@ -367,6 +367,8 @@ Status EngineFabric::remotePut(int peer, uint64_t offset, const void* src, size_
     while (len > 0) {
         size_t piece = std::min(len, max_piece);
         MC_RETURN_IF_ERROR(reapLocked(false));
+        // Only this peer's own failed writes fail this put (fabric.h).
+        MC_RETURN_IF_ERROR(checkPut(peer, offset, len));
         // Find `piece` contiguous bytes in the ring, waiting for old writes.
         size_t begin = SIZE_MAX;
         while (true) {
@@ -385,6 +387,7 @@ Status EngineFabric::remotePut(int peer, uint64_t offset, const void* src, size_
             }
             if (begin != SIZE_MAX) break;
             MC_RETURN_IF_ERROR(reapLocked(true));
+            MC_RETURN_IF_ERROR(checkPut(peer, offset, len));
         }
         std::memcpy(bounce_ + begin, bytes, piece);
         te::TransferRequest req;
@@ -424,12 +427,18 @@ Status EngineFabric::reapLocked(bool block) {
         auto status = engine_->getTransferStatus(f.batch, 0);
         if (!status.ok()) return status.status();
         if (status->state == te::TransferState::kPending) return Status::OK();
-        int peer = f.peer;
+        const int peer = f.peer;
         (void)engine_->freeBatchID(f.batch);
         inflight_.pop_front();
         if (status->state == te::TransferState::kFailed) {
-            markPeerFailed(peer);
-            return status->error.withContext("write to rank " + std::to_string(peer));
+            // Evidence about that peer only: a put to another peer that
+            // happens to reap this write must not fail (fabric.h); the
+            // peer's own next put or wait sees the mark.
+            if (!failed_[peer].exchange(true)) {
+                MC_LOG(kWarn, "pg") << "rank " << options_.rank << ": a write to rank " << peer
+                                    << " failed (" << status->error.toString()
+                                    << "); marked failed";
+            }
         }
     }
     return Status::OK();

@@ -115,7 +115,8 @@ private:
     void publishPeer(int peer, Peer record);  // expects mu_ held
     Status remotePut(int peer, uint64_t offset, const void* src, size_t len);
     // Frees bounce space of completed transfers, oldest first; with `block`
-    // waits for the oldest one. Expects mu_ held.
+    // waits for the oldest one. A failed transfer marks its own peer failed
+    // and is not an error of the call. Expects mu_ held.
     Status reapLocked(bool block);
 
     std::shared_ptr<KVStore> store_;

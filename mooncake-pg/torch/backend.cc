@@ -300,14 +300,14 @@ void MooncakeBackend::setTimeout(std::chrono::milliseconds timeout) {
 
 c10::intrusive_ptr<MooncakeWork> MooncakeBackend::enqueue(
     c10d::OpType type, const char* op_name, std::vector<at::Tensor> outputs,
-    std::chrono::milliseconds requested_timeout, CoreOp run) {
+    std::chrono::milliseconds requested_timeout, GroupSized sized, CoreOp run) {
     auto work = c10::make_intrusive<MooncakeWork>(rank_, type, std::move(outputs), max_group_size_);
     {
         std::lock_guard<std::mutex> lock(queue_mu_);
         TORCH_CHECK(accepting_, "Mooncake PG: ", op_name, " on group '", config_.group_name,
                     "' after the group was shut down or aborted");
         queue_.push_back(
-            Task{work, op_name, opTimeout(requested_timeout), std::move(run), groupSize()});
+            Task{work, op_name, opTimeout(requested_timeout), std::move(run), groupSize(), sized});
         queued_.store(queue_.size(), std::memory_order_release);
     }
     // Costs no system call while the worker is still polling (workerLoop).
@@ -365,7 +365,8 @@ void MooncakeBackend::runTask(Task& task) {
     // Mismatched calls and ops refused because an earlier one broke the
     // epoch are not new evidence.
     const bool evidence = from_core && status.code() != StatusCode::kInvalidArgument &&
-                          status.code() != StatusCode::kAborted;
+                          status.code() != StatusCode::kAborted &&
+                          status.code() != StatusCode::kEpochChanged;
     if (evidence) {
         if (!failed.empty()) {
             message += " [failed ranks:";

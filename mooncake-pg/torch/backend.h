@@ -170,6 +170,14 @@ private:
     // A collective's core calls, run on the worker thread. A non-OK Status
     // comes from the Communicator (its lastFailure() names the ranks).
     using CoreOp = std::function<Status(Deadline)>;
+    // Whether an op's buffers hold one block per rank of the group at issue
+    // (Task::group_size): such an op fails if the group grew since, and a
+    // rank outside that group (a reserved slot) has no block to touch.
+    enum class GroupSized {
+        kNo,
+        kBlocks,  // skipped on a rank outside the group: it has no block
+        kRooted,  // gather/scatter: still run there (local-only) for the root's list
+    };
     struct Task {
         c10::intrusive_ptr<MooncakeWork> work;
         const char* op_name;
@@ -178,6 +186,7 @@ private:
         // The committed group size when the op was issued: buffers sized by
         // it cannot hold the blocks of a larger group.
         int group_size = 0;
+        GroupSized sized = GroupSized::kNo;
     };
 
     void bootstrap(const c10::intrusive_ptr<c10d::Store>& store);
@@ -218,7 +227,7 @@ private:
     c10::intrusive_ptr<MooncakeWork> enqueue(c10d::OpType type, const char* op_name,
                                              std::vector<at::Tensor> outputs,
                                              std::chrono::milliseconds requested_timeout,
-                                             CoreOp run);
+                                             GroupSized sized, CoreOp run);
     // `peer` < 0 (recv only): from any source.
     c10::intrusive_ptr<MooncakeWork> pointToPoint(bool is_send, std::vector<at::Tensor>& tensors,
                                                   int peer, int tag);

@@ -69,7 +69,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall_base(
     at::Tensor dst = inOutBuffer(output);  // pieces from inactive ranks keep their values
     const at::Tensor out = output;
     return enqueue(
-        OpType::ALLTOALL_BASE, op, {out}, opts.timeout,
+        OpType::ALLTOALL_BASE, op, {out}, opts.timeout, GroupSized::kBlocks,
         [this, out, src, dst, send_bytes, send_offsets, recv_bytes, recv_offsets](Deadline dl) {
             MC_RETURN_IF_ERROR(comm_->allToAllV(ptrOf(src), send_bytes, send_offsets, ptrOf(dst),
                                                 recv_bytes, recv_offsets, dl));
@@ -111,7 +111,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall(Tensors& outputs, Tenso
     }
     const auto options = inputs[0].options();
     return enqueue(
-        OpType::ALLTOALL, op, outputs, opts.timeout,
+        OpType::ALLTOALL, op, outputs, opts.timeout, GroupSized::kBlocks,
         [this, outs = outputs, ins = inputs, options, send_bytes, send_offsets, recv_bytes,
          recv_offsets](Deadline dl) {
             at::Tensor flat_in = pack(ins, options);
@@ -133,7 +133,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall(Tensors& outputs, Tenso
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeBackend::barrier(const c10d::BarrierOptions& opts) {
-    return enqueue(OpType::BARRIER, "barrier", {}, opts.timeout,
+    return enqueue(OpType::BARRIER, "barrier", {}, opts.timeout, GroupSized::kNo,
                    [this](Deadline dl) { return comm_->barrier(dl); });
 }
 

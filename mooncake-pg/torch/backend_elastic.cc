@@ -6,7 +6,7 @@
 // and P2PEngine are not thread-safe against a membership change, and every
 // active rank must switch between the same two ops. Ranks learn a view at
 // slightly different times; a rank still in the old epoch notices a peer in
-// the new one (kAborted "newer epoch" from the round protocol) before either
+// the new one (kEpochChanged from the round protocol) before either
 // wrote any output, waits for the view, applies it and runs the op again.
 //
 // Environment knobs:
@@ -44,12 +44,8 @@ MC_ENV_INT(ReconcileWindowMs, "MC_PG_RECONCILE_WINDOW_MS", 30000)
 // members to leave (CoordinatorHost::awaitOthersGone).
 constexpr int64_t kLeaveDrainMs = 5000;
 
-// The Communicator's and P2P tokens carry 16 epoch bits.
-constexpr uint64_t kEpochMask = 0xffff;
-
 bool newerEpoch(const Status& st) {
-    return st.code() == StatusCode::kAborted &&
-           st.toString().find("newer epoch") != std::string::npos;
+    return st.code() == StatusCode::kEpochChanged;
 }
 
 std::string describeStatus(const char* call, const Status& st) {
@@ -182,8 +178,7 @@ Status MooncakeBackend::applyLatestView(Deadline deadline) {
         std::lock_guard<std::mutex> lock(view_mu_);
         MC_RETURN_IF_ERROR(connectPeers(view, deadline));
     }
-    const auto epoch = static_cast<uint32_t>(view.epoch & kEpochMask);
-    MC_RETURN_IF_ERROR(group_comm_->setMembership(active, epoch));
+    MC_RETURN_IF_ERROR(group_comm_->setMembership(active, view.epoch));
     // P2P follows on its own (backend_p2p.cc); bringing it along here saves
     // the next post the detour through the poster.
     Status p2p = applyP2PView(deadline);
@@ -196,17 +191,7 @@ Status MooncakeBackend::applyLatestView(Deadline deadline) {
 }
 
 Status MooncakeBackend::runElastic(Task& task, Deadline deadline, bool* from_core) {
-    static const std::vector<c10d::OpType> kSized = {c10d::OpType::ALLGATHER,
-                                                     c10d::OpType::_ALLGATHER_BASE,
-                                                     c10d::OpType::ALLGATHER_COALESCED,
-                                                     c10d::OpType::REDUCE_SCATTER,
-                                                     c10d::OpType::_REDUCE_SCATTER_BASE,
-                                                     c10d::OpType::ALLTOALL,
-                                                     c10d::OpType::ALLTOALL_BASE,
-                                                     c10d::OpType::GATHER,
-                                                     c10d::OpType::SCATTER};
-    const c10d::OpType type = task.work->retrieveOpType();
-    const bool sized = std::find(kSized.begin(), kSized.end(), type) != kSized.end();
+    const bool sized = task.sized != GroupSized::kNo;
     while (true) {
         *from_core = false;
         Status st = applyLatestView(deadline);
@@ -217,8 +202,8 @@ Status MooncakeBackend::runElastic(Task& task, Deadline deadline, bool* from_cor
                               std::to_string(groupSize()) +
                               " ranks after the op was issued; issue it again");
         }
-        if (sized && comm_ == solo_comm_.get() && config_.rank >= task.group_size &&
-            type != c10d::OpType::GATHER && type != c10d::OpType::SCATTER) {
+        if (task.sized == GroupSized::kBlocks && comm_ == solo_comm_.get() &&
+            config_.rank >= task.group_size) {
             // Local-only, and the buffers (sized for task.group_size ranks)
             // have no block of this rank: nothing to read or write.
             return Status::OK();

@@ -29,12 +29,13 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::broadcast(Tensors& tensors,
     checkDtype(t, op, "tensor");
     at::Tensor buf = inOutBuffer(t);
     const int root = static_cast<int>(opts.rootRank);
-    return enqueue(OpType::BROADCAST, op, {t}, opts.timeout, [this, t, buf, root](Deadline dl) {
-        comm_->setNextCallSignature(shapeSignature(buf));
-        MC_RETURN_IF_ERROR(comm_->broadcast(ptrOf(buf), bytesOf(buf), root, dl));
-        copyBack(t, buf);
-        return Status::OK();
-    });
+    return enqueue(OpType::BROADCAST, op, {t}, opts.timeout, GroupSized::kNo,
+                   [this, t, buf, root](Deadline dl) {
+                       comm_->setNextCallSignature(shapeSignature(buf));
+                       MC_RETURN_IF_ERROR(comm_->broadcast(ptrOf(buf), bytesOf(buf), root, dl));
+                       copyBack(t, buf);
+                       return Status::OK();
+                   });
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather(std::vector<Tensors>& outputs,
@@ -51,16 +52,18 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather(std::vector<Tensors>& 
     checkPerRankList(outs, in, op, "tensor_list");
     at::Tensor src = inBuffer(in, at::Tensor());
     const int n = groupSize();
-    return enqueue(OpType::ALLGATHER, op, outs, opts.timeout, [this, outs, src, n](Deadline dl) {
-        at::Tensor flat = at::empty({n * src.numel()}, src.options());
-        comm_->setNextCallSignature(shapeSignature(src));
-        MC_RETURN_IF_ERROR(comm_->allGather(ptrOf(src), ptrOf(flat), bytesOf(src), dl));
-        for (int r = 0; r < n; ++r) {
-            if (blockWritten(comm_->active(), static_cast<size_t>(r)))
-                outs[r].copy_(block(flat, r, outs[r]));
-        }
-        return Status::OK();
-    });
+    return enqueue(
+        OpType::ALLGATHER, op, outs, opts.timeout, GroupSized::kBlocks,
+        [this, outs, src, n](Deadline dl) {
+            at::Tensor flat = at::empty({n * src.numel()}, src.options());
+            comm_->setNextCallSignature(shapeSignature(src));
+            MC_RETURN_IF_ERROR(comm_->allGather(ptrOf(src), ptrOf(flat), bytesOf(src), dl));
+            for (int r = 0; r < n; ++r) {
+                if (blockWritten(comm_->active(), static_cast<size_t>(r)))
+                    outs[r].copy_(block(flat, r, outs[r]));
+            }
+            return Status::OK();
+        });
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeBackend::_allgather_base(
@@ -73,7 +76,8 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::_allgather_base(
     at::Tensor dst = inOutBuffer(output);  // blocks of inactive ranks keep their values
     const at::Tensor out = output;
     return enqueue(
-        OpType::_ALLGATHER_BASE, op, {out}, opts.timeout, [this, out, src, dst](Deadline dl) {
+        OpType::_ALLGATHER_BASE, op, {out}, opts.timeout, GroupSized::kBlocks,
+        [this, out, src, dst](Deadline dl) {
             comm_->setNextCallSignature(shapeSignature(src));
             MC_RETURN_IF_ERROR(comm_->allGather(ptrOf(src), ptrOf(dst), bytesOf(src), dl));
             copyBack(out, dst);
@@ -98,7 +102,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather_into_tensor_coalesced(
         srcs.push_back(inBuffer(inputs[i], outputs[i]));
         dsts.push_back(inOutBuffer(outputs[i]));  // blocks of inactive ranks keep their values
     }
-    return enqueue(OpType::COALESCED, op, outputs, opts.timeout,
+    return enqueue(OpType::COALESCED, op, outputs, opts.timeout, GroupSized::kBlocks,
                    [this, outs = outputs, srcs, dsts](Deadline dl) {
                        for (size_t i = 0; i < srcs.size(); ++i) {
                            MC_RETURN_IF_ERROR(comm_->allGather(ptrOf(srcs[i]), ptrOf(dsts[i]),
@@ -140,7 +144,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather_coalesced(
             flat_outputs.push_back(o);
         }
     }
-    return enqueue(OpType::ALLGATHER_COALESCED, op, flat_outputs, opts.timeout,
+    return enqueue(OpType::ALLGATHER_COALESCED, op, flat_outputs, opts.timeout, GroupSized::kBlocks,
                    [this, outs = output_lists, srcs, n](Deadline dl) {
                        for (size_t i = 0; i < srcs.size(); ++i) {
                            at::Tensor flat = at::empty({n * srcs[i].numel()}, srcs[i].options());
@@ -193,20 +197,20 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::gather(std::vector<Tensors>& out
     const bool is_root = args.is_root;
     at::Tensor src = inBuffer(args.local, at::Tensor());
     const int n = groupSize();
-    return enqueue(
-        OpType::GATHER, op, outs, opts.timeout, [this, outs, src, root, is_root, n](Deadline dl) {
-            at::Tensor flat;
-            if (is_root)
-                flat = at::empty({n * src.numel()}, src.options());
-            comm_->setNextCallSignature(shapeSignature(src));
-            MC_RETURN_IF_ERROR(
-                comm_->gather(ptrOf(src), is_root ? ptrOf(flat) : nullptr, bytesOf(src), root, dl));
-            for (size_t r = 0; r < outs.size(); ++r) {
-                if (blockWritten(comm_->active(), r))
-                    outs[r].copy_(block(flat, static_cast<int64_t>(r), outs[r]));
-            }
-            return Status::OK();
-        });
+    return enqueue(OpType::GATHER, op, outs, opts.timeout, GroupSized::kRooted,
+                   [this, outs, src, root, is_root, n](Deadline dl) {
+                       at::Tensor flat;
+                       if (is_root)
+                           flat = at::empty({n * src.numel()}, src.options());
+                       comm_->setNextCallSignature(shapeSignature(src));
+                       MC_RETURN_IF_ERROR(comm_->gather(ptrOf(src), is_root ? ptrOf(flat) : nullptr,
+                                                        bytesOf(src), root, dl));
+                       for (size_t r = 0; r < outs.size(); ++r) {
+                           if (blockWritten(comm_->active(), r))
+                               outs[r].copy_(block(flat, static_cast<int64_t>(r), outs[r]));
+                       }
+                       return Status::OK();
+                   });
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeBackend::scatter(Tensors& outputs,
@@ -219,7 +223,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::scatter(Tensors& outputs,
     const int root = args.root;
     const bool is_root = args.is_root;
     at::Tensor dst = outBuffer(out);
-    return enqueue(OpType::SCATTER, op, {out}, opts.timeout,
+    return enqueue(OpType::SCATTER, op, {out}, opts.timeout, GroupSized::kRooted,
                    [this, out, ins, dst, root, is_root](Deadline dl) {
                        at::Tensor flat;
                        if (is_root)

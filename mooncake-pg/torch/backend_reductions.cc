@@ -25,7 +25,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allreduce(Tensors& tensors,
     const DataType dtype = checkDtype(t, op, "tensor");
     const ReduceOp rop = checkReduceOp(opts.reduceOp, dtype, op);
     at::Tensor buf = inOutBuffer(t);
-    return enqueue(OpType::ALLREDUCE, op, {t}, opts.timeout,
+    return enqueue(OpType::ALLREDUCE, op, {t}, opts.timeout, GroupSized::kNo,
                    [this, t, buf, dtype, rop](Deadline dl) {
                        void* p = ptrOf(buf);
                        comm_->setNextCallSignature(shapeSignature(buf));
@@ -50,7 +50,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allreduce_coalesced(
         bufs.push_back(inOutBuffer(tensors[i]));
     }
     return enqueue(
-        OpType::ALLREDUCE_COALESCED, op, tensors, opts.timeout,
+        OpType::ALLREDUCE_COALESCED, op, tensors, opts.timeout, GroupSized::kNo,
         [this, user = tensors, bufs, dtypes, rops](Deadline dl) {
             for (size_t i = 0; i < bufs.size(); ++i) {
                 void* p = ptrOf(bufs[i]);
@@ -73,7 +73,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce(Tensors& tensors,
     const ReduceOp rop = checkReduceOp(opts.reduceOp, dtype, op);
     at::Tensor buf = inOutBuffer(t);
     const int root = static_cast<int>(opts.rootRank);
-    return enqueue(OpType::REDUCE, op, {t}, opts.timeout,
+    return enqueue(OpType::REDUCE, op, {t}, opts.timeout, GroupSized::kNo,
                    [this, t, buf, dtype, rop, root](Deadline dl) {
                        void* p = ptrOf(buf);
                        comm_->setNextCallSignature(shapeSignature(buf));
@@ -96,7 +96,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce_scatter(
     const Tensors ins = inputs[0];
     checkPerRankList(ins, out, op, "input_list");
     at::Tensor dst = outBuffer(out);
-    return enqueue(OpType::REDUCE_SCATTER, op, {out}, opts.timeout,
+    return enqueue(OpType::REDUCE_SCATTER, op, {out}, opts.timeout, GroupSized::kBlocks,
                    [this, out, ins, dst, dtype, rop](Deadline dl) {
                        at::Tensor flat = pack(ins, dst.options());
                        comm_->setNextCallSignature(shapeSignature(dst));
@@ -117,7 +117,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::_reduce_scatter_base(
     at::Tensor src = inBuffer(input, output);
     at::Tensor dst = outBuffer(output);
     const at::Tensor out = output;
-    return enqueue(OpType::_REDUCE_SCATTER_BASE, op, {out}, opts.timeout,
+    return enqueue(OpType::_REDUCE_SCATTER_BASE, op, {out}, opts.timeout, GroupSized::kBlocks,
                    [this, out, src, dst, dtype, rop](Deadline dl) {
                        comm_->setNextCallSignature(shapeSignature(dst));
                        MC_RETURN_IF_ERROR(comm_->reduceScatter(ptrOf(src), ptrOf(dst), dst.numel(),
@@ -150,7 +150,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce_scatter_tensor_coalesced(
         dsts.push_back(outBuffer(outputs[i]));
     }
     return enqueue(
-        OpType::COALESCED, op, outputs, opts.timeout,
+        OpType::COALESCED, op, outputs, opts.timeout, GroupSized::kBlocks,
         [this, outs = outputs, srcs, dsts, dtypes, rops](Deadline dl) {
             for (size_t i = 0; i < srcs.size(); ++i) {
                 MC_RETURN_IF_ERROR(comm_->reduceScatter(ptrOf(srcs[i]), ptrOf(dsts[i]),

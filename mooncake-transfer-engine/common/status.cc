@@ -14,6 +14,7 @@ const char* statusCodeName(StatusCode code) {
         case StatusCode::kUnavailable: return "UNAVAILABLE";
         case StatusCode::kAborted: return "ABORTED";
         case StatusCode::kInternal: return "INTERNAL";
+        case StatusCode::kEpochChanged: return "EPOCH_CHANGED";
     }
     return "UNKNOWN";
 }

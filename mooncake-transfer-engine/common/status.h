@@ -22,6 +22,8 @@ enum class StatusCode {
     kUnavailable,       // transport or resource not present on this machine
     kAborted,           // cancelled by shutdown or abort()
     kInternal,          // a bug or an OS call that should not fail
+    kEpochChanged,      // a peer is in a newer membership epoch; nothing was
+                        // transferred: apply the newer view, then retry
 };
 
 const char* statusCodeName(StatusCode code);
@@ -55,6 +57,7 @@ inline Status PermissionDenied(std::string m) { return {StatusCode::kPermissionD
 inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
 inline Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
 inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+inline Status EpochChanged(std::string m) { return {StatusCode::kEpochChanged, std::move(m)}; }
 
 // Either a value or a non-OK Status.
 template <typename T>

@@ -129,6 +129,11 @@ MsgHeader Rounds::headerFor(int peer, size_t payload_bytes, size_t published) co
     h.one_shot_max = clampTo32(state_.one_shot_max);
     h.count = call_.count;
     h.signature = call_.signature;
+    if (call_.failed_locally) {
+        h.flags |= kFailedLocally;
+        h.failed_code = static_cast<uint32_t>(local_failure_.code());
+        return h;
+    }
     if (call_.kind == OpKind::kAllToAllV) {
         const auto& send = *call_.send_bytes;
         const auto& recv = *call_.recv_bytes;
@@ -237,7 +242,8 @@ Status Rounds::failWait(int peer, const Status& status) {
         const uint8_t* window = fabric.localWindow();
         const uint64_t first = makeToken(state_.epoch, first_round_);
         for (int m : state_.members) {
-            if (m != state_.rank && loadFlag(window, state_.layout.dataFlag(m)) < first) {
+            if (m != state_.rank &&
+                !tokenAtLeast(loadFlag(window, state_.layout.dataFlag(m)), first)) {
                 blame(m);
                 names += (names.empty() ? "" : ", ") + std::to_string(m);
             }
@@ -262,13 +268,13 @@ Status Rounds::waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* s
     bool noticed = false;
     auto ready = [&](uint64_t v) {
         value = v;
-        if (v >= want)
+        if (tokenAtLeast(v, want))
             return true;
         // A peer that applied a newer view acknowledges the new epoch's floor
         // and then waits for ours before it sends anything; without looking
         // at its ack flag both sides would wait for each other until the
         // deadline.
-        if (loadFlag(window, state_.layout.ackFlag(peer)) >= newer) {
+        if (tokenAtLeast(loadFlag(window, state_.layout.ackFlag(peer)), newer)) {
             moved_on = true;
             return true;
         }
@@ -288,11 +294,11 @@ Status Rounds::waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* s
         return failWait(peer, st);
     if (noticed)
         return checkAbortNotices(peer);
-    if (moved_on || (value >= newer && value != 0)) {
+    if (moved_on || tokenAtLeast(value, newer)) {
         // Not broadcast: the others learn of the newer epoch from the
         // members that applied it, and retry the call in it.
-        return failQuietly(-1,
-                           Aborted("rank " + std::to_string(peer) + " moved on to a newer epoch"));
+        return failQuietly(
+            -1, EpochChanged("rank " + std::to_string(peer) + " moved on to a newer epoch"));
     }
     *seen = value;
     return Status::OK();
@@ -315,7 +321,7 @@ Status Rounds::send(int peer, const void* a, size_t a_len, const void* b, size_t
     uint64_t need = 0;
     if (round >= kFirstRound + 2) {
         need = makeToken(state_.epoch, round - 2);
-    } else if (state_.epoch > 0) {
+    } else if (state_.view_epoch > 0) {
         need = epochFloor(state_.epoch);
     }
     if (need != 0) {
@@ -415,7 +421,9 @@ Status Rounds::receiveAll() {
         return Status::OK();
 
     learnFromHeaders();
-    Status st = checkCallHeaders(state_, call_, headers_);
+    Status st = checkLocalFailures();
+    if (st.ok())
+        st = checkCallHeaders(state_, call_, headers_);
     if (!st.ok()) {
         // Everyone found the same mismatch; finishing the round keeps the
         // ranks in step for the next call.
@@ -435,6 +443,45 @@ void Rounds::learnFromHeaders() {
         if (m != state_.rank)
             state_.read_in_place[m] = (h.flags & kReadsYourWindow) != 0 ? 1 : 0;
     }
+}
+
+Status Rounds::checkLocalFailures() const {
+    for (int m : state_.members) {
+        const MsgHeader& h = headers_[m];
+        if ((h.flags & kFailedLocally) == 0)
+            continue;
+        // Every member holds the same text, so the error reads the same on
+        // every rank whichever of them is asked.
+        const std::string text =
+            m == state_.rank
+                ? local_failure_.message()
+                : std::string(reinterpret_cast<const char*>(payload_[m]), payload_bytes_[m]);
+        return Status(static_cast<StatusCode>(h.failed_code),
+                      text + " (rank " + std::to_string(m) +
+                          " failed the call before the exchange; it fails on every rank)");
+    }
+    return Status::OK();
+}
+
+Status Rounds::failTogether(const Status& local) {
+    local_failure_ = local;
+    if (!call_.failed_locally || call_round_ != 0 || local.ok()) {
+        return fail(-1, Internal("failTogether needs a locally failed call before round 0"));
+    }
+    headers_[state_.rank] = headerFor(state_.rank, 0, 0);
+    // The text the peers print; the slot bounds it (chunk >= 64 bytes).
+    const std::string& text = local.message();
+    const size_t len = std::min(text.size(), state_.layout.chunk);
+    for (int m : state_.members) {
+        if (m != state_.rank)
+            MC_RETURN_IF_ERROR(send(m, text.data(), len));
+    }
+    Status st = receiveAll();
+    if (st.ok()) {
+        // Unreachable: this rank's own header carries kFailedLocally.
+        return fail(-1, Internal("a locally failed call passed the round-0 check"));
+    }
+    return st;
 }
 
 Status Rounds::expectBytes(int peer, size_t payload, size_t published) {

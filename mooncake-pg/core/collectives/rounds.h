@@ -56,19 +56,37 @@ namespace mooncake::pg::coll {
 constexpr size_t kLineBytes = 64;
 constexpr size_t kHeaderBytes = 128;
 constexpr int kRoundBits = 48;
-constexpr uint64_t kMaxEpoch = (uint64_t{1} << (64 - kRoundBits)) - 1;
+// Tokens carry the membership epoch modulo 2^16 (kEpochMask): epochs wrap,
+// so tokens are ordered as serial numbers (tokenAtLeast), and at every epoch
+// change a rank clears the flags of older epochs from its window
+// (Communicator::setMembership). A flag then only ever holds a token of the
+// current epoch, of the one before it, or the new epoch's floor.
+constexpr uint64_t kEpochMask = (uint64_t{1} << (64 - kRoundBits)) - 1;
 
 // Rounds of an epoch count from 1: a zeroed window (flag 0) then never looks
 // like a message of epoch 0.
 constexpr uint64_t kFirstRound = 1;
 
 inline uint64_t makeToken(uint32_t epoch, uint64_t round) {
-    return (static_cast<uint64_t>(epoch) << kRoundBits) | round;
+    return ((epoch & kEpochMask) << kRoundBits) | round;
 }
 // Below every token of `epoch` and above every token of older epochs: what a
-// rank acknowledges to its peers when it leaves older epochs behind.
+// rank acknowledges to its peers when it leaves older epochs behind (for
+// epoch 0 after a wrap: all ones, the last token of epoch 65535).
 inline uint64_t epochFloor(uint32_t epoch) {
-    return (static_cast<uint64_t>(epoch) << kRoundBits) - 1;
+    return ((epoch & kEpochMask) << kRoundBits) - 1;
+}
+// Epochs up to this far past a token's are later ones, the rest of the 2^16
+// earlier ones: a rank is never that far behind its peers, and flags left
+// from more than 2^16 - kEpochsAhead epochs ago must not read as current.
+constexpr uint16_t kEpochsAhead = 1 << 14;
+// Whether flag value `v` is `want` or a later token (epochs compared modulo
+// 2^16 as above). 0 is an untouched flag, never a token.
+inline bool tokenAtLeast(uint64_t v, uint64_t want) {
+    const auto ahead = static_cast<uint16_t>((v >> kRoundBits) - (want >> kRoundBits));
+    if (v == 0 || ahead >= kEpochsAhead)
+        return false;
+    return ahead != 0 || v >= want;
 }
 
 // Payload bytes of one slot: CommOptions::chunk_bytes rounded up to whole
@@ -106,7 +124,7 @@ struct AbortNotice {
     int culprit = -1;
 };
 inline uint64_t encodeAbortNotice(uint32_t epoch, uint8_t reason, int culprit) {
-    return (static_cast<uint64_t>(epoch) << kRoundBits) | (static_cast<uint64_t>(reason) << 40) |
+    return ((epoch & kEpochMask) << kRoundBits) | (static_cast<uint64_t>(reason) << 40) |
            static_cast<uint32_t>(culprit + 1);
 }
 inline AbortNotice decodeAbortNotice(uint64_t v) {
@@ -115,7 +133,8 @@ inline AbortNotice decodeAbortNotice(uint64_t v) {
 }
 // Whether `v` is a notice that concerns a reader in `epoch`.
 inline bool abortNoticeApplies(uint64_t v, uint32_t epoch) {
-    return v != 0 && (v >> kRoundBits) >= epoch;
+    const auto ahead = static_cast<uint16_t>((v >> kRoundBits) - epoch);
+    return v != 0 && ahead < kEpochsAhead;
 }
 
 enum class OpKind : uint8_t {
@@ -145,11 +164,17 @@ struct CallDesc {
     // Opaque description of the caller's buffers (the torch layer hashes
     // dtype and shape); 0 = not given. Ranks must agree on it.
     uint64_t signature = 0;
+    // This rank failed the call before the exchange (Rounds::failTogether);
+    // the other fields past `kind` carry nothing.
+    bool failed_locally = false;
 };
 
 // Header flags of round 0.
 constexpr uint8_t kReadsYourWindow = 1;   // the sender maps the receiver's window
 constexpr uint8_t kReadsEveryWindow = 2;  // the sender maps every member's window
+// The sender failed its call before the exchange: its payload is the error
+// text and `failed_code` its StatusCode.
+constexpr uint8_t kFailedLocally = 4;
 
 struct MsgHeader {
     uint64_t token;
@@ -164,12 +189,12 @@ struct MsgHeader {
     int32_t root;
     uint32_t chunk_bytes;
     uint32_t one_shot_max;
-    uint32_t reserved;
-    uint64_t count;       // all-to-all-v: bytes the sender expects from the receiver
-    uint64_t pair_bytes;  // all-to-all-v: bytes the sender sends to the receiver
-    uint64_t max_bytes;   // all-to-all-v: most bytes the sender sends to any peer
-    uint64_t digest;      // all-to-all-v: see checkCallHeaders
-    uint64_t signature;   // CallDesc::signature
+    uint32_t failed_code;  // with kFailedLocally
+    uint64_t count;        // all-to-all-v: bytes the sender expects from the receiver
+    uint64_t pair_bytes;   // all-to-all-v: bytes the sender sends to the receiver
+    uint64_t max_bytes;    // all-to-all-v: most bytes the sender sends to any peer
+    uint64_t digest;       // all-to-all-v: see checkCallHeaders
+    uint64_t signature;    // CallDesc::signature
     uint8_t padding[kHeaderBytes - 80];
 };
 static_assert(sizeof(MsgHeader) == kHeaderBytes);
@@ -183,9 +208,10 @@ struct CommState {
     size_t one_shot_max = 0;
     int reduce_threads = 0;  // CommOptions::reduce_threads
     std::vector<uint8_t> active;
-    std::vector<int> members;  // active ranks, ascending
-    int index = -1;            // this rank's position in `members`, -1 if inactive
-    uint32_t epoch = 0;
+    std::vector<int> members;      // active ranks, ascending
+    int index = -1;                // this rank's position in `members`, -1 if inactive
+    uint32_t epoch = 0;            // the token epoch: view_epoch modulo 2^16
+    uint64_t view_epoch = 0;       // as given to setMembership, never wraps
     uint64_t round = kFirstRound;  // the next round of this epoch
     uint32_t seq = 0;              // calls started in this epoch
     // Set when a call failed mid-way: the ranks are out of step until the
@@ -239,6 +265,12 @@ public:
     Status receiveAll();
     // Acknowledges every message of the round and moves to the next one.
     Status finishRound();
+    // For a call that this rank failed before its round 0 (a local argument
+    // check): runs round 0 with the error text as the payload, so every
+    // member fails the same call with the same error and the ranks stay in
+    // step. Returns that error (from the lowest failing member), or the
+    // exchange's own failure.
+    Status failTogether(const Status& local);
 
     // What arrived from `peer` this round: the copied and the published part.
     const uint8_t* payload(int peer) const { return payload_[peer]; }
@@ -294,6 +326,9 @@ private:
     Status failWait(int peer, const Status& status);
     void blame(int peer);
     void learnFromHeaders();
+    // After round 0: the error of the lowest member that failed the call
+    // locally; OK when none did.
+    Status checkLocalFailures() const;
 
     CommState& state_;
     CallDesc call_;
@@ -311,6 +346,7 @@ private:
     std::vector<MsgHeader>& headers_;  // round 0
     std::vector<const void*>& inputs_;
     uint64_t max_announced_ = 0;
+    Status local_failure_;  // failTogether's argument
 };
 
 }  // namespace mooncake::pg::coll

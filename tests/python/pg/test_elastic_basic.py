@@ -122,6 +122,17 @@ def _two_sided(ctx):
         out = torch.full((2,), -1.0)
         dist.all_gather_into_tensor(out, torch.tensor([7.0]))
         assert out.tolist() == [-1.0, -1.0], out
+        # The coalesced forms likewise: the buffers sit in larger tensors whose
+        # tails (a block at the joiner's rank 2) must stay as they were.
+        gathered = torch.full((3,), -1.0)
+        dist.group.WORLD.allgather_into_tensor_coalesced(
+            [gathered[:2]], [torch.tensor([7.0])]).wait()
+        assert gathered.tolist() == [-1.0, -1.0, -1.0], gathered
+        scattered = torch.full((2,), -1.0)
+        source = torch.tensor([1.0, 2.0, 99.0])
+        dist.group.WORLD.reduce_scatter_tensor_coalesced(
+            [scattered[:1]], [source[:2]]).wait()
+        assert scattered.tolist() == [-1.0, -1.0], scattered
         pg.join_group(backend)
         t_join = time.monotonic()
     x = torch.full((4,), float(ctx.rank + 1))
