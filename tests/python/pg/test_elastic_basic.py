@@ -17,7 +17,6 @@ import pytest
 import torch
 
 import harness
-import known_defects
 
 pytestmark = pytest.mark.skipif(
     not harness.is_mooncake(harness.backend_under_test()),
@@ -240,7 +239,6 @@ def _killed(ctx):
 
 @both_transports
 def test_killed_rank_default_mode(request):
-    known_defects.xfail_over_tcp(request, known_defects.DEAD_PEER_FAILS_TCP_PUTS)
     res = harness.run_ranks(_killed, 3, BACKEND, timeout_s=120, env=FAST, ref_group=False,
                             pg_options=_opts_three, expect_killed=[2])
     print(f"SIGKILL -> survivors' failed completion: {res[0]:.2f} s, {res[1]:.2f} s")

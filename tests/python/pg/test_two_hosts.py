@@ -20,7 +20,6 @@ import pytest
 import torch
 
 import harness
-import known_defects
 import netns
 
 WORLD = 4
@@ -199,7 +198,6 @@ def test_p2p_across_namespaces(hosts, backend):
 
 def test_sigkill_across_namespaces(hosts, backend, request):
     # Pairs across the namespaces always use TCP.
-    known_defects.xfail(request, known_defects.DEAD_PEER_FAILS_TCP_PUTS)
     res = harness.run_ranks(_killed, WORLD, backend, timeout_s=180, ref_group=False,
                             pg_options=_opts_four, expect_killed=[3], **_placement(hosts))
     assert res[:3] == ["survived"] * 3 and isinstance(res[3], harness.Killed), res
