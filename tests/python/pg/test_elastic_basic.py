@@ -238,7 +238,7 @@ def _killed(ctx):
 
 
 @both_transports
-def test_killed_rank_default_mode(request):
+def test_killed_rank_default_mode():
     res = harness.run_ranks(_killed, 3, BACKEND, timeout_s=120, env=FAST, ref_group=False,
                             pg_options=_opts_three, expect_killed=[2])
     print(f"SIGKILL -> survivors' failed completion: {res[0]:.2f} s, {res[1]:.2f} s")

@@ -196,7 +196,7 @@ def test_p2p_across_namespaces(hosts, backend):
     assert res == ["p2p"] * WORLD, res
 
 
-def test_sigkill_across_namespaces(hosts, backend, request):
+def test_sigkill_across_namespaces(hosts, backend):
     # Pairs across the namespaces always use TCP.
     res = harness.run_ranks(_killed, WORLD, backend, timeout_s=180, ref_group=False,
                             pg_options=_opts_four, expect_killed=[3], **_placement(hosts))
