@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <type_traits>
 #include <utility>
 
@@ -306,6 +307,16 @@ void MemberHost::noteEvidenceLocked(const std::vector<uint8_t>& hint) {
         if (hint[r] && r != rank_)
             suspects_[r] = true;
     }
+    // A round in flight stops waiting for the newly suspected: they count as
+    // unreachable whatever they answer (finishRound), and a dead one would
+    // hold the report, and with it the reconciliation, for probe_timeout.
+    if (!round_.active)
+        return;
+    for (auto it = round_.waiting.begin(); it != round_.waiting.end();) {
+        it = suspected(it->second) ? round_.waiting.erase(it) : std::next(it);
+    }
+    if (round_.waiting.empty())
+        finishRound(hostNow());
 }
 
 bool MemberHost::suspected(uint32_t slot) const {
