@@ -61,6 +61,7 @@ MemberHost::MemberHost(MemberHostConfig config, MemberAgent agent, KVStore* stor
       nonce_(config_.agent.nonce),
       mailbox_(store, config_.key_prefix),
       inbox_(mailbox_.processInbox(rank_, nonce_)),
+      reader_(store, inbox_),
       on_view_(std::move(on_view)),
       agent_(std::move(agent)),
       suspects_(config_.agent.max_group_size, false) {}
@@ -92,7 +93,7 @@ void MemberHost::run() {
             const Millis now = hostNow();
             wait = std::clamp(nextWake(now) - now, Millis(0), config_.poll_interval);
         }
-        auto got = mailbox_.receive(inbox_, Deadline::after(wait));
+        auto got = reader_.receive(Deadline::after(wait));
         const bool store_failed = !got.ok() && got.status().code() != StatusCode::kTimeout;
         if (store_failed && !store_error_logged_) {
             hostLog(LogLevel::kError, "rank " + std::to_string(rank_) + ": cannot read inbox " +
