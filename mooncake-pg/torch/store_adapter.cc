@@ -26,7 +26,7 @@ constexpr std::chrono::milliseconds kMaxWaitSlice(60000);
 // settles at kMaxPoll, and one that finds a key starts fast again.
 constexpr std::chrono::milliseconds kWaitAbove(1000);
 constexpr std::chrono::microseconds kMinPoll(200);
-constexpr std::chrono::microseconds kMaxPoll(10000);
+constexpr std::chrono::microseconds kMaxPoll(5000);
 thread_local std::chrono::microseconds tl_poll = kMinPoll;
 
 // Maps whatever the c10d store threw to a Status. Called inside a catch.
