@@ -335,7 +335,7 @@ void Coordinator::onLeave(uint32_t r) {
 }
 
 void Coordinator::advance() {
-    if (window_ && now_ >= window_->deadline)
+    if (window_ && (now_ >= window_->deadline || everyoneAccountedFor()))
         closeWindow();
     evaluateProposals();
     expireJoins();

@@ -132,6 +132,12 @@ private:
         std::vector<bool> links;
         bool reported_in_window = false;
         std::vector<bool> window_links;
+        // Since the window opened: some Active member's negative evidence
+        // named this slot; this process sent anything at all; the slot was
+        // already judged Offline when the window opened.
+        bool blamed_in_window = false;
+        bool heard_in_window = false;
+        bool offline_at_open = false;
         std::optional<Millis> join_deadline;
         Millis join_timeout{0};
         std::string join_blocker;  // why activation proposals did not commit it
@@ -179,6 +185,8 @@ private:
     void onEvidence(const MessageHeader& h, const FailureEvidence& b);
     void openWindow(const std::string& why);
     void closeWindow();
+    // Whether the window can close before its deadline (coordinator_reconcile.cc).
+    bool everyoneAccountedFor() const;
     void recomputeHealth();
 
     // Helpers.

@@ -40,6 +40,7 @@ CoordinatorHost::CoordinatorHost(CoordinatorHostConfig config, Coordinator coord
     : config_(std::move(config)),
       mailbox_(store, config_.key_prefix),
       inbox_(mailbox_.coordinatorInbox()),
+      reader_(store, inbox_),
       coordinator_(std::move(coordinator)),
       slot_inbox_(config_.coordinator.max_group_size) {}
 
@@ -60,7 +61,7 @@ GroupView CoordinatorHost::view() const {
 
 bool CoordinatorHost::awaitOthersGone(const std::function<bool(uint32_t)>& gone,
                                       Deadline deadline) const {
-    // Leaves arrive through the store queue the host thread polls; there is
+    // Leaves arrive through the inbox the host thread polls; there is
     // no condition to wait on, so poll the table at a fraction of that.
     constexpr auto kPoll = std::chrono::milliseconds(5);
     while (true) {
@@ -89,7 +90,7 @@ void CoordinatorHost::run() {
             if (auto next = coordinator_.nextDeadline())
                 wait = std::clamp(*next - hostNow(), Millis(0), wait);
         }
-        auto got = mailbox_.receive(inbox_, Deadline::after(wait));
+        auto got = reader_.receive(Deadline::after(wait));
         const bool store_failed = !got.ok() && got.status().code() != StatusCode::kTimeout;
         if (store_failed && !store_error_logged_) {
             // Logged once: a broken store would otherwise flood the log.

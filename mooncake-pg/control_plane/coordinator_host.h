@@ -6,7 +6,7 @@
 // work, but nothing can change membership (no joins, activations,
 // deactivations or reconciliations) until the group is re-created.
 //
-// The thread pops the Coordinator's inbox with a deadline of at most
+// The thread reads the Coordinator's inbox with a deadline of at most
 // `poll_interval`, earlier when the Coordinator has a deadline due, so
 // windows and proposal deadlines fire on time and stop() returns within
 // about one poll interval. Everything the Coordinator says to members is
@@ -70,6 +70,7 @@ private:
     const CoordinatorHostConfig config_;
     Mailbox mailbox_;
     const std::string inbox_;
+    InboxReader reader_;     // host thread only
     mutable std::mutex mu_;  // guards coordinator_
     Coordinator coordinator_;
     // Only the host thread touches these.

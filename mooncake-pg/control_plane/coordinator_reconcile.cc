@@ -62,6 +62,7 @@ void Coordinator::onLinkReport(const MessageHeader& h, const LinkReport& b) {
     if (window_) {
         s.window_links = std::move(row);
         s.reported_in_window = true;
+        s.heard_in_window = true;
     } else {
         recomputeHealth();
     }
@@ -103,8 +104,12 @@ void Coordinator::onEvidence(const MessageHeader& h, const FailureEvidence& b) {
             log(LogLevel::kWarn, "negative " + from + ", failed_ranks_hint " + listStr(blamed));
             if (!window_)
                 openWindow("negative evidence from " + rankStr(r));
+            for (uint32_t j : blamed)
+                slots_[j].blamed_in_window = true;
         }
     }
+    if (window_ && h.view_epoch == view_.epoch)
+        slots_[r].heard_in_window = true;
     EvidenceAck ack;
     ack.request_id = b.request_id;
     if (window_) {
@@ -118,15 +123,51 @@ void Coordinator::onEvidence(const MessageHeader& h, const FailureEvidence& b) {
 
 void Coordinator::openWindow(const std::string& why) {
     window_ = Window{next_reconcile_id_++, now_ + config_.reconcile_window};
-    for (SlotState& s : slots_) {
+    for (uint32_t r = 0; r < slots_.size(); ++r) {
+        SlotState& s = slots_[r];
         s.reported_in_window = false;
         s.window_links.clear();
+        s.blamed_in_window = false;
+        s.heard_in_window = false;
+        s.offline_at_open = view_.slots[r].rank == RankState::kOffline;
     }
     ++change_count_;
     log(LogLevel::kWarn, "reconciliation #" + std::to_string(window_->id) + " opened (" + why +
                              "); closes in " + std::to_string(config_.reconcile_window.count()) +
                              " ms");
     broadcast(ReconcileStart{window_->id, clampMs(config_.reconcile_window)});
+}
+
+// The window only bounds the wait for members that are alive but silent (a
+// member stuck in a collective reports once that collective times out). It
+// closes early once every registered process is accounted for: it reported
+// its links in this window, or it is dead as far as anyone can tell:
+//  - it was already judged Offline when the window opened, or
+//  - an Active member's data plane named it in negative evidence, every
+//    report of this window says it is unreachable, and it sent nothing
+//    since the window opened.
+// Its own report could not change the outcome then: with no link to any
+// reporter it cannot share a healthy set with them.
+bool Coordinator::everyoneAccountedFor() const {
+    bool any_report = false;
+    for (const SlotState& s : slots_)
+        any_report = any_report || s.reported_in_window;
+    if (!any_report)
+        return false;
+    for (uint32_t j = 0; j < slots_.size(); ++j) {
+        const SlotState& s = slots_[j];
+        if (!s.registered || s.reported_in_window)
+            continue;
+        if (s.offline_at_open && !s.heard_in_window)
+            continue;
+        if (!s.blamed_in_window || s.heard_in_window)
+            return false;
+        for (const SlotState& reporter : slots_) {
+            if (reporter.reported_in_window && reporter.window_links[j])
+                return false;
+        }
+    }
+    return true;
 }
 
 void Coordinator::closeWindow() {
@@ -185,6 +226,9 @@ void Coordinator::closeWindow() {
             s.links.clear();
         s.reported_in_window = false;
         s.window_links.clear();
+        s.blamed_in_window = false;
+        s.heard_in_window = false;
+        s.offline_at_open = false;
     }
 
     std::string summary = "reconciliation #" + std::to_string(id) + " closed: healthy " +

@@ -13,6 +13,14 @@ std::string base(std::string_view prefix) {
     return key + "cp/";
 }
 
+std::string countKey(const std::string& inbox) {
+    return inbox + "/count";
+}
+
+std::string messageKey(const std::string& inbox, int64_t n) {
+    return inbox + "/" + std::to_string(n);
+}
+
 std::string hex16(uint64_t v) {
     char buf[17];
     std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
@@ -65,11 +73,57 @@ Status Mailbox::send(const std::string& inbox, const ControlMessage& message) {
 }
 
 Status Mailbox::sendBytes(const std::string& inbox, const std::string& bytes) {
-    return store_->queuePush(inbox, bytes);
+    auto n = store_->add(countKey(inbox), 1);
+    if (!n.ok())
+        return n.status().withContext("claiming a message number in " + inbox);
+    return store_->set(messageKey(inbox, n.value()), bytes);
 }
 
-Result<std::string> Mailbox::receive(const std::string& inbox, Deadline deadline) {
-    return store_->queuePop(inbox, deadline);
+Result<std::string> InboxReader::receive(Deadline deadline) {
+    const std::string key = messageKey(inbox_, next_);
+    auto got = store_->get(key, deadline);
+    if (!got.ok()) {
+        if (got.status().code() != StatusCode::kTimeout)
+            return got.status();
+        MC_RETURN_IF_ERROR(checkHole());
+        return got.status();
+    }
+    ++next_;
+    hole_since_.reset();
+    // The reader is the only one who looks at this key again; a store that
+    // cannot delete only costs memory, so say so once and carry on.
+    Status removed = store_->remove(key);
+    if (!removed.ok() && !remove_failed_logged_) {
+        hostLog(LogLevel::kWarn, "cannot delete read messages of " + inbox_ +
+                                     " (they stay in the store): " + removed.toString());
+        remove_failed_logged_ = true;
+    }
+    return got;
+}
+
+Status InboxReader::checkHole() {
+    auto count = store_->add(countKey(inbox_), 0);
+    if (!count.ok())
+        return count.status();
+    if (count.value() < next_) {
+        hole_since_.reset();  // nobody claimed it yet: an empty inbox
+        return Status::OK();
+    }
+    const Millis now = hostNow();
+    if (!hole_since_) {
+        hole_since_ = now;
+        return Status::OK();
+    }
+    if (now - *hole_since_ < hole_timeout_)
+        return Status::OK();
+    hostLog(LogLevel::kWarn, "skipped message " + std::to_string(next_) + " of " + inbox_ +
+                                 ": its sender claimed the number " +
+                                 std::to_string(hole_timeout_.count()) +
+                                 " ms ago and never wrote it (did it die?)");
+    ++next_;
+    ++skipped_;
+    hole_since_.reset();
+    return Status::OK();
 }
 
 Millis hostNow() {

@@ -1,4 +1,4 @@
-// Control messages carried over KVStore FIFO queues (queuePush/queuePop).
+// Control messages carried through the group's key-value store.
 //
 // The store is the one rendezvous every process of a group already shares
 // (torch hands the backend a c10d Store), so the control plane needs no
@@ -6,6 +6,20 @@
 //
 //   <prefix>/cp/coord                    the Coordinator's inbox
 //   <prefix>/cp/proc/<slot>/<nonce>      one process's inbox
+//
+// An inbox is built from the calls every c10d Store implements (set, get,
+// add, wait/check, deleteKey), not from store queues, which FileStore lacks:
+//
+//   <inbox>/count    how many messages were ever sent to it (add)
+//   <inbox>/<n>      message n, n = 1, 2, ... (set by its sender)
+//
+// A sender claims the next number with add(count, 1) and then sets the
+// message under it; the inbox's only reader takes them in order and deletes
+// each after reading it. Two senders never share a number, and the reader
+// sees every sender's messages in the order that sender sent them.
+//
+// A sender that died between add and set leaves a hole (a number never
+// written); the reader skips it, logged, once open for `hole_timeout`.
 //
 // <nonce> is the process's random registration nonce (16 hex digits), so a
 // replacement in the same slot never reads mail meant for its predecessor and
@@ -50,9 +64,8 @@ struct DecodedEndpoint {
 // nullopt when the marker or a well-formed nonce is missing.
 std::optional<DecodedEndpoint> decodeEndpoint(std::string_view encoded);
 
-// Sends to and receives from inboxes of one group. The store is not owned
-// and must outlive the Mailbox; it is used from several threads, which every
-// KVStore allows.
+// Sends to inboxes of one group. The store is not owned and must outlive the
+// Mailbox; it is used from several threads, which every KVStore allows.
 class Mailbox {
 public:
     Mailbox(KVStore* store, std::string prefix) : store_(store), prefix_(std::move(prefix)) {}
@@ -65,13 +78,43 @@ public:
 
     Status send(const std::string& inbox, const ControlMessage& message);
     Status sendBytes(const std::string& inbox, const std::string& bytes);
-    // The next message's raw bytes (the caller parses and decides what to do
-    // with garbage), or kTimeout when none arrived before `deadline`.
-    Result<std::string> receive(const std::string& inbox, Deadline deadline);
 
 private:
     KVStore* store_;
     std::string prefix_;
+};
+
+// How long a reader waits on a claimed but unwritten message number before
+// it skips it. A live sender writes within microseconds of its claim; only a
+// sender that died in between (or a process stopped for this long between
+// two store calls) leaves one open that long.
+inline constexpr Millis kDefaultHoleTimeout{2000};
+
+// The single reader of one inbox. Not thread-safe: one thread calls receive().
+class InboxReader {
+public:
+    InboxReader(KVStore* store, std::string inbox, Millis hole_timeout = kDefaultHoleTimeout)
+        : store_(store), inbox_(std::move(inbox)), hole_timeout_(hole_timeout) {}
+
+    const std::string& inbox() const { return inbox_; }
+    // The next message's raw bytes (the caller parses and decides what to do
+    // with garbage), or kTimeout when none arrived before `deadline`; another
+    // code when the store failed.
+    Result<std::string> receive(Deadline deadline);
+    // Message numbers given up on so far (holes).
+    uint64_t skipped() const { return skipped_; }
+
+private:
+    // After a timed-out wait for message next_: starts or ends a hole.
+    Status checkHole();
+
+    KVStore* store_;
+    std::string inbox_;
+    Millis hole_timeout_;
+    int64_t next_ = 1;                  // the number to read next
+    std::optional<Millis> hole_since_;  // when next_ was first seen claimed but unwritten
+    uint64_t skipped_ = 0;
+    bool remove_failed_logged_ = false;
 };
 
 // Steady time as the state machines count it (their Tick/Received `now`).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 #include <type_traits>
 #include <utility>
 
@@ -60,6 +61,7 @@ MemberHost::MemberHost(MemberHostConfig config, MemberAgent agent, KVStore* stor
       nonce_(config_.agent.nonce),
       mailbox_(store, config_.key_prefix),
       inbox_(mailbox_.processInbox(rank_, nonce_)),
+      reader_(store, inbox_),
       on_view_(std::move(on_view)),
       agent_(std::move(agent)),
       suspects_(config_.agent.max_group_size, false) {}
@@ -91,7 +93,7 @@ void MemberHost::run() {
             const Millis now = hostNow();
             wait = std::clamp(nextWake(now) - now, Millis(0), config_.poll_interval);
         }
-        auto got = mailbox_.receive(inbox_, Deadline::after(wait));
+        auto got = reader_.receive(Deadline::after(wait));
         const bool store_failed = !got.ok() && got.status().code() != StatusCode::kTimeout;
         if (store_failed && !store_error_logged_) {
             hostLog(LogLevel::kError, "rank " + std::to_string(rank_) + ": cannot read inbox " +
@@ -306,6 +308,16 @@ void MemberHost::noteEvidenceLocked(const std::vector<uint8_t>& hint) {
         if (hint[r] && r != rank_)
             suspects_[r] = true;
     }
+    // A round in flight stops waiting for the newly suspected: they count as
+    // unreachable whatever they answer (finishRound), and a dead one would
+    // hold the report, and with it the reconciliation, for probe_timeout.
+    if (!round_.active)
+        return;
+    for (auto it = round_.waiting.begin(); it != round_.waiting.end();) {
+        it = suspected(it->second) ? round_.waiting.erase(it) : std::next(it);
+    }
+    if (round_.waiting.empty())
+        finishRound(hostNow());
 }
 
 bool MemberHost::suspected(uint32_t slot) const {

@@ -179,6 +179,7 @@ private:
     const uint64_t nonce_;
     Mailbox mailbox_;
     const std::string inbox_;
+    InboxReader reader_;  // host thread only
     const ViewCallback on_view_;
 
     mutable std::mutex mu_;

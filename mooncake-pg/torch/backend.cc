@@ -164,6 +164,9 @@ void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
     const std::shared_ptr<KVStore> kv = store_;
     const std::string where = "rank " + std::to_string(config_.rank) + " of group '" +
                               config_.group_name + "' (" + getBackendName() + ")";
+    Status usable =
+        store_->checkRequiredCalls("mooncake_pg_store_check/" + std::to_string(config_.rank));
+    TORCH_CHECK_VALUE(usable.ok(), "Mooncake PG: ", where, ": ", usable.toString());
     TORCH_CHECK_VALUE(envChunkBytes() > 0, "Mooncake PG: MC_PG_CHUNK_BYTES=", envChunkBytes(),
                       " must be a positive byte count");
     TORCH_CHECK_VALUE(envP2PPoolBytes() > 0,

@@ -32,22 +32,31 @@ public:
         const c10::intrusive_ptr<c10d::Store>& store);
 
     Status set(const std::string& key, const std::string& value) override;
-    // store->wait bounded by the deadline, then store->get.
+    // check, then store->wait or polling (see the .cc), then store->get.
     Result<std::string> get(const std::string& key, Deadline deadline) override;
     Result<int64_t> add(const std::string& key, int64_t delta) override;
     Status remove(const std::string& key) override;
-    // c10d queues (TCPStore, PrefixStore); kUnavailable on stores without.
-    Status queuePush(const std::string& key, const std::string& value) override;
-    // Polls queueLen with a growing back-off: c10d's blocking pop can only
-    // wait for the store-wide timeout, not for a per-call deadline.
-    Result<std::string> queuePop(const std::string& key, Deadline deadline) override;
+
+    // Calls each of set/get/add/check/wait/deleteKey once on keys under
+    // `scratch`: the control plane needs exactly those. A store that lacks
+    // one fails here, at init, naming it (kInvalidArgument), instead of
+    // every control message failing later and init timing out.
+    Status checkRequiredCalls(const std::string& scratch);
 
     // From now on remove() succeeds without touching the store (shutdown).
     void skipRemoves() { skip_removes_.store(true); }
 
 private:
+    // Maps an exception the store threw to a Status; once the store's
+    // server is unreachable (DistNetworkError: a TCPStore whose host exited;
+    // its client never reconnects) later calls fail at once without touching
+    // it, so background threads do not make torch log each failed attempt.
+    Status failed(const std::string& what_we_did);
+    Status goneStatus(const std::string& what_we_did) const;
+
     c10::intrusive_ptr<c10d::Store> store_;
     std::atomic<bool> skip_removes_{false};
+    std::atomic<bool> gone_{false};
 };
 
 }  // namespace mooncake::pg

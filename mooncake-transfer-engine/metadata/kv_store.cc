@@ -54,24 +54,6 @@ Status InProcessKVStore::remove(const std::string& key) {
     return Status::OK();
 }
 
-Status InProcessKVStore::queuePush(const std::string& key, const std::string& value) {
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        queues_[key].push_back(value);
-    }
-    cv_.notify_all();
-    return Status::OK();
-}
-
-Result<std::string> InProcessKVStore::queuePop(const std::string& key, Deadline deadline) {
-    std::unique_lock<std::mutex> lock(mu_);
-    bool ready = cv_.wait_until(lock, deadline.at(), [&] { return !queues_[key].empty(); });
-    if (!ready) return Timeout("queue '" + key + "' stayed empty until the deadline");
-    std::string v = std::move(queues_[key].front());
-    queues_[key].pop_front();
-    return v;
-}
-
 FileKVStore::FileKVStore(std::string directory) : dir_(std::move(directory)) {
     ::mkdir(dir_.c_str(), 0700);
 }
@@ -146,58 +128,6 @@ Result<int64_t> FileKVStore::add(const std::string& key, int64_t delta) {
 Status FileKVStore::remove(const std::string& key) {
     ::unlink(pathFor(key).c_str());
     return Status::OK();
-}
-
-}  // namespace mooncake
-
-namespace mooncake {
-
-Status FileKVStore::queuePush(const std::string& key, const std::string& value) {
-    std::string qdir = pathFor(key) + ".queue";
-    ::mkdir(qdir.c_str(), 0700);
-    auto seq = add(key + "/.queue_seq", 1);
-    if (!seq.ok()) return seq.status();
-    char name[32];
-    std::snprintf(name, sizeof(name), "/%020lld", static_cast<long long>(seq.value()));
-    std::string tmp = qdir + name + ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        out.write(value.data(), static_cast<std::streamsize>(value.size()));
-        if (!out) return Internal("short write to " + tmp);
-    }
-    if (::rename(tmp.c_str(), (qdir + name).c_str()) != 0) {
-        return Internal("rename " + tmp + ": " + std::strerror(errno));
-    }
-    return Status::OK();
-}
-
-Result<std::string> FileKVStore::queuePop(const std::string& key, Deadline deadline) {
-    std::string qdir = pathFor(key) + ".queue";
-    auto backoff = std::chrono::microseconds(50);
-    while (true) {
-        std::vector<std::string> names;
-        if (DIR* d = ::opendir(qdir.c_str())) {
-            while (dirent* e = ::readdir(d)) {
-                std::string n = e->d_name;
-                if (n.size() == 20 && n.find('.') == std::string::npos) names.push_back(n);
-            }
-            ::closedir(d);
-        }
-        std::sort(names.begin(), names.end());
-        for (const auto& n : names) {
-            // Renaming claims the entry; a concurrent popper loses the race.
-            std::string claimed = qdir + "/" + n + ".claimed." + randomHex(4);
-            if (::rename((qdir + "/" + n).c_str(), claimed.c_str()) != 0) continue;
-            std::ifstream in(claimed, std::ios::binary);
-            std::stringstream ss;
-            ss << in.rdbuf();
-            ::unlink(claimed.c_str());
-            return ss.str();
-        }
-        if (deadline.expired()) return Timeout("queue '" + key + "' stayed empty until the deadline");
-        std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(backoff, deadline.remaining()));
-        backoff = std::min(backoff * 2, std::chrono::microseconds(5000));
-    }
 }
 
 }  // namespace mooncake

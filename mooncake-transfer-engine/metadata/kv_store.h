@@ -5,7 +5,6 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -25,18 +24,6 @@ public:
     // Atomically adds `delta` to the integer stored at `key` (0 when absent).
     virtual Result<int64_t> add(const std::string& key, int64_t delta) = 0;
     virtual Status remove(const std::string& key) = 0;
-
-    // A FIFO mailbox per key, for control messages: push never blocks; pop
-    // waits until a value is queued or the deadline passes (kTimeout).
-    // Stores without queues return kUnavailable.
-    virtual Status queuePush(const std::string& key, const std::string& value) {
-        (void)key, (void)value;
-        return Unavailable("this KVStore has no queues");
-    }
-    virtual Result<std::string> queuePop(const std::string& key, Deadline deadline) {
-        (void)key, (void)deadline;
-        return Unavailable("this KVStore has no queues");
-    }
 };
 
 // Threads of one process.
@@ -46,14 +33,11 @@ public:
     Result<std::string> get(const std::string& key, Deadline deadline) override;
     Result<int64_t> add(const std::string& key, int64_t delta) override;
     Status remove(const std::string& key) override;
-    Status queuePush(const std::string& key, const std::string& value) override;
-    Result<std::string> queuePop(const std::string& key, Deadline deadline) override;
 
 private:
     std::mutex mu_;
     std::condition_variable cv_;
     std::map<std::string, std::string> values_;
-    std::map<std::string, std::deque<std::string>> queues_;
 };
 
 // Processes of one host sharing a directory. Writes are atomic renames; get()
@@ -65,9 +49,6 @@ public:
     Result<std::string> get(const std::string& key, Deadline deadline) override;
     Result<int64_t> add(const std::string& key, int64_t delta) override;
     Status remove(const std::string& key) override;
-    // A queue is a directory of numbered files; a pop claims the oldest by rename.
-    Status queuePush(const std::string& key, const std::string& value) override;
-    Result<std::string> queuePop(const std::string& key, Deadline deadline) override;
 
 private:
     std::string pathFor(const std::string& key) const;

@@ -12,6 +12,10 @@ CUDA data path is not available yet, so CUDA tensors are rejected with an
 explanation.
 """
 
+import atexit
+import sys
+import weakref
+
 from mooncake import _loader
 
 # First, so that a torch version mismatch surfaces as the loader's ImportError.
@@ -47,6 +51,10 @@ _BACKENDS = {
     "mooncake-cpu": (["cpu"], False),
     "mooncake": (["cuda"], True),
 }
+
+
+# Weak references to every group this process created, oldest first.
+_groups = []
 
 
 def _device_backend_map():
@@ -100,6 +108,8 @@ def _make_creator(name, is_cuda):
     def create(dist_backend_opts, pg_options):
         mixed = _mixed_with(name, pg_options)
         group = _lib.createMooncakeBackend(dist_backend_opts, pg_options, is_cuda)
+        _groups[:] = [g for g in _groups if g() is not None]
+        _groups.append(weakref.ref(group))
         if mixed:
             return _lib.backend_of(group)
         return group
@@ -222,6 +232,33 @@ def _install_group_ranks_registry():
 
 
 _install_group_ranks_registry()
+
+
+def _shutdown_at_exit():
+    """Shuts down the groups a script left without ``destroy_process_group()``.
+
+    Otherwise they would go down during interpreter teardown, or not at all:
+    their threads would still be polling the store when the process hosting
+    it exits (log floods on the other ranks), and a thread that needs the
+    GIL once finalization began is stopped in a way that aborts the process.
+    Newest first, so subgroups go before the default group; the rank hosting
+    the group's Coordinator waits, bounded, for the others to leave, as it
+    does in ``destroy_process_group()``. Idempotent with destroy.
+    """
+    for ref in reversed(_groups):
+        group = ref()
+        if group is None:
+            continue
+        try:
+            group.shutdown()
+        except Exception as e:  # noqa: BLE001 - exiting anyway; say why, once
+            print(f"mooncake.pg: shutting a group down at exit failed: {e}", file=sys.stderr)
+    _groups.clear()
+
+
+# Registered after torch.distributed was imported, so this runs before any
+# exit hook of torch's own (atexit runs hooks last-registered first).
+atexit.register(_shutdown_at_exit)
 
 
 def set_host_ip(host_ip):

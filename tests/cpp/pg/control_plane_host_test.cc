@@ -1,5 +1,5 @@
 // The control-plane hosts end to end: a CoordinatorHost and MemberHosts on
-// real threads, talking through KVStore mailboxes (InProcessKVStore, and
+// real threads, talking through KVStore inboxes (InProcessKVStore, and
 // FileKVStore across forked processes). Every wait is on a condition with a
 // deadline; nothing sleeps to synchronize.
 #include <gtest/gtest.h>
@@ -504,33 +504,34 @@ TEST(ControlPlaneHostTest, CallsFailClearlyWhenTheyCannotSucceed) {
 
 TEST(ControlPlaneHostTest, GarbageAndForeignMessagesAreDropped) {
     InProcessKVStore store;
-    // Queued before anyone runs: the hosts must read past them.
-    ASSERT_TRUE(store.queuePush(coordinatorInboxKey(kPrefix), "not a message").ok());
+    Mailbox mail(&store, kPrefix);
+    // Sent before anyone runs: the hosts must read past them.
+    ASSERT_TRUE(mail.sendBytes(coordinatorInboxKey(kPrefix), "not a message").ok());
     ControlMessage foreign;
     foreign.header.group_id = kGroup;
     foreign.header.sender_rank = 0;
     foreign.header.secret = "wrong";
     foreign.body = RegisterRequest{99, false, "x"};
-    ASSERT_TRUE(store.queuePush(coordinatorInboxKey(kPrefix), serialize(foreign)).ok());
+    ASSERT_TRUE(mail.sendBytes(coordinatorInboxKey(kPrefix), serialize(foreign)).ok());
     foreign.header.secret = kSecret;
     foreign.header.group_id = "another-group";
-    ASSERT_TRUE(store.queuePush(coordinatorInboxKey(kPrefix), serialize(foreign)).ok());
+    ASSERT_TRUE(mail.sendBytes(coordinatorInboxKey(kPrefix), serialize(foreign)).ok());
 
     HostGroup g(2, 2, {}, &store);
     ASSERT_NO_FATAL_FAILURE(g.bootstrap());
     // Garbage, a forged probe and a stray reply into a member's inbox.
     const uint64_t nonce = decodeEndpoint(g.host(1).view().slots[1].endpoint)->nonce;
     const std::string inbox = processInboxKey(kPrefix, 1, nonce);
-    ASSERT_TRUE(store.queuePush(inbox, std::string("MCCP\x01\x10", 6)).ok());
+    ASSERT_TRUE(mail.sendBytes(inbox, std::string("MCCP\x01\x10", 6)).ok());
     ControlMessage probe;
     probe.header.group_id = kGroup;
     probe.header.sender_rank = 0;
     probe.header.secret = "wrong";
     probe.body = Probe{1, 1, 1, 5};
-    ASSERT_TRUE(store.queuePush(inbox, serialize(probe)).ok());
+    ASSERT_TRUE(mail.sendBytes(inbox, serialize(probe)).ok());
     probe.header.secret = kSecret;
     probe.body = ProbeReply{12345, 1};
-    ASSERT_TRUE(store.queuePush(inbox, serialize(probe)).ok());
+    ASSERT_TRUE(mail.sendBytes(inbox, serialize(probe)).ok());
     // The group still works.
     Status st = g.host(0).deactivateRanks({1}, in(5s));
     ASSERT_TRUE(st.ok()) << st.toString();

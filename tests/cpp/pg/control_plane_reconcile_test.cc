@@ -36,8 +36,11 @@ TEST(CoordinatorTest, ReconciliationWindowOpensAndClosesOnTickAtTheRightTime) {
     EXPECT_EQ(sentTo<EvidenceAck>(fx, 1).at(0).window_remaining_ms, 29000u);
     EXPECT_TRUE(sentTo<ReconcileStart>(fx, 1).empty());
 
-    // Ranks 0, 1, 3 report; rank 2 is silent.
-    d.fullMesh({0, 1, 3});
+    // Ranks 0, 1, 3 report; rank 2 is silent, but rank 3 still reaches it:
+    // it may be alive and stuck in a collective, so the window waits for it.
+    d.reportLinks(0, {0, 1, 3});
+    d.reportLinks(1, {0, 1, 3});
+    d.reportLinks(3, {0, 1, 2, 3});
     fx = d.tickAt(30999ms);
     EXPECT_TRUE(d.coord().reconciling());
     EXPECT_TRUE(effectsOf<ReconciliationResult>(fx).empty());
@@ -62,11 +65,71 @@ TEST(CoordinatorTest, ReconciliationWindowOpensAndClosesOnTickAtTheRightTime) {
     EXPECT_TRUE(msgs[0].deactivated);
 }
 
+// A SIGKILLed rank: every survivor's data plane names it and no report
+// reaches it, so the window closes on the last survivor's report instead of
+// at its deadline.
+TEST(CoordinatorTest, WindowClosesOnceEveryoneButTheBlamedDeadReported) {
+    auto d = bootstrapped();
+    d.tickAt(1000ms);
+    d.evidence(0, {2});
+    d.evidence(1, {2});
+    ASSERT_TRUE(d.coord().reconciling());
+    d.reportLinks(0, {0, 1, 3});
+    d.reportLinks(1, {0, 1, 3});
+    EXPECT_TRUE(d.coord().reconciling()) << "rank 3 has not reported yet";
+    auto fx = d.reportLinks(3, {0, 1, 3});
+    EXPECT_FALSE(d.coord().reconciling());
+    auto res = effectsOf<ReconciliationResult>(fx);
+    ASSERT_EQ(res.size(), 1u);
+    EXPECT_EQ(res[0].healthy, (std::vector<uint32_t>{0, 1, 3}));
+    EXPECT_EQ(res[0].unhealthy_active, (std::vector<uint32_t>{2}));
+    EXPECT_EQ(d.view().activeMask(), mask({1, 1, 0, 1, 0, 0, 0, 0}));
+    EXPECT_EQ(effectsOf<ViewCommitted>(fx).size(), 1u);
+}
+
+// Blame alone is not death: a blamed rank that some report still reaches,
+// or that speaks up itself, is waited for (a partition blames both sides).
+TEST(CoordinatorTest, WindowWaitsForABlamedRankThatIsReachedOrSpeaks) {
+    auto d = bootstrapped(4, 4);
+    d.evidence(0, {2, 3});
+    d.reportLinks(0, {0, 1});
+    d.reportLinks(1, {0, 1, 3});
+    EXPECT_TRUE(d.coord().reconciling()) << "rank 1 still reaches rank 3";
+    d.evidence(2, {0, 1});
+    d.reportLinks(1, {0, 1});
+    EXPECT_TRUE(d.coord().reconciling()) << "rank 2 sent evidence: it is alive";
+    d.reportLinks(2, {2, 3});
+    EXPECT_TRUE(d.coord().reconciling()) << "rank 2 reaches rank 3";
+    auto fx = d.reportLinks(3, {2, 3});
+    EXPECT_FALSE(d.coord().reconciling());
+    auto res = effectsOf<ReconciliationResult>(fx);
+    ASSERT_EQ(res.size(), 1u);
+    EXPECT_EQ(res[0].healthy, (std::vector<uint32_t>{0, 1}));  // the tie goes low
+}
+
+// A slot a previous reconciliation judged Offline (its process never left)
+// is not waited for again.
+TEST(CoordinatorTest, WindowDoesNotWaitForAnEarlierCasualty) {
+    auto d = bootstrapped(4, 4);
+    d.evidence(0, {3});
+    d.fullMesh({0, 1, 2});
+    ASSERT_FALSE(d.coord().reconciling());
+    ASSERT_EQ(d.view().slots[3].rank, RankState::kOffline);
+    d.evidence(0, {2});
+    d.reportLinks(0, {0, 1});
+    EXPECT_TRUE(d.coord().reconciling());
+    auto fx = d.reportLinks(1, {0, 1});
+    EXPECT_FALSE(d.coord().reconciling());
+    EXPECT_EQ(effectsOf<ReconciliationResult>(fx).at(0).healthy, (std::vector<uint32_t>{0, 1}));
+    EXPECT_EQ(d.view().activeMask(), mask({1, 1, 0, 0}));
+}
+
 TEST(CoordinatorTest, DeferredSyncModeAlsoDeactivates) {
     auto d = bootstrapped(8, 4, FailureMode{true, false});
     d.evidence(0, {3});
-    d.fullMesh({0, 1, 2});
-    auto fx = d.tickAt(30000ms);
+    d.reportLinks(0, {0, 1, 2});
+    d.reportLinks(1, {0, 1, 2});
+    auto fx = d.reportLinks(2, {0, 1, 2});
     ASSERT_EQ(effectsOf<ViewCommitted>(fx).size(), 1u);
     EXPECT_EQ(d.view().activeMask(), mask({1, 1, 1, 0, 0, 0, 0, 0}));
 }
@@ -74,8 +137,9 @@ TEST(CoordinatorTest, DeferredSyncModeAlsoDeactivates) {
 TEST(CoordinatorTest, FrameworkManagedModeOnlyReports) {
     auto d = bootstrapped(8, 4, FailureMode{false, false});
     d.evidence(0, {3});
-    d.fullMesh({0, 1, 2});
-    auto fx = d.tickAt(30000ms);
+    d.reportLinks(0, {0, 1, 2});
+    d.reportLinks(1, {0, 1, 2});
+    auto fx = d.reportLinks(2, {0, 1, 2});
     auto res = effectsOf<ReconciliationResult>(fx);
     ASSERT_EQ(res.size(), 1u);
     EXPECT_EQ(res[0].unhealthy_active, (std::vector<uint32_t>{3}));
@@ -100,10 +164,12 @@ TEST(CoordinatorTest, FrameworkManagedModeOnlyReports) {
 TEST(CoordinatorTest, HealthySetIsTheLargestConnectedGroupOfActives) {
     auto d = bootstrapped(8, 5);
     d.evidence(0, {3, 4});
-    // {0,1,2} see each other, {3,4} see each other; no cross links.
-    d.fullMesh({0, 1, 2});
+    // {0,1,2} see each other, {3,4} see each other; no cross links. The
+    // window closes on the last report.
     d.fullMesh({3, 4});
-    auto fx = d.tickAt(30000ms);
+    d.reportLinks(0, {0, 1, 2});
+    d.reportLinks(1, {0, 1, 2});
+    auto fx = d.reportLinks(2, {0, 1, 2});
     auto res = effectsOf<ReconciliationResult>(fx).at(0);
     EXPECT_EQ(res.healthy, (std::vector<uint32_t>{0, 1, 2}));
     EXPECT_EQ(res.unhealthy_active, (std::vector<uint32_t>{3, 4}));
@@ -114,8 +180,8 @@ TEST(CoordinatorTest, HealthySetTieBreaksByLowestRanks) {
     auto d = bootstrapped(4, 4);
     d.evidence(3, {0});
     d.fullMesh({2, 3});  // reported first, but {0,1} wins the tie
-    d.fullMesh({0, 1});
-    auto fx = d.tickAt(30000ms);
+    d.reportLinks(0, {0, 1});
+    auto fx = d.reportLinks(1, {0, 1});
     auto res = effectsOf<ReconciliationResult>(fx).at(0);
     EXPECT_EQ(res.healthy, (std::vector<uint32_t>{0, 1}));
     EXPECT_EQ(d.view().activeMask(), mask({1, 1, 0, 0}));

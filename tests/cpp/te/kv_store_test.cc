@@ -110,50 +110,5 @@ TYPED_TEST(KVStoreTest, AddCountsFromZero) {
     EXPECT_EQ(store->add("ctr", -2).value(), 4);
 }
 
-TYPED_TEST(KVStoreTest, QueueIsFifoAndPopTimesOutWhenEmpty) {
-    auto store = makeStore<TypeParam>();
-    for (int i = 0; i < 5; ++i) ASSERT_TRUE(store->queuePush("q", "m" + std::to_string(i)).ok());
-    for (int i = 0; i < 5; ++i) {
-        auto v = store->queuePop("q", Deadline::afterMs(1000));
-        ASSERT_TRUE(v.ok()) << v.status().toString();
-        EXPECT_EQ(v.value(), "m" + std::to_string(i));
-    }
-    auto empty = store->queuePop("q", Deadline::afterMs(50));
-    ASSERT_FALSE(empty.ok());
-    EXPECT_EQ(empty.status().code(), StatusCode::kTimeout);
-}
-
-TEST(FileKVStoreTest, QueueDeliversEachMessageOnceAcrossProcesses) {
-    const std::string dir = tempDir();
-    constexpr int kPerProducer = 50;
-    constexpr int kProducers = 2;
-    std::vector<pid_t> kids;
-    for (int p = 0; p < kProducers; ++p) {
-        pid_t pid = ::fork();
-        ASSERT_GE(pid, 0);
-        if (pid == 0) {
-            FileKVStore store(dir);
-            for (int i = 0; i < kPerProducer; ++i) {
-                if (!store.queuePush("mailbox", std::to_string(p * 1000 + i)).ok()) ::_exit(1);
-            }
-            ::_exit(0);
-        }
-        kids.push_back(pid);
-    }
-    FileKVStore store(dir);
-    std::set<std::string> seen;
-    for (int i = 0; i < kPerProducer * kProducers; ++i) {
-        auto v = store.queuePop("mailbox", Deadline::afterMs(20000));
-        ASSERT_TRUE(v.ok()) << v.status().toString();
-        EXPECT_TRUE(seen.insert(v.value()).second) << "delivered twice: " << v.value();
-    }
-    for (pid_t pid : kids) {
-        int status = 0;
-        ::waitpid(pid, &status, 0);
-        EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    }
-    EXPECT_EQ(seen.size(), static_cast<size_t>(kPerProducer * kProducers));
-}
-
 }  // namespace
 }  // namespace mooncake
