@@ -37,7 +37,7 @@ if BACKEND not in ("gloo", "mooncake-cpu"):
     raise RuntimeError(f"BACKEND={BACKEND!r}: expected gloo or mooncake-cpu")
 # The FileStore init is the suite's default; "tcp" stays the default here until
 # the control plane works over a FileStore on main (then switch this to "file").
-DEFAULT_INIT = "tcp"
+DEFAULT_INIT = "file"
 INIT = os.environ.get("MC_TORCH_SUITE_INIT", DEFAULT_INIT)
 if INIT not in ("tcp", "file"):
     raise RuntimeError(f"MC_TORCH_SUITE_INIT={INIT!r}: expected tcp or file")
