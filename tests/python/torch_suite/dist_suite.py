@@ -35,8 +35,7 @@ import suite_cases  # noqa: E402
 BACKEND = os.environ.get("BACKEND", "")
 if BACKEND not in ("gloo", "mooncake-cpu"):
     raise RuntimeError(f"BACKEND={BACKEND!r}: expected gloo or mooncake-cpu")
-# The FileStore init is the suite's default; "tcp" stays the default here until
-# the control plane works over a FileStore on main (then switch this to "file").
+# torch's own default for this suite: a FileStore rendezvous ("tcp" for a TCPStore).
 DEFAULT_INIT = "file"
 INIT = os.environ.get("MC_TORCH_SUITE_INIT", DEFAULT_INIT)
 if INIT not in ("tcp", "file"):
