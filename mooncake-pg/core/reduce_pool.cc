@@ -101,8 +101,9 @@ void ReducePool::helperLoop(int index) {
 
 void ReducePool::run(int threads, size_t parts, const std::function<void(size_t)>& fn) {
     std::unique_lock<std::mutex> busy(run_mu_, std::defer_lock);
+    // owns_lock() below tells whether try_lock got it.
     if (threads > 1 && parts > 1 && parts <= 0xFFFFFFFFu)
-        busy.try_lock();
+        (void)busy.try_lock();
     if (!busy.owns_lock()) {
         for (size_t p = 0; p < parts; ++p)
             fn(p);
