@@ -147,9 +147,11 @@ def _exchange_worker(ctx, port):
     return bad
 
 
-@pytest.mark.parametrize("transport", ["default", "tcp"])
-def test_two_processes_exchange_bytes(backend, transport):
-    env = {"MC_FORCE_TCP": "1"} if transport == "tcp" else {"MC_FORCE_TCP": None}
+# "engine_path", not "transport": that name is conftest's fixture for the PG
+# suites' shm/tcp parametrization.
+@pytest.mark.parametrize("engine_path", ["default", "tcp"])
+def test_two_processes_exchange_bytes(backend, engine_path):
+    env = {"MC_FORCE_TCP": "1"} if engine_path == "tcp" else {"MC_FORCE_TCP": None}
     res = harness.run_ranks(_exchange_worker, 2, backend, JOB_TIMEOUT_S, env=env, init=False,
                             ref_group=False, args=(harness.free_port(),))
     assert res == [[], []], res
