@@ -537,21 +537,21 @@ void runRanks(const Plan& plan) {
 }
 
 TEST(EpKernels, TwoProcessesHidden8192TopK16) {
-    EP_SKIP_WITHOUT_GPU();
+    SKIP_WITHOUT_GPU();
     runRanks({Shape{/*num_ranks=*/2, /*num_experts=*/32, /*max_tokens=*/48, /*hidden=*/8192,
                     /*top_k=*/16},
               /*inactive_rank=*/1, /*absent_rank=*/1});
 }
 
 TEST(EpKernels, FourProcessesHidden7168) {
-    EP_SKIP_WITHOUT_GPU();
+    SKIP_WITHOUT_GPU();
     runRanks({Shape{/*num_ranks=*/4, /*num_experts=*/16, /*max_tokens=*/32, /*hidden=*/7168,
                     /*top_k=*/8},
               /*inactive_rank=*/1, /*absent_rank=*/2});
 }
 
 TEST(EpKernels, GraphReplayTwoProcesses) {
-    EP_SKIP_WITHOUT_GPU();
+    SKIP_WITHOUT_GPU();
     runRanks({Shape{/*num_ranks=*/2, /*num_experts=*/8, /*max_tokens=*/32, /*hidden=*/1024,
                     /*top_k=*/4},
               /*inactive_rank=*/1, /*absent_rank=*/1, /*graphs_only=*/true});

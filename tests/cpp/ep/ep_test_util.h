@@ -1,7 +1,6 @@
-// Process plumbing for the EP kernel tests: a probe that says why no GPU is
-// usable (the parent never touches CUDA, so its forked children can), device
-// memory that frees itself, barriers through the FileKVStore, and a bounded
-// wait for a stream.
+// Process plumbing for the EP kernel tests: device memory that frees itself,
+// barriers through the FileKVStore, and a bounded wait for a stream. The
+// GPU probe (SKIP_WITHOUT_GPU) is tests/cpp/te/cuda_test_util.h's.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -11,45 +10,13 @@
 #include <string>
 
 #include "mooncake-transfer-engine/transport/cuda_ipc/device_memory.h"
+#include "tests/cpp/te/cuda_test_util.h"
 #include "tests/cpp/te/shm_test_util.h"
 
 namespace mooncake::ep::test {
 
 using te::shm_test::Child;
 using te::shm_test::TempDir;
-
-// Empty when a fresh process can use device 0, otherwise the reason.
-inline std::string cudaUnusableReason() {
-    int fds[2];
-    if (::pipe(fds) != 0)
-        return "pipe failed";
-    Child probe([&] {
-        ::close(fds[0]);
-        Status st = te::deviceMemoryAvailable();
-        std::string why = st.ok() ? "" : st.toString();
-        if (!why.empty())
-            (void)!::write(fds[1], why.data(), why.size());
-        ::close(fds[1]);
-        return 0;
-    });
-    ::close(fds[1]);
-    std::string why;
-    char buf[256];
-    ssize_t n;
-    while ((n = ::read(fds[0], buf, sizeof(buf))) > 0)
-        why.append(buf, static_cast<size_t>(n));
-    ::close(fds[0]);
-    if (probe.wait(Deadline::afterMs(te::shm_test::kWaitMs)) != 0)
-        return "the CUDA probe process failed";
-    return why;
-}
-
-#define EP_SKIP_WITHOUT_GPU()                                 \
-    do {                                                      \
-        std::string why = cudaUnusableReason();               \
-        if (!why.empty())                                     \
-            GTEST_SKIP() << "no usable CUDA device: " << why; \
-    } while (0)
 
 // Inside a child: a failed CUDA call ends the body with 1 and says where.
 #define CUDA_OK(expr)                                                          \
