@@ -16,6 +16,7 @@
 #include "mooncake-ep/core/handle.h"
 #include "mooncake-ep/kernels/device_sync.cuh"
 #include "mooncake-ep/kernels/ep_kernels.h"
+#include "mooncake-transfer-engine/common/cuda_launch.h"
 
 namespace mooncake::ep {
 namespace {
@@ -134,13 +135,6 @@ __global__ void __launch_bounds__(kRecvThreads) combineReceive(CombineParams p) 
         epFinishOperation(&state->combine_done, &state->combine_seq, seq);
 }
 
-Status launchStatus(const char* what) {
-    const cudaError_t err = cudaGetLastError();
-    if (err == cudaSuccess)
-        return Status::OK();
-    return Internal(std::string(what) + " launch failed: " + cudaGetErrorString(err));
-}
-
 }  // namespace
 
 Status launchCombine(const EpGroupArgs& g, const CombineArgs& a, cudaStream_t stream) {
@@ -148,11 +142,11 @@ Status launchCombine(const EpGroupArgs& g, const CombineArgs& a, cudaStream_t st
     const CombineParams p{g, a};
     const int nle = g.num_experts / g.num_ranks;
     combineSend<<<nle * g.num_ranks, kSendThreads, 0, stream>>>(p);
-    MC_RETURN_IF_ERROR(launchStatus("combine send"));
+    MC_RETURN_IF_ERROR(cudaLaunchStatus("combine send"));
     const int blocks = a.num_tokens > 0 ? a.num_tokens : 1;
     const size_t shared_bytes = 2 * sizeof(int) * static_cast<size_t>(a.top_k);
     combineReceive<<<blocks, kRecvThreads, shared_bytes, stream>>>(p);
-    return launchStatus("combine receive");
+    return cudaLaunchStatus("combine receive");
 }
 
 }  // namespace mooncake::ep

@@ -8,24 +8,9 @@
 #include <cstdint>
 
 #include "mooncake-ep/core/signal_word.h"
+#include "mooncake-transfer-engine/common/device_sync.cuh"
 
 namespace mooncake::ep {
-
-__device__ __forceinline__ uint64_t epGlobalTimerNs() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-__device__ __forceinline__ uint64_t epLoadAcquireSys(const uint64_t* p) {
-    uint64_t v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void epStoreReleaseSys(uint64_t* p, uint64_t v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" : : "l"(p), "l"(v) : "memory");
-}
 
 __device__ __forceinline__ int32_t epLoadVolatile(const int32_t* p) {
     return *static_cast<const volatile int32_t*>(p);
@@ -35,7 +20,7 @@ __device__ __forceinline__ int32_t epLoadVolatile(const int32_t* p) {
 // writes to the peer, then the signal.
 __device__ __forceinline__ void epSignal(uint64_t* word, uint64_t seq, uint32_t payload) {
     __threadfence_system();
-    epStoreReleaseSys(word, epMakeSignal(seq, payload));
+    storeReleaseSys(word, epMakeSignal(seq, payload));
 }
 
 enum class EpWait { kArrived, kTimedOut, kPeerInactive };
@@ -45,9 +30,9 @@ enum class EpWait { kArrived, kTimedOut, kPeerInactive };
 // inactive itself. Never traps.
 __device__ inline EpWait epWaitSignal(const uint64_t* word, uint64_t seq, int32_t* peer_active,
                                       int64_t timeout_ns, uint32_t* payload) {
-    const uint64_t start = epGlobalTimerNs();
+    const uint64_t start = globalTimerNs();
     for (uint32_t spins = 0;; ++spins) {
-        const uint64_t v = epLoadAcquireSys(word);
+        const uint64_t v = loadAcquireSys(word);
         if (epSignalMatches(v, seq)) {
             *payload = epSignalPayload(v);
             return EpWait::kArrived;
@@ -56,7 +41,7 @@ __device__ inline EpWait epWaitSignal(const uint64_t* word, uint64_t seq, int32_
         if ((spins & 63) == 63) {
             if (epLoadVolatile(peer_active) == 0)
                 return EpWait::kPeerInactive;
-            if (timeout_ns >= 0 && epGlobalTimerNs() - start > static_cast<uint64_t>(timeout_ns)) {
+            if (timeout_ns >= 0 && globalTimerNs() - start > static_cast<uint64_t>(timeout_ns)) {
                 atomicExch(peer_active, 0);
                 return EpWait::kTimedOut;
             }

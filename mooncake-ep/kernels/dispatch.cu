@@ -18,6 +18,7 @@
 #include "mooncake-ep/core/handle.h"
 #include "mooncake-ep/kernels/device_sync.cuh"
 #include "mooncake-ep/kernels/ep_kernels.h"
+#include "mooncake-transfer-engine/common/cuda_launch.h"
 
 namespace mooncake::ep {
 namespace {
@@ -201,13 +202,6 @@ __global__ void __launch_bounds__(kRecvThreads) dispatchReceive(DispatchParams p
         epFinishOperation(&state->dispatch_done, &state->dispatch_seq, seq);
 }
 
-Status launchStatus(const char* what) {
-    const cudaError_t err = cudaGetLastError();
-    if (err == cudaSuccess)
-        return Status::OK();
-    return Internal(std::string(what) + " launch failed: " + cudaGetErrorString(err));
-}
-
 }  // namespace
 
 Status launchDispatch(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t stream) {
@@ -215,10 +209,10 @@ Status launchDispatch(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t 
     const DispatchParams p{g, a};
     const int nle = g.num_experts / g.num_ranks;
     dispatchSend<<<g.num_experts, kSendThreads, 0, stream>>>(p);
-    MC_RETURN_IF_ERROR(launchStatus("dispatch send"));
+    MC_RETURN_IF_ERROR(cudaLaunchStatus("dispatch send"));
     const size_t shared_bytes = 2 * sizeof(int) * static_cast<size_t>(g.num_ranks);
     dispatchReceive<<<nle, kRecvThreads, shared_bytes, stream>>>(p);
-    return launchStatus("dispatch receive");
+    return cudaLaunchStatus("dispatch receive");
 }
 
 }  // namespace mooncake::ep

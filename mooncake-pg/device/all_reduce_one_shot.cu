@@ -4,6 +4,7 @@
 
 #include "mooncake-pg/device/reduce_ops.cuh"
 #include "mooncake-pg/device/spin_wait.cuh"
+#include "mooncake-transfer-engine/common/cuda_launch.h"
 
 namespace mooncake::pg::device {
 
@@ -217,11 +218,7 @@ Status oneShotAllReduce(const DeviceGroupView& group, const void* input, void* o
                                                     tag, signature, result);
     MC_RETURN_IF_ERROR(
         launchReduceFor(dtype, group, output, count, op, tag, signature, result, stream));
-    cudaError_t err = cudaGetLastError();
-    if (err != cudaSuccess)
-        return Internal(std::string("launching the all_reduce kernels: ") +
-                        cudaGetErrorString(err));
-    return Status::OK();
+    return cudaLaunchStatus("one-shot all_reduce");
 }
 
 }  // namespace mooncake::pg::device

@@ -6,24 +6,9 @@
 #include <cstdint>
 
 #include "mooncake-pg/device/device_group.h"
+#include "mooncake-transfer-engine/common/device_sync.cuh"
 
 namespace mooncake::pg::device {
-
-__device__ __forceinline__ uint64_t globalTimerNs() {
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-__device__ __forceinline__ uint64_t loadAcquireSys(const uint64_t* p) {
-    uint64_t v;
-    asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void storeReleaseSys(uint64_t* p, uint64_t v) {
-    asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
 
 // Records the first failure of the call; later ones are dropped.
 __device__ __forceinline__ void reportFailure(DeviceOpResult* result, DeviceStatus status,
