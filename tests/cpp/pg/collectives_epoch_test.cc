@@ -32,7 +32,7 @@ void expectWorkingCalls(Cluster& cluster, int r, const std::vector<int>& members
     ASSERT_TRUE(st.ok()) << "epoch salt " << salt << ": " << st.toString();
     for (int m : members) {
         EXPECT_EQ(testutil::firstPatternMismatch(out.data() + m * block, block, salt, m), -1)
-            << "block of rank " << m;
+            << "rank " << r << " salt " << salt << ": block of rank " << m;
     }
 }
 
@@ -61,9 +61,15 @@ TEST(CollectivesEpoch, RankBackAfterManyEpochsIgnoresItsOldFlags) {
     // 60002 comes after that.
     std::latch others_in_40002(2);
     std::latch rank2_in_40002(1);
+    // Every rank has its epoch-1 results before the others move on: this test
+    // is about old flags after many epochs, not about a peer still copying
+    // out a call's last round while the others already run the next epoch
+    // (that race is open; see the issue note).
+    std::latch epoch1_done(3);
     cluster.run([&](int r) {
         ASSERT_TRUE(cluster.comm(r).setMembership({1, 1, 1}, 1).ok());
         expectWorkingCalls(cluster, r, {0, 1, 2}, 1);
+        epoch1_done.arrive_and_wait();
         if (r != 2) {
             for (uint64_t e : {2, 20002, 40002}) {
                 ASSERT_TRUE(cluster.comm(r).setMembership({1, 1, 0}, e).ok());
