@@ -6,6 +6,18 @@
 // stream (the boundary between them orders every block's pushes before any
 // wait), no host synchronization, so a call can be captured in a CUDA graph.
 // The input must fit one slot: count * dtype size <= slot_bytes.
+//
+// Two-shot (step_kernel.cuh): the message runs in chunks of size * slot_bytes
+// bytes, each in two steps. Reduce-scatter: every rank stages the chunk (all
+// but its own piece) in its window; rank r reduces piece r of the chunk from
+// the members' windows and its own input, in rank order, into its output
+// and into its window. All-gather: every rank pulls the other members'
+// reduced pieces into its output. Per rank it moves about 4x the message
+// (2x is the floor) against the one-shot's 2 * (size + 1)x, for two more
+// flag round trips per call.
+//
+// allReduce picks: one-shot up to kOneShotMaxBytes (and one slot), two-shot
+// above.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -21,6 +33,11 @@ namespace mooncake::pg::device {
 
 inline constexpr uint8_t kAllReduceCollective = 1;
 
+// Messages up to this size (that also fit a slot) take the one-shot path:
+// below it, the two extra flag round trips of the two-shot cost more than
+// the one-shot's extra traffic (docs/design/pg-core.md has the measurement).
+inline constexpr uint64_t kOneShotMaxBytes = 256 << 10;
+
 // Queues the call on `stream`. `seq` numbers the group's device calls (every
 // rank passes the same seq for the same call); `result` must be zeroed by the
 // caller and stay valid until the stream work completes. Fails before
@@ -29,5 +46,17 @@ inline constexpr uint8_t kAllReduceCollective = 1;
 Status oneShotAllReduce(const DeviceGroupView& group, const void* input, void* output, size_t count,
                         DataType dtype, ReduceOp op, uint64_t seq, DeviceOpResult* result,
                         cudaStream_t stream);
+
+// As oneShotAllReduce, for any size; input may equal output.
+Status twoShotAllReduce(const DeviceGroupView& group, const void* input, void* output, size_t count,
+                        DataType dtype, ReduceOp op, uint64_t seq, DeviceOpResult* result,
+                        cudaStream_t stream);
+
+// One-shot or two-shot by size (kOneShotMaxBytes). Every rank picks the same
+// for the same call; a call whose counts differ fails with kMismatch
+// whichever each rank picked.
+Status allReduce(const DeviceGroupView& group, const void* input, void* output, size_t count,
+                 DataType dtype, ReduceOp op, uint64_t seq, DeviceOpResult* result,
+                 cudaStream_t stream);
 
 }  // namespace mooncake::pg::device

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "mooncake-pg/device/launch_checks.h"
+#include "mooncake-pg/device/reduce_dispatch.cuh"
 #include "mooncake-pg/device/reduce_ops.cuh"
 #include "mooncake-pg/device/spin_wait.cuh"
 #include "mooncake-transfer-engine/common/cuda_launch.h"
@@ -31,8 +33,8 @@ __device__ __forceinline__ bool callIsCurrent(const DeviceGroupView& g, DeviceOp
 
 // Block b copies the input into this rank's slot at member b, then publishes
 // the signature and raises the flag there.
-__global__ void pushKernel(DeviceGroupView g, const char* input, uint64_t bytes, uint64_t tag,
-                           uint64_t signature, DeviceOpResult* result) {
+__global__ void pushKernel(DeviceGroupView g, const char* input, uint64_t bytes, int parity,
+                           uint64_t tag, uint64_t signature, DeviceOpResult* result) {
     __shared__ bool current;
     if (threadIdx.x == 0)
         current = callIsCurrent(g, result);
@@ -40,7 +42,6 @@ __global__ void pushKernel(DeviceGroupView g, const char* input, uint64_t bytes,
     if (!current)
         return;
     const int dst = blockIdx.x;
-    const int parity = static_cast<int>(tag & 1);
     char* window = g.windows[dst];
     char* slot = window + slotOffset(parity, g.rank, g.size, g.slot_bytes);
     const bool aligned =
@@ -63,13 +64,12 @@ __global__ void pushKernel(DeviceGroupView g, const char* input, uint64_t bytes,
 }
 
 template <typename T, ReduceOp kOp>
-__global__ void waitReduceKernel(DeviceGroupView g, T* output, uint64_t count, uint64_t tag,
-                                 uint64_t signature, DeviceOpResult* result) {
+__global__ void waitReduceKernel(DeviceGroupView g, T* output, uint64_t count, int parity,
+                                 uint64_t tag, uint64_t signature, DeviceOpResult* result) {
     __shared__ bool failed;
     if (threadIdx.x == 0)
         failed = false;
     __syncthreads();
-    const int parity = static_cast<int>(tag & 1);
     char* own = g.windows[g.rank];
     if (threadIdx.x < static_cast<unsigned>(g.size)) {
         const int src = static_cast<int>(threadIdx.x);
@@ -105,7 +105,7 @@ __global__ void waitReduceKernel(DeviceGroupView g, T* output, uint64_t count, u
 }
 
 template <typename T, ReduceOp kOp>
-void launchReduce(const DeviceGroupView& g, void* output, uint64_t count, uint64_t tag,
+void launchReduce(const DeviceGroupView& g, void* output, uint64_t count, int parity, uint64_t tag,
                   uint64_t signature, DeviceOpResult* result, cudaStream_t stream) {
     uint64_t blocks = (count + kThreads - 1) / kThreads;
     if (blocks < 1)
@@ -113,85 +113,7 @@ void launchReduce(const DeviceGroupView& g, void* output, uint64_t count, uint64
     if (blocks > kMaxReduceBlocks)
         blocks = kMaxReduceBlocks;
     waitReduceKernel<T, kOp><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        g, static_cast<T*>(output), count, tag, signature, result);
-}
-
-template <typename T>
-Status launchForType(const DeviceGroupView& g, void* output, uint64_t count, ReduceOp op,
-                     uint64_t tag, uint64_t signature, DeviceOpResult* result,
-                     cudaStream_t stream) {
-    switch (op) {
-        case ReduceOp::kSum:
-            launchReduce<T, ReduceOp::kSum>(g, output, count, tag, signature, result, stream);
-            return Status::OK();
-        case ReduceOp::kAvg:
-            launchReduce<T, ReduceOp::kAvg>(g, output, count, tag, signature, result, stream);
-            return Status::OK();
-        case ReduceOp::kProduct:
-            launchReduce<T, ReduceOp::kProduct>(g, output, count, tag, signature, result, stream);
-            return Status::OK();
-        case ReduceOp::kMin:
-            launchReduce<T, ReduceOp::kMin>(g, output, count, tag, signature, result, stream);
-            return Status::OK();
-        case ReduceOp::kMax:
-            launchReduce<T, ReduceOp::kMax>(g, output, count, tag, signature, result, stream);
-            return Status::OK();
-        case ReduceOp::kBand:
-            launchReduce<T, ReduceOp::kBand>(g, output, count, tag, signature, result, stream);
-            return Status::OK();
-        case ReduceOp::kBor:
-            launchReduce<T, ReduceOp::kBor>(g, output, count, tag, signature, result, stream);
-            return Status::OK();
-        case ReduceOp::kBxor:
-            launchReduce<T, ReduceOp::kBxor>(g, output, count, tag, signature, result, stream);
-            return Status::OK();
-    }
-    return InvalidArgument("unknown reduce op");
-}
-
-Status launchReduceFor(DataType dtype, const DeviceGroupView& g, void* output, uint64_t count,
-                       ReduceOp op, uint64_t tag, uint64_t signature, DeviceOpResult* result,
-                       cudaStream_t stream) {
-    switch (dtype) {
-        case DataType::kFloat32:
-            return launchForType<float>(g, output, count, op, tag, signature, result, stream);
-        case DataType::kFloat64:
-            return launchForType<double>(g, output, count, op, tag, signature, result, stream);
-        case DataType::kFloat16:
-            return launchForType<__half>(g, output, count, op, tag, signature, result, stream);
-        case DataType::kBFloat16:
-            return launchForType<__nv_bfloat16>(g, output, count, op, tag, signature, result,
-                                                stream);
-        case DataType::kInt8:
-            return launchForType<int8_t>(g, output, count, op, tag, signature, result, stream);
-        case DataType::kUInt8:
-            return launchForType<uint8_t>(g, output, count, op, tag, signature, result, stream);
-        case DataType::kInt16:
-            return launchForType<int16_t>(g, output, count, op, tag, signature, result, stream);
-        case DataType::kInt32:
-            return launchForType<int32_t>(g, output, count, op, tag, signature, result, stream);
-        case DataType::kInt64:
-            return launchForType<int64_t>(g, output, count, op, tag, signature, result, stream);
-        case DataType::kBool:
-            return launchForType<bool>(g, output, count, op, tag, signature, result, stream);
-    }
-    return InvalidArgument("unknown dtype");
-}
-
-Status checkGroup(const DeviceGroupView& g) {
-    if (g.size < 1 || g.size > kMaxDeviceRanks)
-        return InvalidArgument("device group size " + std::to_string(g.size) + " is not in [1, " +
-                               std::to_string(kMaxDeviceRanks) + "]");
-    if (g.rank < 0 || g.rank >= g.size)
-        return InvalidArgument("device group rank " + std::to_string(g.rank) + " is not in [0, " +
-                               std::to_string(g.size) + ")");
-    for (int r = 0; r < g.size; ++r) {
-        if (!g.windows[r])
-            return InvalidArgument("the window of rank " + std::to_string(r) + " is not mapped");
-    }
-    if (!g.abort_word || !g.current_epoch)
-        return InvalidArgument("the device group has no abort word or epoch word");
-    return Status::OK();
+        g, static_cast<T*>(output), count, parity, tag, signature, result);
 }
 
 }  // namespace
@@ -211,13 +133,18 @@ Status oneShotAllReduce(const DeviceGroupView& group, const void* input, void* o
                                " bytes does not fit a " + std::to_string(group.slot_bytes) +
                                "-byte slot");
     }
-    const uint64_t tag = callTag(group.epoch, seq);
+    const uint64_t tag = stepTag(group.epoch, seq, 0);
+    const int parity = stepParity(seq, 0);
     const uint64_t signature = callSignature(kAllReduceCollective, static_cast<uint8_t>(dtype),
                                              static_cast<uint8_t>(op), count);
     pushKernel<<<group.size, kThreads, 0, stream>>>(group, static_cast<const char*>(input), bytes,
-                                                    tag, signature, result);
-    MC_RETURN_IF_ERROR(
-        launchReduceFor(dtype, group, output, count, op, tag, signature, result, stream));
+                                                    parity, tag, signature, result);
+    MC_RETURN_IF_ERROR(visitReduce(dtype, op, [&](auto type, auto op_tag) {
+        using T = typename decltype(type)::type;
+        launchReduce<T, decltype(op_tag)::value>(group, output, count, parity, tag, signature,
+                                                 result, stream);
+        return Status::OK();
+    }));
     return cudaLaunchStatus("one-shot all_reduce");
 }
 

@@ -10,11 +10,21 @@
 //   signatures[2][kMaxDeviceRanks]  u64, the source's call signature
 //   slots[2][size][slot_bytes]      the sources' payloads
 //
-// Calls alternate between the two parities (seq % 2). A flag holds the call's
-// tag, (epoch << kSeqBits) | seq, so a flag of an older call or of an older
-// membership epoch never satisfies a wait, and a source may reuse a parity's
-// slot at a peer once that peer has signalled the call in between (it only
-// does so after it finished reading).
+// A call runs as one or more steps (chunks of a message larger than a slot,
+// the two phases of a two-shot all_reduce); in every step each member
+// signals every member (itself included). Steps alternate between the two
+// parities: step j of call seq uses parity (seq + j) % 2, and every call runs
+// an odd number of steps, so consecutive steps of consecutive calls alternate
+// too. A flag holds the step's tag, (epoch << kSeqBits) | (seq << kStepBits
+// | j), so a flag of an older step or of an older membership epoch never
+// satisfies a wait. A member signals a step only after it finished reading
+// the step before, so a parity's data may be rewritten once every member has
+// signalled the step in between.
+//
+// The header's second half holds words private to the window's owner: the
+// arrival counter the blocks of a kernel use to find the last one to finish
+// (which then raises the step's flags). A group's calls are queued on one
+// stream, so one counter serves them all.
 #pragma once
 
 #include <cstddef>
@@ -34,8 +44,12 @@ inline constexpr int kSeqBits = 40;
 inline constexpr uint64_t kSeqMask = (uint64_t{1} << kSeqBits) - 1;
 
 inline constexpr uint64_t kWindowHeaderBytes = 4096;
-static_assert(2 * 2 * kMaxDeviceRanks * sizeof(uint64_t) <= kWindowHeaderBytes,
-              "flags and signatures must fit the window header");
+inline constexpr uint64_t kArrivalOffset = 2 * 2 * kMaxDeviceRanks * sizeof(uint64_t);
+static_assert(kArrivalOffset + sizeof(uint64_t) <= kWindowHeaderBytes,
+              "flags, signatures and the arrival counter must fit the window header");
+// Steps per call: the tag's sequence field is (seq << kStepBits) | step.
+inline constexpr int kStepBits = 20;
+inline constexpr uint64_t kMaxStepsPerCall = uint64_t{1} << kStepBits;
 
 MC_HOST_DEVICE inline constexpr uint64_t flagOffset(int parity, int src) {
     return (static_cast<uint64_t>(parity) * kMaxDeviceRanks + static_cast<uint64_t>(src)) * 8;
@@ -57,6 +71,14 @@ MC_HOST_DEVICE inline constexpr uint64_t windowBytes(int size, uint64_t slot_byt
 MC_HOST_DEVICE inline constexpr uint64_t callTag(uint64_t epoch, uint64_t seq) {
     return (epoch << kSeqBits) | (seq & kSeqMask);
 }
+// The flag value of step `step` of call `seq`; step 0's is callTag(epoch, seq
+// << kStepBits).
+MC_HOST_DEVICE inline constexpr uint64_t stepTag(uint64_t epoch, uint64_t seq, uint64_t step) {
+    return callTag(epoch, (seq << kStepBits) | step);
+}
+MC_HOST_DEVICE inline constexpr int stepParity(uint64_t seq, uint64_t step) {
+    return static_cast<int>((seq + step) & 1);
+}
 
 struct DeviceGroupView {
     int rank = 0;
@@ -76,6 +98,11 @@ struct DeviceGroupView {
     const volatile uint64_t* abort_word = nullptr;
     // Every spin gives up after this long; negative: never.
     int64_t timeout_ns = -1;
+    // Most blocks one kernel of a chunked collective runs. Every block spins
+    // on peers' flags, so the kernels of all members must fit on the device
+    // at once; 0 picks that share (2 blocks per SM / size). Tests running
+    // several groups at once on one GPU lower it.
+    int max_blocks = 0;
 };
 
 enum class DeviceStatus : int32_t {

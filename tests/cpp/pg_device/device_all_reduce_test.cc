@@ -15,92 +15,13 @@
 
 #include "mooncake-pg/device/all_reduce.h"
 #include "tests/cpp/pg_device/device_group_util.h"
+#include "tests/cpp/pg_device/reduce_reference.h"
+#include "tests/cpp/pg_device/run_ranks.h"
 
 namespace mooncake::pg::device::test {
 namespace {
 
 constexpr uint64_t kSlotBytes = 1 << 20;
-
-// Inputs chosen so every dtype represents every partial result exactly
-// (small integers, products of ones and twos), so the expected value is
-// plain integer arithmetic.
-int64_t inputValue(ReduceOp op, int rank, size_t i) {
-    switch (op) {
-        case ReduceOp::kSum:
-        case ReduceOp::kAvg:
-            return (rank + 1) * static_cast<int64_t>(i % 5 + 1);
-        case ReduceOp::kProduct:
-            return 1 + static_cast<int64_t>((rank + i) % 2);
-        case ReduceOp::kMin:
-        case ReduceOp::kMax:
-            return static_cast<int64_t>((rank * 3 + i) % 11);
-        default:
-            return static_cast<int64_t>(((rank + 1) * 37 + i) & 0x7f);
-    }
-}
-
-int64_t expectedValue(ReduceOp op, int size, size_t i) {
-    int64_t acc = inputValue(op, 0, i);
-    for (int r = 1; r < size; ++r) {
-        int64_t v = inputValue(op, r, i);
-        switch (op) {
-            case ReduceOp::kSum:
-            case ReduceOp::kAvg:
-                acc += v;
-                break;
-            case ReduceOp::kProduct:
-                acc *= v;
-                break;
-            case ReduceOp::kMin:
-                acc = std::min(acc, v);
-                break;
-            case ReduceOp::kMax:
-                acc = std::max(acc, v);
-                break;
-            case ReduceOp::kBand:
-                acc &= v;
-                break;
-            case ReduceOp::kBor:
-                acc |= v;
-                break;
-            case ReduceOp::kBxor:
-                acc ^= v;
-                break;
-        }
-    }
-    return acc;
-}
-
-template <typename T>
-T fromInt(int64_t v) {
-    if constexpr (std::is_same_v<T, __half>)
-        return __float2half_rn(static_cast<float>(v));
-    else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-        return __float2bfloat16_rn(static_cast<float>(v));
-    else if constexpr (std::is_same_v<T, bool>)
-        return v != 0;
-    else
-        return static_cast<T>(v);
-}
-
-// AVG of exact integer sums, rounded once to T as the device does.
-template <typename T>
-T averageOf(int64_t sum, int n) {
-    if constexpr (std::is_same_v<T, double>)
-        return static_cast<double>(sum) / n;
-    float avg = static_cast<float>(sum) / static_cast<float>(n);
-    if constexpr (std::is_same_v<T, __half>)
-        return __float2half_rn(avg);
-    else if constexpr (std::is_same_v<T, __nv_bfloat16>)
-        return __float2bfloat16_rn(avg);
-    else
-        return static_cast<T>(avg);
-}
-
-template <typename T>
-bool sameBits(const T& a, const T& b) {
-    return std::memcmp(&a, &b, sizeof(T)) == 0;
-}
 
 // One all_reduce of `count` elements of T with op, at `offset` elements into
 // the device buffers; checks every element. Returns 0 or a failing code.
@@ -109,10 +30,8 @@ int checkOne(Rank& r, DataType dtype, ReduceOp op, size_t count, size_t offset, 
              T* d_in, T* d_out) {
     // Not std::vector: vector<bool> has no contiguous storage.
     std::unique_ptr<T[]> in(new T[count]), out(new T[count]);
-    for (size_t i = 0; i < count; ++i) {
-        int64_t v = inputValue(op, r.rank, i);
-        in[i] = std::is_same_v<T, bool> ? fromInt<T>(v % 2) : fromInt<T>(v);
-    }
+    for (size_t i = 0; i < count; ++i)
+        in[i] = inputElement<T>(op, r.rank, i);
     // On the call's stream: a pageable cudaMemcpy may return before its DMA
     // lands, and the non-blocking stream would not wait for it.
     CUDA_CHILD_OK(cudaMemcpyAsync(d_in + offset, in.get(), count * sizeof(T),
@@ -124,24 +43,7 @@ int checkOne(Rank& r, DataType dtype, ReduceOp op, size_t count, size_t offset, 
     CHILD_CHECK(r.hostResult()->status == 0);
     CUDA_CHILD_OK(cudaMemcpy(out.get(), d_out + offset, count * sizeof(T), cudaMemcpyDeviceToHost));
     for (size_t i = 0; i < count; ++i) {
-        T expect;
-        if constexpr (std::is_same_v<T, bool>) {
-            bool acc = inputValue(op, 0, i) % 2;
-            for (int s = 1; s < r.size; ++s) {
-                bool v = inputValue(op, s, i) % 2;
-                if (op == ReduceOp::kSum || op == ReduceOp::kMax || op == ReduceOp::kBor)
-                    acc = acc || v;
-                else if (op == ReduceOp::kBxor)
-                    acc = acc != v;
-                else
-                    acc = acc && v;
-            }
-            expect = acc;
-        } else if (op == ReduceOp::kAvg) {
-            expect = averageOf<T>(expectedValue(op, r.size, i), r.size);
-        } else {
-            expect = fromInt<T>(expectedValue(op, r.size, i));
-        }
+        const T expect = expectedElement<T>(op, r.size, i);
         if (!sameBits(out[i], expect)) {
             std::fprintf(stderr, "rank %d dtype %s op %s element %zu differs\n", r.rank,
                          dataTypeName(dtype), reduceOpName(op), i);
@@ -158,10 +60,8 @@ int checkDtype(Rank& r, DataType dtype, uint64_t* seq) {
     T* d_out = nullptr;
     CUDA_CHILD_OK(cudaMalloc(&d_in, (kCount + 1) * sizeof(T)));
     CUDA_CHILD_OK(cudaMalloc(&d_out, (kCount + 1) * sizeof(T)));
-    const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAvg,  ReduceOp::kProduct, ReduceOp::kMin,
-                            ReduceOp::kMax, ReduceOp::kBand, ReduceOp::kBor,     ReduceOp::kBxor};
     int rc = 0;
-    for (ReduceOp op : ops) {
+    for (ReduceOp op : kAllOps) {
         if (!reduceOpSupported(op, dtype, nullptr))
             continue;
         // Aligned, then one element in (unaligned for every type but bytes).
@@ -183,27 +83,9 @@ int everyDtypeAndOp(const std::string& dir, int rank, int size) {
     if (int rc = setUp(r, dir, rank, size, kSlotBytes); rc != 0)
         return rc;
     uint64_t seq = 0;
-    int rc = 0;
-    if (!rc)
-        rc = checkDtype<float>(r, DataType::kFloat32, &seq);
-    if (!rc)
-        rc = checkDtype<double>(r, DataType::kFloat64, &seq);
-    if (!rc)
-        rc = checkDtype<__half>(r, DataType::kFloat16, &seq);
-    if (!rc)
-        rc = checkDtype<__nv_bfloat16>(r, DataType::kBFloat16, &seq);
-    if (!rc)
-        rc = checkDtype<int8_t>(r, DataType::kInt8, &seq);
-    if (!rc)
-        rc = checkDtype<uint8_t>(r, DataType::kUInt8, &seq);
-    if (!rc)
-        rc = checkDtype<int16_t>(r, DataType::kInt16, &seq);
-    if (!rc)
-        rc = checkDtype<int32_t>(r, DataType::kInt32, &seq);
-    if (!rc)
-        rc = checkDtype<int64_t>(r, DataType::kInt64, &seq);
-    if (!rc)
-        rc = checkDtype<bool>(r, DataType::kBool, &seq);
+    const int rc = forEachDtype([&](auto type, DataType dtype) {
+        return checkDtype<typename decltype(type)::type>(r, dtype, &seq);
+    });
     if (rc == 0)
         CHILD_OK(barrier(*r.store, "end", size));
     return rc;
@@ -322,7 +204,7 @@ TEST(DeviceAllReduceFailures, AbortWordEndsAnUnboundedWait) {
                 CUDA_CHILD_OK(
                     cudaMemcpy(&flag, r.window + flagOffset(0, 0), 8, cudaMemcpyDeviceToHost));
             }
-            CHILD_CHECK(flag == callTag(1, 0));
+            CHILD_CHECK(flag == stepTag(1, 0, 0));
             CHILD_OK(r.store->set("pushed", "1"));
             CHILD_CHECK(!te::shm_test::waitKey(*r.store, "aborted").empty());
             return 0;

@@ -2,14 +2,15 @@
 // window is exportable device memory (transfer engine cuda_ipc), mapped by
 // every other rank; the abort word, the current epoch and the result live in
 // host-mapped memory. Children report through their exit code; the parent
-// never touches CUDA (a context does not survive fork).
+// never touches CUDA (a context does not survive fork). GoogleTest-free, so
+// the device benchmark sets its ranks up the same way (run_ranks.h has the
+// tests' driver).
 #pragma once
 
 #include <cuda_runtime.h>
 #include <unistd.h>
 
 #include <cstdio>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -95,6 +96,9 @@ inline int setUp(Rank& r, const std::string& dir, int rank, int size, uint64_t s
     r.view.slot_bytes = slot_bytes;
     r.view.epoch = 1;
     r.view.timeout_ns = 20'000'000'000;
+    // ctest runs several tests at once on the one GPU: small grids keep every
+    // group's spinning kernels from crowding out the peers they wait for.
+    r.view.max_blocks = 8;
     for (int p = 0; p < size; ++p) {
         if (p == rank) {
             r.view.windows[p] = r.window;
@@ -120,17 +124,6 @@ inline int setUp(Rank& r, const std::string& dir, int rank, int size, uint64_t s
     CUDA_CHILD_OK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
     CHILD_OK(barrier(*r.store, "setup", size));
     return 0;
-}
-
-// Runs body(rank) in `size` children; every exit code must be 0.
-inline void runRanks(int size, const std::function<int(int)>& body) {
-    std::vector<std::unique_ptr<Child>> children;
-    for (int r = 0; r < size; ++r)
-        children.push_back(std::make_unique<Child>([&, r] { return body(r); }));
-    for (int r = 0; r < size; ++r) {
-        ASSERT_TRUE(children[r]->ok());
-        EXPECT_EQ(children[r]->wait(Deadline::afterMs(6 * kWaitMs)), 0) << "rank " << r;
-    }
 }
 
 }  // namespace mooncake::pg::device::test

@@ -1,0 +1,30 @@
+// Device all_gather over the members' mapped windows (device_group.h): every
+// rank's `count` elements land, in rank order, in every rank's output.
+//
+// Chunked (step_kernel.cuh): step j stages the j-th chunk of this rank's
+// input (size * slot_bytes bytes at most) in its own window; the members
+// pull it into their outputs in the next kernel. No host synchronization.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "mooncake-pg/core/types.h"
+#include "mooncake-pg/device/device_group.h"
+#include "mooncake-transfer-engine/common/status.h"
+
+namespace mooncake::pg::device {
+
+inline constexpr uint8_t kAllGatherCollective = 2;
+
+// Queues the call on `stream`: output (size * count elements) = every
+// member's input (count elements) in rank order. `seq` numbers the group's
+// device calls (every rank passes the same seq for the same call); `result`
+// must be zeroed by the caller and stay valid until the stream work
+// completes. Fails before queuing anything for arguments no kernel can run.
+Status allGather(const DeviceGroupView& group, const void* input, void* output, size_t count,
+                 DataType dtype, uint64_t seq, DeviceOpResult* result, cudaStream_t stream);
+
+}  // namespace mooncake::pg::device

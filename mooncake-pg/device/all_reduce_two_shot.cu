@@ -1,0 +1,108 @@
+#include <algorithm>
+#include <string>
+
+#include "mooncake-pg/device/all_reduce.h"
+#include "mooncake-pg/device/grid_reduce.cuh"
+#include "mooncake-pg/device/reduce_dispatch.cuh"
+#include "mooncake-pg/device/step_kernel.cuh"
+
+namespace mooncake::pg::device {
+
+namespace {
+
+// Chunk c is steps 2c (reduce-scatter) and 2c + 1 (all-gather).
+template <typename T, ReduceOp kOp>
+struct TwoShotAlgo {
+    const T* input;
+    T* output;
+    uint64_t count;
+    uint64_t chunk;  // elements per chunk: size * (slot_bytes / sizeof(T))
+
+    // Member r's piece [*lo, *hi) of a chunk of `len` elements: equal pieces
+    // of whole 16-byte vectors, so every piece starts aligned.
+    __device__ void piece(uint64_t len, int size, int r, uint64_t* lo, uint64_t* hi) const {
+        constexpr uint64_t kPer = 16 / sizeof(T);
+        const uint64_t per = (len + size - 1) / size;
+        const uint64_t rounded = (per + kPer - 1) / kPer * kPer;
+        *lo = min(static_cast<uint64_t>(r) * rounded, len);
+        *hi = min(*lo + rounded, len);
+    }
+
+    __device__ void run(const DeviceGroupView& g, const StepArgs& a) const {
+        if (a.wait_step >= 0) {
+            const uint64_t base = static_cast<uint64_t>(a.wait_step / 2) * chunk;
+            if (base < count) {
+                const uint64_t len = min(chunk, count - base);
+                uint64_t lo, hi;
+                if (a.wait_step % 2 == 0) {
+                    piece(len, g.size, g.rank, &lo, &hi);
+                    T* staged = reinterpret_cast<T*>(region(g, g.rank, 1 - a.wait_parity)) + lo;
+                    gridReduce<T, kOp>(g, a.wait_parity, lo * sizeof(T), input + base + lo,
+                                       output + base + lo, staged, hi - lo);
+                } else {
+                    for (int src = 0; src < g.size; ++src) {
+                        if (src == g.rank)
+                            continue;
+                        piece(len, g.size, src, &lo, &hi);
+                        gridCopy(reinterpret_cast<char*>(output + base + lo),
+                                 region(g, src, a.wait_parity) + lo * sizeof(T),
+                                 (hi - lo) * sizeof(T));
+                    }
+                }
+            }
+        }
+        // The all-gather step's data is staged by the reduce above.
+        if (a.stage_step >= 0 && a.stage_step % 2 == 0) {
+            const uint64_t base = static_cast<uint64_t>(a.stage_step / 2) * chunk;
+            if (base < count) {
+                const uint64_t len = min(chunk, count - base);
+                uint64_t lo, hi;
+                piece(len, g.size, g.rank, &lo, &hi);
+                char* own = region(g, g.rank, a.stage_parity);
+                const char* in = reinterpret_cast<const char*>(input + base);
+                gridCopy(own, in, lo * sizeof(T));
+                gridCopy(own + hi * sizeof(T), in + hi * sizeof(T), (len - hi) * sizeof(T));
+            }
+        }
+    }
+};
+
+}  // namespace
+
+Status twoShotAllReduce(const DeviceGroupView& group, const void* input, void* output, size_t count,
+                        DataType dtype, ReduceOp op, uint64_t seq, DeviceOpResult* result,
+                        cudaStream_t stream) {
+    constexpr const char* kWhat = "device two-shot all_reduce";
+    MC_RETURN_IF_ERROR(checkChunkedCall(group, result, kWhat));
+    MC_RETURN_IF_ERROR(checkCount(count, kWhat));
+    std::string why;
+    if (!reduceOpSupported(op, dtype, &why))
+        return InvalidArgument(std::string(kWhat) + ": " + why);
+    const uint64_t elem = dataTypeSize(dtype);
+    const uint64_t bytes = static_cast<uint64_t>(count) * elem;
+    MC_RETURN_IF_ERROR(checkBuffer(input, bytes, "input", kWhat));
+    MC_RETURN_IF_ERROR(checkBuffer(output, bytes, "output", kWhat));
+    const uint64_t chunk = group.slot_bytes / elem * group.size;
+    uint64_t steps = 0;
+    MC_RETURN_IF_ERROR(stepsFor(divUp(count, chunk), 2, kWhat, &steps));
+    const uint64_t signature = callSignature(kAllReduceCollective, static_cast<uint8_t>(dtype),
+                                             static_cast<uint8_t>(op), count);
+    const uint64_t grid_bytes = std::min(bytes, chunk * elem);
+    return visitReduce(dtype, op, [&](auto type, auto op_tag) {
+        using T = typename decltype(type)::type;
+        TwoShotAlgo<T, decltype(op_tag)::value> algo{static_cast<const T*>(input),
+                                                     static_cast<T*>(output), count, chunk};
+        return launchSteps(group, algo, steps, seq, signature, grid_bytes, result, stream, kWhat);
+    });
+}
+
+Status allReduce(const DeviceGroupView& group, const void* input, void* output, size_t count,
+                 DataType dtype, ReduceOp op, uint64_t seq, DeviceOpResult* result,
+                 cudaStream_t stream) {
+    const uint64_t bytes = static_cast<uint64_t>(count) * dataTypeSize(dtype);
+    if (bytes <= kOneShotMaxBytes && bytes <= group.slot_bytes)
+        return oneShotAllReduce(group, input, output, count, dtype, op, seq, result, stream);
+    return twoShotAllReduce(group, input, output, count, dtype, op, seq, result, stream);
+}
+
+}  // namespace mooncake::pg::device

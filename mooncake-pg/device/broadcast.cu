@@ -1,0 +1,54 @@
+#include "mooncake-pg/device/broadcast.h"
+
+#include <algorithm>
+#include <string>
+
+#include "mooncake-pg/device/step_kernel.cuh"
+
+namespace mooncake::pg::device {
+
+namespace {
+
+struct BroadcastAlgo {
+    char* buffer;
+    uint64_t bytes;
+    uint64_t chunk;  // bytes per step: the root's whole region
+    int root;
+
+    __device__ void run(const DeviceGroupView& g, const StepArgs& a) const {
+        if (a.wait_step >= 0 && g.rank != root) {
+            const uint64_t off = static_cast<uint64_t>(a.wait_step) * chunk;
+            if (off < bytes)
+                gridCopy(buffer + off, region(g, root, a.wait_parity), min(chunk, bytes - off));
+        }
+        if (a.stage_step >= 0 && g.rank == root) {
+            const uint64_t off = static_cast<uint64_t>(a.stage_step) * chunk;
+            if (off < bytes)
+                gridCopy(region(g, root, a.stage_parity), buffer + off, min(chunk, bytes - off));
+        }
+    }
+};
+
+}  // namespace
+
+Status broadcast(const DeviceGroupView& group, void* buffer, size_t count, DataType dtype, int root,
+                 uint64_t seq, DeviceOpResult* result, cudaStream_t stream) {
+    constexpr const char* kWhat = "device broadcast";
+    MC_RETURN_IF_ERROR(checkChunkedCall(group, result, kWhat));
+    MC_RETURN_IF_ERROR(checkCount(count, kWhat));
+    if (root < 0 || root >= group.size)
+        return InvalidArgument(std::string(kWhat) + ": root " + std::to_string(root) +
+                               " is not in [0, " + std::to_string(group.size) + ")");
+    const uint64_t bytes = static_cast<uint64_t>(count) * dataTypeSize(dtype);
+    MC_RETURN_IF_ERROR(checkBuffer(buffer, bytes, "buffer", kWhat));
+    BroadcastAlgo algo{static_cast<char*>(buffer), bytes,
+                       group.slot_bytes * static_cast<uint64_t>(group.size), root};
+    uint64_t steps = 0;
+    MC_RETURN_IF_ERROR(stepsFor(divUp(bytes, algo.chunk), 1, kWhat, &steps));
+    const uint64_t signature = callSignature(kBroadcastCollective, static_cast<uint8_t>(dtype),
+                                             static_cast<uint8_t>(root), count);
+    return launchSteps(group, algo, steps, seq, signature, std::min(bytes, algo.chunk), result,
+                       stream, kWhat);
+}
+
+}  // namespace mooncake::pg::device

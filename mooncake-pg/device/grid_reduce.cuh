@@ -1,0 +1,72 @@
+// Reducing the members' copies of a range over all threads of a grid, in
+// rank order with the CPU core's element semantics (reduce_ops.cuh), so the
+// result is bit-identical to the one-shot all_reduce and to mooncake-cpu.
+#pragma once
+
+#include <cstdint>
+
+#include "mooncake-pg/device/reduce_ops.cuh"
+#include "mooncake-pg/device/step_kernel.cuh"
+
+namespace mooncake::pg::device {
+
+// Where member `src`'s copy of element 0 lives: this rank's own input for
+// itself (it is never staged), the member's region of `parity` at
+// `window_offset` bytes for the others.
+template <typename T>
+__device__ __forceinline__ const T* memberCopy(const DeviceGroupView& g, int src, int parity,
+                                               uint64_t window_offset, const T* own) {
+    if (src == g.rank)
+        return own;
+    return reinterpret_cast<const T*>(region(g, src, parity) + window_offset);
+}
+
+// out[i] (and out2[i] when out2 is not null) = the members' element i
+// combined in rank order, for i in [0, n). 16-byte vectors when every
+// pointer allows, element by element otherwise.
+template <typename T, ReduceOp kOp>
+__device__ void gridReduce(const DeviceGroupView& g, int parity, uint64_t window_offset,
+                           const T* own, T* out, T* out2, uint64_t n) {
+    constexpr int kPer = 16 / sizeof(T);
+    const uint64_t t = globalThread(), nt = globalThreads();
+    uint64_t done = 0;
+    const uintptr_t bits = reinterpret_cast<uintptr_t>(own) | reinterpret_cast<uintptr_t>(out) |
+                           reinterpret_cast<uintptr_t>(out2) | window_offset;
+    if ((bits & 15) == 0) {
+        const uint64_t vectors = n / kPer;
+        for (uint64_t v = t; v < vectors; v += nt) {
+            int4 acc =
+                reinterpret_cast<const int4*>(memberCopy(g, 0, parity, window_offset, own))[v];
+            T* a = reinterpret_cast<T*>(&acc);
+            for (int src = 1; src < g.size; ++src) {
+                int4 x = reinterpret_cast<const int4*>(
+                    memberCopy(g, src, parity, window_offset, own))[v];
+                const T* b = reinterpret_cast<const T*>(&x);
+#pragma unroll
+                for (int k = 0; k < kPer; ++k)
+                    a[k] = combine<T, kOp>(a[k], b[k]);
+            }
+            if constexpr (kOp == ReduceOp::kAvg) {
+#pragma unroll
+                for (int k = 0; k < kPer; ++k)
+                    a[k] = divideBy(a[k], g.size);
+            }
+            reinterpret_cast<int4*>(out)[v] = acc;
+            if (out2)
+                reinterpret_cast<int4*>(out2)[v] = acc;
+        }
+        done = vectors * kPer;
+    }
+    for (uint64_t i = done + t; i < n; i += nt) {
+        T acc = memberCopy(g, 0, parity, window_offset, own)[i];
+        for (int src = 1; src < g.size; ++src)
+            acc = combine<T, kOp>(acc, memberCopy(g, src, parity, window_offset, own)[i]);
+        if constexpr (kOp == ReduceOp::kAvg)
+            acc = divideBy(acc, g.size);
+        out[i] = acc;
+        if (out2)
+            out2[i] = acc;
+    }
+}
+
+}  // namespace mooncake::pg::device

@@ -1,0 +1,212 @@
+// The step protocol of the chunked device collectives (device_group.h), and
+// the kernel that runs it. A call of K steps is K + 1 kernels on the stream:
+// kernel i waits for every member's flag of step i - 1, consumes that step
+// (reads the members' windows), stages step i (writes this rank's window),
+// and its last block to finish raises step i's flag at every member. Kernel
+// order on the stream is what makes a flag mean "staged this step and done
+// reading the one before", so nothing is rewritten while a peer reads it.
+//
+// Data is staged in the owner's window and pulled by the readers: a byte
+// needed by several members is written once. Each rank's region of a parity
+// is the whole slots area of that parity in its window, size * slot_bytes.
+//
+// A collective supplies an Algo with
+//   __device__ void run(const DeviceGroupView&, const StepArgs&) const;
+// that consumes args.wait_step (when >= 0) and stages args.stage_step (when
+// >= 0), both grid-stride over all threads of the kernel.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "mooncake-pg/device/device_group.h"
+#include "mooncake-pg/device/launch_checks.h"
+#include "mooncake-pg/device/reduce_ops.cuh"
+#include "mooncake-pg/device/spin_wait.cuh"
+#include "mooncake-transfer-engine/common/cuda_launch.h"
+
+namespace mooncake::pg::device {
+
+inline constexpr int kStepThreads = 512;
+
+struct StepArgs {
+    int64_t wait_step = -1;   // the step consumed, or -1
+    int64_t stage_step = -1;  // the step staged and signalled, or -1
+    int wait_parity = 0;
+    int stage_parity = 0;
+    uint64_t wait_tag = 0;
+    uint64_t stage_tag = 0;
+    uint64_t signature = 0;
+};
+
+// The start of a rank's data region of `parity` in a window.
+__device__ __forceinline__ char* region(const DeviceGroupView& g, int src, int parity) {
+    return g.windows[src] + slotOffset(parity, 0, g.size, g.slot_bytes);
+}
+
+__device__ __forceinline__ uint64_t globalThread() {
+    return static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ uint64_t globalThreads() {
+    return static_cast<uint64_t>(gridDim.x) * blockDim.x;
+}
+
+// dst[0, n) = src[0, n) over all threads of the grid: 16-byte vectors with
+// four loads in flight per thread when both ends allow it.
+__device__ __forceinline__ void gridCopy(char* dst, const char* src, uint64_t n) {
+    const uint64_t t = globalThread(), nt = globalThreads();
+    uint64_t done = 0;
+    if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 15) == 0) {
+        const int4* s4 = reinterpret_cast<const int4*>(src);
+        int4* d4 = reinterpret_cast<int4*>(dst);
+        const uint64_t vectors = n / 16;
+        uint64_t i = t;
+        for (; i + 3 * nt < vectors; i += 4 * nt) {
+            int4 a = s4[i], b = s4[i + nt], c = s4[i + 2 * nt], d = s4[i + 3 * nt];
+            d4[i] = a;
+            d4[i + nt] = b;
+            d4[i + 2 * nt] = c;
+            d4[i + 3 * nt] = d;
+        }
+        for (; i < vectors; i += nt)
+            d4[i] = s4[i];
+        done = vectors * 16;
+    } else if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & 3) == 0) {
+        const uint32_t* s = reinterpret_cast<const uint32_t*>(src);
+        uint32_t* d = reinterpret_cast<uint32_t*>(dst);
+        const uint64_t words = n / 4;
+        for (uint64_t i = t; i < words; i += nt)
+            d[i] = s[i];
+        done = words * 4;
+    }
+    for (uint64_t i = done + t; i < n; i += nt)
+        dst[i] = src[i];
+}
+
+// Every thread of the block: whether the call may go on. It may not when the
+// host set the abort word, when the call's epoch is no longer current (both
+// recorded as the call's failure), or when an earlier kernel of the call
+// failed. The three host-mapped words are read by three threads at once.
+__device__ __forceinline__ bool blockMayProceed(const DeviceGroupView& g, DeviceOpResult* result) {
+    __shared__ int stop;
+    if (threadIdx.x == 0)
+        stop = 0;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const uint64_t abort = *g.abort_word;
+        if (abort != 0) {
+            reportFailure(result, DeviceStatus::kAborted, -1, abort);
+            atomicOr(&stop, 1);
+        }
+    } else if (threadIdx.x == 1) {
+        const uint64_t current = *g.current_epoch;
+        if (current != g.epoch) {
+            reportFailure(result, DeviceStatus::kStaleEpoch, -1, current);
+            atomicOr(&stop, 1);
+        }
+    } else if (threadIdx.x == 2) {
+        if (*reinterpret_cast<volatile int32_t*>(&result->status) != 0)
+            atomicOr(&stop, 1);
+    }
+    __syncthreads();
+    return stop == 0;
+}
+
+// Every thread of the block: waits for every member's flag of the step and
+// compares the member's call signature with ours (kMismatch names the first
+// differing member a thread sees).
+__device__ __forceinline__ bool blockWaitStep(const DeviceGroupView& g, const StepArgs& a,
+                                              DeviceOpResult* result) {
+    __shared__ int failed;
+    if (threadIdx.x == 0)
+        failed = 0;
+    __syncthreads();
+    char* own = g.windows[g.rank];
+    if (threadIdx.x < static_cast<unsigned>(g.size)) {
+        const int src = static_cast<int>(threadIdx.x);
+        const uint64_t start = globalTimerNs();
+        if (!waitFlag(g, reinterpret_cast<const uint64_t*>(own + flagOffset(a.wait_parity, src)),
+                      a.wait_tag, src, start, result)) {
+            atomicOr(&failed, 1);
+        } else {
+            const uint64_t theirs =
+                *reinterpret_cast<volatile uint64_t*>(own + signatureOffset(a.wait_parity, src));
+            if (theirs != a.signature) {
+                reportFailure(result, DeviceStatus::kMismatch, src, theirs);
+                atomicOr(&failed, 1);
+            }
+        }
+    }
+    __syncthreads();
+    return failed == 0;
+}
+
+// Every block, whether it did its work or not: counts itself in; the last
+// one resets the counter and, when the call has not failed and the kernel
+// staged a step, publishes the signature and raises the step's flag at every
+// member. The system fences order every block's stores before the flags.
+__device__ __forceinline__ void blockArrive(const DeviceGroupView& g, const StepArgs& a,
+                                            DeviceOpResult* result) {
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        unsigned* counter = reinterpret_cast<unsigned*>(g.windows[g.rank] + kArrivalOffset);
+        last = atomicAdd(counter, 1u) == gridDim.x - 1;
+        if (last) {
+            atomicExch(counter, 0u);
+            __threadfence_system();
+            if (a.stage_step >= 0 && *reinterpret_cast<volatile int32_t*>(&result->status) == 0) {
+                for (int dst = 0; dst < g.size; ++dst) {
+                    *reinterpret_cast<volatile uint64_t*>(
+                        g.windows[dst] + signatureOffset(a.stage_parity, g.rank)) = a.signature;
+                }
+                __threadfence_system();
+                for (int dst = 0; dst < g.size; ++dst) {
+                    storeReleaseSys(reinterpret_cast<uint64_t*>(g.windows[dst] +
+                                                                flagOffset(a.stage_parity, g.rank)),
+                                    a.stage_tag);
+                }
+            }
+        }
+    }
+}
+
+template <class Algo>
+__global__ void __launch_bounds__(kStepThreads, 2)
+    stepKernel(DeviceGroupView g, Algo algo, StepArgs a, DeviceOpResult* result) {
+    bool ok = blockMayProceed(g, result);
+    if (ok && a.wait_step >= 0)
+        ok = blockWaitStep(g, a, result);
+    if (ok)
+        algo.run(g, a);
+    blockArrive(g, a, result);
+}
+
+// Queues the K + 1 kernels of a call of `steps` steps (odd, from stepsFor).
+// `chunk_bytes` sizes the grid.
+template <class Algo>
+Status launchSteps(const DeviceGroupView& g, const Algo& algo, uint64_t steps, uint64_t seq,
+                   uint64_t signature, uint64_t chunk_bytes, DeviceOpResult* result,
+                   cudaStream_t stream, const char* what) {
+    const unsigned blocks = gridBlocks(g, chunk_bytes);
+    for (uint64_t i = 0; i <= steps; ++i) {
+        StepArgs a;
+        a.signature = signature;
+        if (i > 0) {
+            a.wait_step = static_cast<int64_t>(i - 1);
+            a.wait_parity = stepParity(seq, i - 1);
+            a.wait_tag = stepTag(g.epoch, seq, i - 1);
+        }
+        if (i < steps) {
+            a.stage_step = static_cast<int64_t>(i);
+            a.stage_parity = stepParity(seq, i);
+            a.stage_tag = stepTag(g.epoch, seq, i);
+        }
+        stepKernel<Algo><<<blocks, kStepThreads, 0, stream>>>(g, algo, a, result);
+    }
+    return cudaLaunchStatus(what);
+}
+
+}  // namespace mooncake::pg::device
