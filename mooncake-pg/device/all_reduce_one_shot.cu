@@ -17,15 +17,16 @@ constexpr int kThreads = 512;
 // one-shot inputs are small.
 constexpr int kMaxReduceBlocks = 32;
 
-__device__ __forceinline__ bool callIsCurrent(const DeviceGroupView& g, DeviceOpResult* result) {
+__device__ __forceinline__ bool callIsCurrent(const DeviceGroupView& g, uint64_t tag,
+                                              DeviceOpResult* result) {
     uint64_t abort = *g.abort_word;
     if (abort != 0) {
-        reportFailure(result, DeviceStatus::kAborted, -1, abort);
+        failCall(result, failWordOf(g, tag), DeviceStatus::kAborted, -1, abort);
         return false;
     }
     uint64_t current = *g.current_epoch;
     if (current != g.epoch) {
-        reportFailure(result, DeviceStatus::kStaleEpoch, -1, current);
+        failCall(result, failWordOf(g, tag), DeviceStatus::kStaleEpoch, -1, current);
         return false;
     }
     return true;
@@ -37,7 +38,7 @@ __global__ void pushKernel(DeviceGroupView g, const char* input, uint64_t bytes,
                            uint64_t tag, uint64_t signature, DeviceOpResult* result) {
     __shared__ bool current;
     if (threadIdx.x == 0)
-        current = callIsCurrent(g, result);
+        current = callIsCurrent(g, tag, result);
     __syncthreads();
     if (!current)
         return;
@@ -74,14 +75,15 @@ __global__ void waitReduceKernel(DeviceGroupView g, T* output, uint64_t count, i
     if (threadIdx.x < static_cast<unsigned>(g.size)) {
         const int src = static_cast<int>(threadIdx.x);
         const uint64_t start = globalTimerNs();
+        const FailWord fail = failWordOf(g, tag);
         if (!waitFlag(g, reinterpret_cast<const uint64_t*>(own + flagOffset(parity, src)), tag, src,
-                      start, result)) {
+                      start, result, fail, blockIdx.x == 0)) {
             failed = true;
         } else {
             uint64_t theirs =
                 *reinterpret_cast<volatile uint64_t*>(own + signatureOffset(parity, src));
             if (theirs != signature) {
-                reportFailure(result, DeviceStatus::kMismatch, src, theirs);
+                failCall(result, fail, DeviceStatus::kMismatch, src, theirs);
                 failed = true;
             }
         }

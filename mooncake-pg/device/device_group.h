@@ -23,8 +23,8 @@
 //
 // The header's second half holds words private to the window's owner: the
 // arrival counter the blocks of a kernel use to find the last one to finish
-// (which then raises the step's flags). A group's calls are queued on one
-// stream, so one counter serves them all.
+// (which then raises the step's flags), and the failed-call word. A group's
+// calls are queued on one stream, so one counter serves them all.
 #pragma once
 
 #include <cstddef>
@@ -45,8 +45,12 @@ inline constexpr uint64_t kSeqMask = (uint64_t{1} << kSeqBits) - 1;
 
 inline constexpr uint64_t kWindowHeaderBytes = 4096;
 inline constexpr uint64_t kArrivalOffset = 2 * 2 * kMaxDeviceRanks * sizeof(uint64_t);
-static_assert(kArrivalOffset + sizeof(uint64_t) <= kWindowHeaderBytes,
-              "flags, signatures and the arrival counter must fit the window header");
+// Holds the step-0 tag of the last call that failed here, so that spinning
+// threads learn of a failure from device memory: reading the host-mapped
+// result or abort word from every spinning thread floods the bus.
+inline constexpr uint64_t kFailedCallOffset = kArrivalOffset + sizeof(uint64_t);
+static_assert(kFailedCallOffset + sizeof(uint64_t) <= kWindowHeaderBytes,
+              "flags, signatures and the private words must fit the window header");
 // Steps per call: the tag's sequence field is (seq << kStepBits) | step.
 inline constexpr int kStepBits = 20;
 inline constexpr uint64_t kMaxStepsPerCall = uint64_t{1} << kStepBits;

@@ -1,6 +1,7 @@
 // Waiting on flags in device memory, bounded: every spin re-reads the flag
 // with acquire semantics at system scope (peers in other processes write it),
-// and checks the host's abort word and a %globaltimer deadline.
+// and checks a %globaltimer deadline, the call's failure and (in one block)
+// the host's abort word.
 #pragma once
 
 #include <cstdint>
@@ -20,31 +21,64 @@ __device__ __forceinline__ void reportFailure(DeviceOpResult* result, DeviceStat
     }
 }
 
-// Spins until *flag == tag. On the deadline or an abort, reports it (blaming
-// `peer`) and returns false. `start_ns` is when the call began waiting.
+// A call's failure as the device sees it: the step-0 tag of the call in the
+// owner's failed-call word (device_group.h). Set with the host result by
+// failCall; read by spinning threads instead of the host-mapped result.
+struct FailWord {
+    uint64_t* word;
+    uint64_t call_tag;
+};
+
+__device__ __forceinline__ FailWord failWordOf(const DeviceGroupView& g, uint64_t call_tag) {
+    return FailWord{reinterpret_cast<uint64_t*>(g.windows[g.rank] + kFailedCallOffset), call_tag};
+}
+
+__device__ __forceinline__ bool callFailed(const FailWord& f) {
+    return *reinterpret_cast<volatile uint64_t*>(f.word) == f.call_tag;
+}
+
+// Records the failure in the host result (first one wins) and the device word.
+__device__ __forceinline__ void failCall(DeviceOpResult* result, const FailWord& f,
+                                         DeviceStatus status, int culprit, uint64_t detail) {
+    reportFailure(result, status, culprit, detail);
+    *reinterpret_cast<volatile uint64_t*>(f.word) = f.call_tag;
+    __threadfence();
+}
+
+// Spins until *flag == tag. On the deadline or an abort, fails the call
+// (blaming `peer`) and returns false; returns false as well once another
+// thread failed the call. `start_ns` is when the call began waiting. Only
+// threads with `watch_abort` read the host's abort word (one block's worth
+// is enough: the failure they record reaches the others through `fail`).
 __device__ __forceinline__ bool waitFlag(const DeviceGroupView& g, const uint64_t* flag,
                                          uint64_t tag, int peer, uint64_t start_ns,
-                                         DeviceOpResult* result) {
+                                         DeviceOpResult* result, const FailWord& fail,
+                                         bool watch_abort) {
     for (uint32_t spins = 0;; ++spins) {
         if (loadAcquireSys(flag) == tag)
             return true;
-        // The clock and the host word are read every few spins: both cost a
-        // trip outside the SM.
+        // The clock and the other words are read every few spins: they cost
+        // a trip outside the SM.
         if ((spins & 63) == 0) {
-            uint64_t abort = *g.abort_word;
-            if (abort != 0) {
-                reportFailure(result, DeviceStatus::kAborted, peer, abort);
-                return false;
+            if (watch_abort) {
+                const uint64_t abort = *g.abort_word;
+                if (abort != 0) {
+                    failCall(result, fail, DeviceStatus::kAborted, peer, abort);
+                    return false;
+                }
             }
             if (g.timeout_ns >= 0 &&
                 globalTimerNs() - start_ns > static_cast<uint64_t>(g.timeout_ns)) {
-                reportFailure(result, DeviceStatus::kTimeout, peer, 0);
+                failCall(result, fail, DeviceStatus::kTimeout, peer, 0);
                 return false;
             }
-            // Another thread (or block) already failed the call.
-            if (*reinterpret_cast<volatile int32_t*>(&result->status) != 0)
+            if (callFailed(fail))
                 return false;
         }
+        // After a while, back off a little: hundreds of threads polling the
+        // same lines slow the peers' copies that would raise the flag.
+        if (spins > 256)
+            __nanosleep(64);
     }
 }
 

@@ -38,6 +38,7 @@ struct StepArgs {
     uint64_t wait_tag = 0;
     uint64_t stage_tag = 0;
     uint64_t signature = 0;
+    uint64_t call_tag = 0;  // step 0's tag: names the call in the failed-call word
 };
 
 // The start of a rank's data region of `parity` in a window.
@@ -84,29 +85,33 @@ __device__ __forceinline__ void gridCopy(char* dst, const char* src, uint64_t n)
         dst[i] = src[i];
 }
 
-// Every thread of the block: whether the call may go on. It may not when the
-// host set the abort word, when the call's epoch is no longer current (both
-// recorded as the call's failure), or when an earlier kernel of the call
-// failed. The three host-mapped words are read by three threads at once.
-__device__ __forceinline__ bool blockMayProceed(const DeviceGroupView& g, DeviceOpResult* result) {
+// Every thread of the block: whether the call may go on. Block 0 reads the
+// host's words (two threads at once): it fails the call when the host set
+// the abort word or when the call's epoch is no longer current. Every block
+// stops when the call already failed (in an earlier kernel, or in block 0
+// just now); blocks that raced past block 0's verdict only touch this rank's
+// own memory, since flags are raised only for a call that has not failed.
+__device__ __forceinline__ bool blockMayProceed(const DeviceGroupView& g, const StepArgs& a,
+                                                DeviceOpResult* result) {
     __shared__ int stop;
     if (threadIdx.x == 0)
         stop = 0;
     __syncthreads();
-    if (threadIdx.x == 0) {
+    const FailWord fail = failWordOf(g, a.call_tag);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
         const uint64_t abort = *g.abort_word;
         if (abort != 0) {
-            reportFailure(result, DeviceStatus::kAborted, -1, abort);
+            failCall(result, fail, DeviceStatus::kAborted, -1, abort);
             atomicOr(&stop, 1);
         }
-    } else if (threadIdx.x == 1) {
+    } else if (blockIdx.x == 0 && threadIdx.x == 1) {
         const uint64_t current = *g.current_epoch;
         if (current != g.epoch) {
-            reportFailure(result, DeviceStatus::kStaleEpoch, -1, current);
+            failCall(result, fail, DeviceStatus::kStaleEpoch, -1, current);
             atomicOr(&stop, 1);
         }
     } else if (threadIdx.x == 2) {
-        if (*reinterpret_cast<volatile int32_t*>(&result->status) != 0)
+        if (callFailed(fail))
             atomicOr(&stop, 1);
     }
     __syncthreads();
@@ -126,14 +131,15 @@ __device__ __forceinline__ bool blockWaitStep(const DeviceGroupView& g, const St
     if (threadIdx.x < static_cast<unsigned>(g.size)) {
         const int src = static_cast<int>(threadIdx.x);
         const uint64_t start = globalTimerNs();
+        const FailWord fail = failWordOf(g, a.call_tag);
         if (!waitFlag(g, reinterpret_cast<const uint64_t*>(own + flagOffset(a.wait_parity, src)),
-                      a.wait_tag, src, start, result)) {
+                      a.wait_tag, src, start, result, fail, blockIdx.x == 0)) {
             atomicOr(&failed, 1);
         } else {
             const uint64_t theirs =
                 *reinterpret_cast<volatile uint64_t*>(own + signatureOffset(a.wait_parity, src));
             if (theirs != a.signature) {
-                reportFailure(result, DeviceStatus::kMismatch, src, theirs);
+                failCall(result, fail, DeviceStatus::kMismatch, src, theirs);
                 atomicOr(&failed, 1);
             }
         }
@@ -146,8 +152,7 @@ __device__ __forceinline__ bool blockWaitStep(const DeviceGroupView& g, const St
 // one resets the counter and, when the call has not failed and the kernel
 // staged a step, publishes the signature and raises the step's flag at every
 // member. The system fences order every block's stores before the flags.
-__device__ __forceinline__ void blockArrive(const DeviceGroupView& g, const StepArgs& a,
-                                            DeviceOpResult* result) {
+__device__ __forceinline__ void blockArrive(const DeviceGroupView& g, const StepArgs& a) {
     __shared__ bool last;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -157,7 +162,7 @@ __device__ __forceinline__ void blockArrive(const DeviceGroupView& g, const Step
         if (last) {
             atomicExch(counter, 0u);
             __threadfence_system();
-            if (a.stage_step >= 0 && *reinterpret_cast<volatile int32_t*>(&result->status) == 0) {
+            if (a.stage_step >= 0 && !callFailed(failWordOf(g, a.call_tag))) {
                 for (int dst = 0; dst < g.size; ++dst) {
                     *reinterpret_cast<volatile uint64_t*>(
                         g.windows[dst] + signatureOffset(a.stage_parity, g.rank)) = a.signature;
@@ -176,12 +181,12 @@ __device__ __forceinline__ void blockArrive(const DeviceGroupView& g, const Step
 template <class Algo>
 __global__ void __launch_bounds__(kStepThreads, 2)
     stepKernel(DeviceGroupView g, Algo algo, StepArgs a, DeviceOpResult* result) {
-    bool ok = blockMayProceed(g, result);
+    bool ok = blockMayProceed(g, a, result);
     if (ok && a.wait_step >= 0)
         ok = blockWaitStep(g, a, result);
     if (ok)
         algo.run(g, a);
-    blockArrive(g, a, result);
+    blockArrive(g, a);
 }
 
 // Queues the K + 1 kernels of a call of `steps` steps (odd, from stepsFor).
@@ -194,6 +199,7 @@ Status launchSteps(const DeviceGroupView& g, const Algo& algo, uint64_t steps, u
     for (uint64_t i = 0; i <= steps; ++i) {
         StepArgs a;
         a.signature = signature;
+        a.call_tag = stepTag(g.epoch, seq, 0);
         if (i > 0) {
             a.wait_step = static_cast<int64_t>(i - 1);
             a.wait_parity = stepParity(seq, i - 1);
