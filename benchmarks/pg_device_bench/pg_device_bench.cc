@@ -272,6 +272,8 @@ int runRank(const Options& o, const std::string& dir, int rank, int n) {
                 n, latency.worst, latency.met ? "true" : "false");
         }
     }
+    // The child ends with _exit, which does not flush stdio.
+    std::fflush(stdout);
     CHILD_OK(test::barrier(*r.store, "end", n));
     return 0;
 }

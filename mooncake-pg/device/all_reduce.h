@@ -33,10 +33,13 @@ namespace mooncake::pg::device {
 
 inline constexpr uint8_t kAllReduceCollective = 1;
 
-// Messages up to this size (that also fit a slot) take the one-shot path:
-// below it, the two extra flag round trips of the two-shot cost more than
-// the one-shot's extra traffic (docs/design/pg-core.md has the measurement).
-inline constexpr uint64_t kOneShotMaxBytes = 256 << 10;
+// Messages up to this size (that also fit a slot) take the one-shot path.
+// Measured on one H200 with MPS (docs/design/pg-core.md): the two-shot's
+// fixed cost (four kernels, three flag round trips) is 41 us with 2
+// processes and 80-90 us with 4, flat up to 1 MiB; the one-shot costs the
+// same at 1 MiB (43 / 80 us) and less below, and grows fast above (its push
+// runs one block per destination: 220 / 317 us at 4 MiB).
+inline constexpr uint64_t kOneShotMaxBytes = 1 << 20;
 
 // Queues the call on `stream`. `seq` numbers the group's device calls (every
 // rank passes the same seq for the same call); `result` must be zeroed by the
