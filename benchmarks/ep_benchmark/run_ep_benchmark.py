@@ -248,8 +248,10 @@ class EPBenchmarkWorker:
 def _make_group(args, rank, world_size, local_rank):
     check_environment(args, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
     if args.device == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        # Several ranks may share one GPU (MPS): rank r uses GPU r mod count.
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
     dist.init_process_group(backend=args.pg_backend, init_method="env://", rank=rank,
@@ -259,8 +261,46 @@ def _make_group(args, rank, world_size, local_rank):
 
 def _summary(doc):
     m = doc["metrics"]
-    return {k: m[k] for k in ("dispatch_latency_ms", "combine_latency_ms",
-                              "end_to_end_latency_ms", "tokens_per_second")}
+    out = {k: m[k] for k in ("dispatch_latency_ms", "combine_latency_ms",
+                             "end_to_end_latency_ms", "tokens_per_second")}
+    if "bandwidth" in doc:
+        out["bandwidth"] = doc["bandwidth"]
+    return out
+
+
+def measure_copy_rate(device, group, rank, nbytes=1 << 30, reps=10):
+    """Bytes read + written per second by a large device-to-device copy on rank 0.
+
+    The other ranks wait at a barrier meanwhile, so the copy has the GPU (and
+    its HBM, which every rank on it shares) to itself. None on CPU.
+    """
+    rate = None
+    dist.barrier(group=group)
+    if device.type == "cuda" and rank == 0:
+        src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            dst.copy_(src)
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1000.0)
+        rate = 2 * nbytes / sorted(times)[len(times) // 2]
+        del src, dst
+        torch.cuda.empty_cache()
+    dist.barrier(group=group)
+    return rate
+
+
+def global_copies(topk_idx, group):
+    """Token copies of one dispatch over all ranks (entries != -1)."""
+    n = torch.tensor([int((topk_idx >= 0).sum())], dtype=torch.int64)
+    n = n.to(metrics._collective_device(group))
+    dist.all_reduce(n, group=group)
+    return int(n.cpu())
 
 
 def run_worker(args, rank, world_size, local_rank):
@@ -288,6 +328,8 @@ def run_worker(args, rank, world_size, local_rank):
             raise RuntimeError(
                 f"--zero-copy needs the fast path (get_next_combine_buffer), but this run uses the "
                 f"fallback: {worker.buffer.fast_path_reason}; rerun with --no-zero-copy")
+        copy_rate = measure_copy_rate(device, group, rank)
+        copies = global_copies(worker.topk_idx, group)
         docs = {}
         for name, w in phases:
             w.warmup()
@@ -300,6 +342,10 @@ def run_worker(args, rank, world_size, local_rank):
                 "fast_path_unavailable_reason": None if w.buffer.use_fast_path else w.buffer.fast_path_reason,
                 "timer": "cuda_events" if device.type == "cuda" else "wall_clock",
             }
+            d_bytes, c_bytes = metrics.payload_bytes(copies, args.hidden_size, args.dtype == "fp8")
+            d_ms = metrics.latency_stats(metrics.critical_path(per_rank[0]))["p50"]
+            c_ms = metrics.latency_stats(metrics.critical_path(per_rank[1]))["p50"]
+            extra["bandwidth"] = metrics.bandwidth_summary(d_bytes, c_bytes, d_ms, c_ms, copy_rate)
             docs[name] = (metrics.assemble_json_output(args, world_size, *per_rank, load, extra),
                           per_rank, counts)
         if rank == 0:
@@ -314,14 +360,18 @@ def _emit(args, docs, phases, notice):
     if args.compare:
         fast = docs.get("fast_path")
         slow = docs.get("fallback")
-        speedup = None
+        speedup, speedups = None, {}
         if fast and slow:
             speedup = (slow[0]["metrics"]["end_to_end_latency_ms"]["mean"]
                        / fast[0]["metrics"]["end_to_end_latency_ms"]["mean"])
+            for key in ("dispatch_latency_ms", "combine_latency_ms"):
+                speedups[key.replace("_latency_ms", "_median")] = (
+                    slow[0]["metrics"][key]["p50"] / fast[0]["metrics"][key]["p50"])
         doc["compare"] = {
             "fast_path": _summary(fast[0]) if fast else None,
             "fallback": _summary(slow[0]) if slow else None,
             "speedup_end_to_end_mean": speedup,
+            "speedup": speedups,
             "note": notice,
         }
         print(notice or f"--compare: fast path is {speedup:.2f}x the fallback (mean end-to-end)",

@@ -44,7 +44,9 @@ def fp8_quantize(x):
     blocks = x.view(t, h // FP8_BLOCK, FP8_BLOCK).float()
     amax = blocks.abs().amax(dim=-1).clamp(min=FP8_AMAX_FLOOR)
     scales = amax / FP8_MAX
-    data = (blocks / scales.unsqueeze(-1)).to(torch.float8_e4m3fn).view(t, h)
+    # x * (448 / amax), as the CUDA kernels compute it (mooncake-ep/core/fp8_rule.h),
+    # so both paths produce the same bytes.
+    data = (blocks * (FP8_MAX / amax).unsqueeze(-1)).to(torch.float8_e4m3fn).view(t, h)
     return data, scales
 
 

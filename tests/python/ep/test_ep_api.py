@@ -1,22 +1,38 @@
 """Single-process parts of the EP API: size hint, FP8 format, EventOverlap, mooncake.ep."""
 
 import importlib
+import itertools
 import sys
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from mooncake import _ep_runtime
+from mooncake import _ep_fast, _ep_runtime
 from mooncake.mooncake_ep_buffer import Buffer, EventOverlap, fp8_dequantize, fp8_quantize
 
 
 def test_size_hint_matches_the_documented_formula():
-    # 2 halves x (signal: 256 ints rounded to 128 B, data: 256 experts x 128 slots
-    # x (32 B of header/tail + 7168 BF16 channels)).
-    assert Buffer.get_ep_buffer_size_hint(128, 7168, 8, 256) == 2 * (1024 + 256 * 128 * 14368)
-    # 3 experts: 12 bytes of signal round up to 128.
-    assert Buffer.get_ep_buffer_size_hint(1, 128, 3, 3) == 2 * (128 + 3 * 1 * (32 + 256))
+    # 256 B of state + 2 halves x (signals: 16 B per expert rounded to 256 B,
+    # dispatch: experts x slots x (16 B header + BF16 row), combine: experts x
+    # slots x BF16 row).
+    assert Buffer.get_ep_buffer_size_hint(128, 7168, 8, 256) == 256 + 2 * (
+        4096 + 256 * 128 * (16 + 14336) + 256 * 128 * 14336)
+    # 3 experts: 48 bytes of signal round up to 256.
+    assert Buffer.get_ep_buffer_size_hint(1, 128, 3, 3) == 256 + 2 * (256 + 3 * 272 + 3 * 256)
+
+
+def test_python_size_hint_equals_the_runtime_formula():
+    module = _ep_runtime.runtime()
+    if module is None:
+        pytest.skip(f"the compiled EP runtime does not import here: {_ep_runtime._load()[1]}")
+    for args in itertools.product((1, 7, 128, 1024), (128, 1024, 7168, 8192), (1, 2, 3, 8),
+                                  (1, 3)):
+        max_tokens, hidden, ranks, per_rank = args
+        experts = ranks * per_rank * 8
+        want = module.buffer_size_hint(max_tokens, hidden, ranks, experts)
+        assert _ep_fast.size_hint_python(max_tokens, hidden, ranks, experts) == want, args
+        assert Buffer.get_ep_buffer_size_hint(max_tokens, hidden, ranks, experts) == want, args
 
 
 def test_size_hint_arguments_are_checked():
