@@ -3,7 +3,9 @@
 
 8 processes on the one GPU (MPS), a mooncake-cpu control group, 128 tokens
 per rank, hidden 7168, top-8, 256 experts, FP8 dispatch / BF16 combine:
-  1. --compare: fast path and fallback in one run (JSON + plot),
+  1. --compare --align-ranks: fast path and fallback in one run (JSON + plot),
+     each op timed after a barrier (8 ranks share the GPU: without it an op's
+     latency is mostly the other ranks' expert forward),
   2. the three configs (configs/cuda_*.json) on the fast path, with the same
      overrides (their nccl group cannot put 8 ranks on one GPU, and their
      1024 tokens per rank would need 8 x 15 GB of EP buffers).
@@ -27,14 +29,17 @@ def run(name, extra, ranks, timeout_s, port):
     cmd = [sys.executable, os.path.join(HERE, "run_ep_benchmark.py"), "--num-ranks", str(ranks),
            "--master-port", str(port), "--json-output", out, *COMMON, *extra]
     print("$", " ".join(cmd), flush=True)
-    try:
-        p = subprocess.run(cmd, timeout=timeout_s, capture_output=True, text=True)
-    except subprocess.TimeoutExpired as e:
-        print(f"{name}: timed out after {timeout_s} s\n{(e.stderr or b'')[-3000:]}", flush=True)
-        return None
-    print(p.stderr[-4000:], flush=True)
-    if p.returncode != 0 or not os.path.exists(out):
-        print(f"{name}: rc={p.returncode}", flush=True)
+    log = os.path.join(OUT, f"{name}_{ranks}.log")
+    env = dict(os.environ, EP_BENCH_STACKS_AFTER_S=str(timeout_s - 10))
+    with open(log, "w") as f:  # streamed, so a run that is killed still leaves its log
+        try:
+            rc = subprocess.run(cmd, timeout=timeout_s, stdout=f, stderr=subprocess.STDOUT,
+                                env=env).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    if rc != 0 or not os.path.exists(out):
+        with open(log) as f:
+            print(f"{name}: rc={rc}; log tail:\n{f.read()[-3000:]}", flush=True)
         return None
     with open(out) as f:
         doc = json.load(f)
@@ -53,15 +58,15 @@ def run(name, extra, ranks, timeout_s, port):
 def main():
     os.makedirs(OUT, exist_ok=True)
     port = 29600
-    compare = ["--compare", "--iters", "50", "--warmup-iters", "10",
+    compare = ["--compare", "--align-ranks", "--iters", "30", "--warmup-iters", "5",
                "--plot", os.path.join(OUT, "ep_compare.png")]
-    if run("compare", compare, 8, 150, port) is None:
-        run("compare", compare, 4, 100, port + 1)
+    if run("compare_aligned", compare, 8, 110, port) is None:
+        run("compare_aligned", compare, 4, 80, port + 1)
     for i, cfg in enumerate(("cuda_uniform", "cuda_incast_k_hot", "cuda_zipfian")):
         extra = ["--config", os.path.join(HERE, "configs", f"{cfg}.json")]
         if cfg == "cuda_incast_k_hot":
             extra += ["--plot", os.path.join(OUT, "ep_k_hot.png")]
-        run(cfg, extra, 8, 80, port + 10 + i)
+        run(cfg, extra, 8, 60, port + 10 + i)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,10 @@ def build_parser():
                    help="latency CDFs and the expert-load histogram")
     p.add_argument("--compare", action="store_true",
                    help="run the fast path and the fallback in one invocation, print the speedup")
+    p.add_argument("--align-ranks", action="store_true",
+                   help="synchronize and barrier all ranks before dispatch and before combine, so "
+                        "each op's latency excludes the other ranks' lateness (e.g. their expert "
+                        "forward on a shared GPU); end-to-end then includes the barriers")
     return p
 
 
@@ -206,8 +210,14 @@ class EPBenchmarkWorker:
         # Also without --async-finish: the in-stream wait keeps iterations from overlapping.
         event.current_stream_wait()
 
+    def _align(self):
+        if self.args.align_ranks:
+            self.clock.sync()
+            dist.barrier(group=self.group)
+
     def step(self):
         a = self.args
+        self._align()
         t0 = self.clock.stamp()
         recv_x, _, handle, event, hook = self.buffer.dispatch(
             self.x, self.topk_idx, self.active_ranks, a.num_tokens, a.num_experts, a.timeout_us,
@@ -221,6 +231,7 @@ class EPBenchmarkWorker:
             combine_in.copy_(expert_out)
         else:
             combine_in = expert_out.contiguous()
+        self._align()
         t2 = self.clock.stamp()
         _, event, hook = self.buffer.combine(
             combine_in, self.topk_idx, self.topk_weights, self.active_ranks, a.timeout_us, handle,
@@ -306,6 +317,9 @@ def global_copies(topk_idx, group):
 def run_worker(args, rank, world_size, local_rank):
     from mooncake.mooncake_ep_buffer import FORCE_FALLBACK_ENV, Buffer
 
+    if os.environ.get("EP_BENCH_STACKS_AFTER_S"):
+        import faulthandler  # a stuck run shows where each rank is
+        faulthandler.dump_traceback_later(float(os.environ["EP_BENCH_STACKS_AFTER_S"]))
     device = _make_group(args, rank, world_size, local_rank)
     group = dist.group.WORLD
     try:

@@ -49,7 +49,8 @@ FastBuffer::FastBuffer(const c10::intrusive_ptr<c10d::Store>& store, FastBufferO
             ", expected at least " + std::to_string(kEpStateBytes));
     c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(options_.device));
     te::EngineOptions eo;
-    eo.store = pg::C10dStoreAdapter::ownConnection(store);
+    store_ = pg::C10dStoreAdapter::ownConnection(store);
+    eo.store = store_;
     eo.segment_name = "ep" + std::to_string(options_.rank);
     eo.secret = options_.secret;
     eo.key_prefix = options_.key_prefix + "te";
@@ -85,6 +86,8 @@ FastBuffer::~FastBuffer() {
     if (error_host_)
         (void)cudaFreeHost(error_host_);
     peer_table_ = at::Tensor();
+    if (store_)
+        store_->skipRemoves();
     if (engine_) {
         if (buffer_)
             (void)engine_->freeSharedMemory(buffer_);

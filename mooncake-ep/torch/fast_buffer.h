@@ -22,6 +22,9 @@
 namespace mooncake::te {
 class TransferEngine;
 }
+namespace mooncake::pg {
+class C10dStoreAdapter;
+}
 
 namespace mooncake::ep {
 
@@ -79,6 +82,10 @@ private:
     void recordErrorCopy(cudaStream_t stream);
 
     FastBufferOptions options_;
+    // Kept to skip the store removals at shutdown: the keys live under this
+    // connection's own prefix, and at process exit the store's server may be
+    // gone already.
+    std::shared_ptr<pg::C10dStoreAdapter> store_;
     std::unique_ptr<te::TransferEngine> engine_;
     void* buffer_ = nullptr;
     bool connected_ = false;

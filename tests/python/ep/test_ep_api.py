@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 
 from mooncake import _ep_fast, _ep_runtime
-from mooncake.mooncake_ep_buffer import Buffer, EventOverlap, fp8_dequantize, fp8_quantize
+from mooncake.mooncake_ep_buffer import (FORCE_FALLBACK_ENV, Buffer, EventOverlap, fp8_dequantize,
+                                         fp8_quantize)
 
 
 def test_size_hint_matches_the_documented_formula():
@@ -88,7 +89,9 @@ def test_mooncake_ep_imports_without_the_runtime_and_says_why():
         assert "Mooncake EP runtime was not built against torch==" in ep.FAST_PATH_UNAVAILABLE_REASON
 
 
-def test_one_rank_buffer_round_trip():
+def test_one_rank_buffer_round_trip(monkeypatch):
+    # The fallback's exact layout (test_ep_fast.py covers the fast path).
+    monkeypatch.setenv(FORCE_FALLBACK_ENV, "1")
     store = dist.HashStore()
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
