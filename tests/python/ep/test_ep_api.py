@@ -4,6 +4,7 @@ import importlib
 import itertools
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -61,6 +62,23 @@ def test_fp8_scales_are_amax_over_448_with_a_floor():
     assert bool((err <= x[0, :128].float().abs() / 16 + 1e-2).all())
     # The block's largest magnitude maps to the FP8 maximum exactly.
     assert data[0, 0].float() == -448.0
+
+
+def test_fp8_quantize_follows_the_kernel_rule_bit_for_bit():
+    # The kernels (mooncake-ep/core/fp8_rule.h) store amax / 448 and E4M3(x * (448 / amax)),
+    # both IEEE float32 operations; numpy's float32 division is IEEE, so this is an
+    # independent reference. x / (amax / 448) rounds differently for some values.
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.randn(64, 1024, generator=gen) * 3).to(torch.bfloat16)
+    blocks = x.float().view(64, 8, 128).numpy()
+    amax = np.maximum(np.abs(blocks).max(axis=-1), np.float32(1e-4)).astype(np.float32)
+    inv = (np.float32(448.0) / amax).astype(np.float32)
+    scaled = torch.from_numpy((blocks * inv[..., None]).astype(np.float32))
+    want_data = scaled.to(torch.float8_e4m3fn).view(64, 1024)
+    want_scales = torch.from_numpy((amax / np.float32(448.0)).astype(np.float32))
+    data, scales = fp8_quantize(x)
+    assert torch.equal(scales, want_scales)
+    assert torch.equal(data.view(torch.uint8), want_data.view(torch.uint8))
 
 
 def test_event_overlap_without_an_event_is_a_no_op():
