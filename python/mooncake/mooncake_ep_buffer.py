@@ -23,7 +23,6 @@ import torch.distributed as dist
 from mooncake import _ep_checks as checks
 from mooncake import _ep_fallback as fallback
 from mooncake import _ep_fast as fast
-from mooncake import _ep_runtime
 from mooncake._ep_fallback import EPRankFailure, fp8_dequantize, fp8_quantize
 
 __all__ = ["Buffer", "EPRankFailure", "EventOverlap", "fp8_dequantize", "fp8_quantize"]
