@@ -30,6 +30,18 @@ if(USE_CUDA)
 endif()
 message(STATUS "torch ${MOONCAKE_TORCH_VERSION} at ${MOONCAKE_TORCH_DIR} (CXX11 ABI ${MOONCAKE_TORCH_CXX11_ABI})")
 
+# A static library of torch-using code that several extension modules link
+# (compiled with the same torch headers, ABI and warnings as the modules).
+function(mooncake_add_torch_library name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
+  add_library(${name} STATIC ${ARG_SOURCES})
+  target_include_directories(${name} SYSTEM PUBLIC ${TORCH_INCLUDE_DIRS})
+  target_include_directories(${name} PUBLIC ${MOONCAKE_SOURCE_ROOT})
+  target_compile_definitions(${name} PUBLIC _GLIBCXX_USE_CXX11_ABI=${MOONCAKE_TORCH_CXX11_ABI})
+  target_link_libraries(${name} PUBLIC ${ARG_LIBS})
+  target_compile_options(${name} PRIVATE -Wall -Wextra -Werror -Wno-unused-parameter)
+endfunction()
+
 function(mooncake_add_torch_extension base)
   cmake_parse_arguments(ARG "" "" "SOURCES;LIBS" ${ARGN})
   set(name ${base}_${MOONCAKE_TORCH_SUFFIX})

@@ -166,3 +166,35 @@ def schema_errors(doc, world_size):
         if (key in doc) != present:
             errors.append(f"$.{key} {'missing' if present else 'present'} in mode {mode}")
     return errors
+
+
+def payload_bytes(num_copies, hidden, use_fp8):
+    """(dispatch, combine) payload bytes of `num_copies` token copies, each counted once.
+
+    A dispatched copy is its data (FP8: hidden bytes plus one float scale per
+    128 channels; BF16: 2 * hidden); a combined copy is a BF16 row. Headers
+    and signals are not payload.
+    """
+    per_dispatch = hidden + hidden // 128 * 4 if use_fp8 else 2 * hidden
+    return num_copies * per_dispatch, num_copies * 2 * hidden
+
+
+def bandwidth_summary(dispatch_bytes, combine_bytes, dispatch_ms, combine_ms, copy_bytes_per_s):
+    """Payload bytes/s at the median critical-path latency, and their fraction of the copy rate.
+
+    copy_bytes_per_s counts a device-to-device copy's reads and writes (what one
+    HBM shared by every rank can move), as measured in the same run.
+    """
+    d = dispatch_bytes / (float(dispatch_ms) / 1000.0)
+    c = combine_bytes / (float(combine_ms) / 1000.0)
+    out = {
+        "dispatch_payload_bytes": int(dispatch_bytes),
+        "combine_payload_bytes": int(combine_bytes),
+        "dispatch_payload_bytes_per_s": d,
+        "combine_payload_bytes_per_s": c,
+        "device_copy_bytes_per_s": copy_bytes_per_s,
+    }
+    if copy_bytes_per_s:
+        out["dispatch_fraction_of_copy_rate"] = d / copy_bytes_per_s
+        out["combine_fraction_of_copy_rate"] = c / copy_bytes_per_s
+    return out

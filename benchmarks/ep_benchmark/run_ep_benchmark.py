@@ -68,6 +68,10 @@ def build_parser():
                    help="latency CDFs and the expert-load histogram")
     p.add_argument("--compare", action="store_true",
                    help="run the fast path and the fallback in one invocation, print the speedup")
+    p.add_argument("--align-ranks", action="store_true",
+                   help="synchronize and barrier all ranks before dispatch and before combine, so "
+                        "each op's latency excludes the other ranks' lateness (e.g. their expert "
+                        "forward on a shared GPU); end-to-end then includes the barriers")
     return p
 
 
@@ -206,8 +210,14 @@ class EPBenchmarkWorker:
         # Also without --async-finish: the in-stream wait keeps iterations from overlapping.
         event.current_stream_wait()
 
+    def _align(self):
+        if self.args.align_ranks:
+            self.clock.sync()
+            dist.barrier(group=self.group)
+
     def step(self):
         a = self.args
+        self._align()
         t0 = self.clock.stamp()
         recv_x, _, handle, event, hook = self.buffer.dispatch(
             self.x, self.topk_idx, self.active_ranks, a.num_tokens, a.num_experts, a.timeout_us,
@@ -221,6 +231,7 @@ class EPBenchmarkWorker:
             combine_in.copy_(expert_out)
         else:
             combine_in = expert_out.contiguous()
+        self._align()
         t2 = self.clock.stamp()
         _, event, hook = self.buffer.combine(
             combine_in, self.topk_idx, self.topk_weights, self.active_ranks, a.timeout_us, handle,
@@ -248,8 +259,10 @@ class EPBenchmarkWorker:
 def _make_group(args, rank, world_size, local_rank):
     check_environment(args, int(os.environ.get("LOCAL_WORLD_SIZE", world_size)))
     if args.device == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        # Several ranks may share one GPU (MPS): rank r uses GPU r mod count.
+        index = local_rank % torch.cuda.device_count()
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
     else:
         device = torch.device("cpu")
     dist.init_process_group(backend=args.pg_backend, init_method="env://", rank=rank,
@@ -259,13 +272,54 @@ def _make_group(args, rank, world_size, local_rank):
 
 def _summary(doc):
     m = doc["metrics"]
-    return {k: m[k] for k in ("dispatch_latency_ms", "combine_latency_ms",
-                              "end_to_end_latency_ms", "tokens_per_second")}
+    out = {k: m[k] for k in ("dispatch_latency_ms", "combine_latency_ms",
+                             "end_to_end_latency_ms", "tokens_per_second")}
+    if "bandwidth" in doc:
+        out["bandwidth"] = doc["bandwidth"]
+    return out
+
+
+def measure_copy_rate(device, group, rank, nbytes=1 << 30, reps=10):
+    """Bytes read + written per second by a large device-to-device copy on rank 0.
+
+    The other ranks wait at a barrier meanwhile, so the copy has the GPU (and
+    its HBM, which every rank on it shares) to itself. None on CPU.
+    """
+    rate = None
+    dist.barrier(group=group)
+    if device.type == "cuda" and rank == 0:
+        src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            dst.copy_(src)
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1000.0)
+        rate = 2 * nbytes / sorted(times)[len(times) // 2]
+        del src, dst
+        torch.cuda.empty_cache()
+    dist.barrier(group=group)
+    return rate
+
+
+def global_copies(topk_idx, group):
+    """Token copies of one dispatch over all ranks (entries != -1)."""
+    n = torch.tensor([int((topk_idx >= 0).sum())], dtype=torch.int64)
+    n = n.to(metrics._collective_device(group))
+    dist.all_reduce(n, group=group)
+    return int(n.cpu())
 
 
 def run_worker(args, rank, world_size, local_rank):
     from mooncake.mooncake_ep_buffer import FORCE_FALLBACK_ENV, Buffer
 
+    if os.environ.get("EP_BENCH_STACKS_AFTER_S"):
+        import faulthandler  # a stuck run shows where each rank is
+        faulthandler.dump_traceback_later(float(os.environ["EP_BENCH_STACKS_AFTER_S"]))
     device = _make_group(args, rank, world_size, local_rank)
     group = dist.group.WORLD
     try:
@@ -288,6 +342,8 @@ def run_worker(args, rank, world_size, local_rank):
             raise RuntimeError(
                 f"--zero-copy needs the fast path (get_next_combine_buffer), but this run uses the "
                 f"fallback: {worker.buffer.fast_path_reason}; rerun with --no-zero-copy")
+        copy_rate = measure_copy_rate(device, group, rank)
+        copies = global_copies(worker.topk_idx, group)
         docs = {}
         for name, w in phases:
             w.warmup()
@@ -300,6 +356,10 @@ def run_worker(args, rank, world_size, local_rank):
                 "fast_path_unavailable_reason": None if w.buffer.use_fast_path else w.buffer.fast_path_reason,
                 "timer": "cuda_events" if device.type == "cuda" else "wall_clock",
             }
+            d_bytes, c_bytes = metrics.payload_bytes(copies, args.hidden_size, args.dtype == "fp8")
+            d_ms = metrics.latency_stats(metrics.critical_path(per_rank[0]))["p50"]
+            c_ms = metrics.latency_stats(metrics.critical_path(per_rank[1]))["p50"]
+            extra["bandwidth"] = metrics.bandwidth_summary(d_bytes, c_bytes, d_ms, c_ms, copy_rate)
             docs[name] = (metrics.assemble_json_output(args, world_size, *per_rank, load, extra),
                           per_rank, counts)
         if rank == 0:
@@ -314,14 +374,18 @@ def _emit(args, docs, phases, notice):
     if args.compare:
         fast = docs.get("fast_path")
         slow = docs.get("fallback")
-        speedup = None
+        speedup, speedups = None, {}
         if fast and slow:
             speedup = (slow[0]["metrics"]["end_to_end_latency_ms"]["mean"]
                        / fast[0]["metrics"]["end_to_end_latency_ms"]["mean"])
+            for key in ("dispatch_latency_ms", "combine_latency_ms"):
+                speedups[key.replace("_latency_ms", "_median")] = (
+                    slow[0]["metrics"][key]["p50"] / fast[0]["metrics"][key]["p50"])
         doc["compare"] = {
             "fast_path": _summary(fast[0]) if fast else None,
             "fallback": _summary(slow[0]) if slow else None,
             "speedup_end_to_end_mean": speedup,
+            "speedup": speedups,
             "note": notice,
         }
         print(notice or f"--compare: fast path is {speedup:.2f}x the fallback (mean end-to-end)",

@@ -40,8 +40,9 @@ __global__ void __launch_bounds__(kSendThreads) combineSend(CombineParams p) {
     EpState* state = epState(p.g.local_buffer);
     const uint64_t seq = state->combine_seq + 1;
     const int phase = static_cast<int>(seq & 1);
-    if (epLoadVolatile(&p.g.active_ranks[dst]) == 0)
-        return;
+    if (epLoadVolatile(&p.g.active_ranks[dst]) == 0 ||
+        epLoadVolatile(&p.g.active_ranks[p.g.rank]) == 0)
+        return;  // as in dispatch: an inactive rank (in either view) gets nothing
     char* remote = static_cast<char*>(p.g.peer_buffers[dst]);
 
     const int64_t capacity = static_cast<int64_t>(num_ranks) * p.g.max_tokens;
@@ -85,13 +86,15 @@ __global__ void __launch_bounds__(kRecvThreads) combineReceive(CombineParams p) 
     const int phase = static_cast<int>(seq & 1);
     const char* local = static_cast<const char*>(p.g.local_buffer);
 
+    // A rank inactive in its own view sent nothing, so nothing comes back.
+    const bool self_active = epLoadVolatile(&p.g.active_ranks[p.g.rank]) != 0;
     for (int k = threadIdx.x; k < top_k && token < p.a.num_tokens; k += blockDim.x) {
         const int64_t id = p.a.topk_idx[static_cast<int64_t>(token) * top_k + k];
         int use = 0;
         if (id < -1 || id >= p.g.num_experts) {
             epReportError(&state->error_code, &state->error_info, kEpErrorBadExpertId,
                           static_cast<int32_t>(id));
-        } else if (id >= 0) {
+        } else if (id >= 0 && self_active) {
             int32_t* active = &p.g.active_ranks[id / nle];
             uint32_t unused = 0;
             if (epLoadVolatile(active) != 0) {

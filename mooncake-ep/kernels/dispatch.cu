@@ -93,8 +93,11 @@ __global__ void __launch_bounds__(kSendThreads) dispatchSend(DispatchParams p) {
                               static_cast<int32_t>(id));
         }
     }
-    if (epLoadVolatile(&p.g.active_ranks[dst]) == 0)
-        return;  // nothing to an inactive rank, not even its signal
+    // Nothing to an inactive rank, not even its signal; a rank inactive in its
+    // own view sends nothing at all (as the fallback does).
+    if (epLoadVolatile(&p.g.active_ranks[dst]) == 0 ||
+        epLoadVolatile(&p.g.active_ranks[p.g.rank]) == 0)
+        return;
     char* remote = static_cast<char*>(p.g.peer_buffers[dst]);
 
     __shared__ int warp_counts[kSendWarps];
@@ -165,9 +168,11 @@ __global__ void __launch_bounds__(kRecvThreads) dispatchReceive(DispatchParams p
     const int phase = static_cast<int>(seq & 1);
     char* local = static_cast<char*>(p.g.local_buffer);
 
+    // A rank inactive in its own view receives nothing (no peer sends to it).
+    const bool self_active = epLoadVolatile(&p.g.active_ranks[p.g.rank]) != 0;
     for (int src = threadIdx.x; src < num_ranks; src += blockDim.x) {
         uint32_t count = 0;
-        if (epLoadVolatile(&p.g.active_ranks[src]) != 0) {
+        if (self_active && epLoadVolatile(&p.g.active_ranks[src]) != 0) {
             const uint64_t* word = reinterpret_cast<const uint64_t*>(
                 local + L.dispatchCountOffset(phase, local_expert, src));
             if (epWaitSignal(word, seq, &p.g.active_ranks[src], p.g.timeout_ns, &count) !=

@@ -43,8 +43,13 @@ def fp8_quantize(x):
     t, h = x.shape
     blocks = x.view(t, h // FP8_BLOCK, FP8_BLOCK).float()
     amax = blocks.abs().amax(dim=-1).clamp(min=FP8_AMAX_FLOOR)
-    scales = amax / FP8_MAX
-    data = (blocks / scales.unsqueeze(-1)).to(torch.float8_e4m3fn).view(t, h)
+    # amax / 448 and x * (448 / amax) with IEEE divisions, as the CUDA kernels
+    # compute them (mooncake-ep/core/fp8_rule.h), so both paths produce the same
+    # bytes. Tensor / tensor on purpose: torch's CUDA division by a Python
+    # scalar multiplies by its reciprocal, which can differ in the last bit.
+    full = torch.full_like(amax, FP8_MAX)
+    scales = amax / full
+    data = (blocks * (full / amax).unsqueeze(-1)).to(torch.float8_e4m3fn).view(t, h)
     return data, scales
 
 

@@ -15,26 +15,19 @@ any backend (gloo, mooncake-cpu, nccl, mooncake) and on CPU tensors.
 
 import itertools
 import os
+import secrets
 
 import torch
 import torch.distributed as dist
 
 from mooncake import _ep_checks as checks
 from mooncake import _ep_fallback as fallback
-from mooncake import _ep_runtime
+from mooncake import _ep_fast as fast
 from mooncake._ep_fallback import EPRankFailure, fp8_dequantize, fp8_quantize
 
 __all__ = ["Buffer", "EPRankFailure", "EventOverlap", "fp8_dequantize", "fp8_quantize"]
 
-# Layout of the workspace the runtime carves up (and the size hint's formula):
-# two halves (double-buffered signals, so consecutive ops need no CPU sync),
-# each a 128-byte aligned int per expert of signal plus, per expert and per
-# token slot, one message of a 16-byte header + 16-byte tail + BF16 hidden
-# (the largest payload; FP8 data + scales is smaller).
-_SIGNAL_ALIGN = 128
-_MSG_OVERHEAD = 2 * 16
-_BF16_SIZE = 2
-_META_VERSION = 1  # bumps when the exchanged metadata changes meaning
+_META_VERSION = 2  # bumps when the exchanged metadata changes meaning
 
 _buffer_ids = itertools.count(1)
 
@@ -54,13 +47,16 @@ class EventOverlap:
     current_stream_wait().
     """
 
-    def __init__(self, event=None, extra_tensors=None):
+    def __init__(self, event=None, extra_tensors=None, check=None):
         self.event = event
         self.extra_tensors = extra_tensors
+        self._check = check  # fast path: raises a device error that has reached the host
 
     def current_stream_wait(self):
         if self.event is not None:
             torch.cuda.current_stream().wait_event(self.event)
+        if self._check is not None:
+            self._check()
 
     def __enter__(self):
         return self
@@ -70,19 +66,19 @@ class EventOverlap:
         return False
 
 
-def _record_event(device, tensors, async_finish):
+def _record_event(device, tensors, async_finish, check=None):
     if device.type != "cuda":
         return EventOverlap(None, tensors if async_finish else None)
     event = torch.cuda.Event()
     event.record(torch.cuda.current_stream(device))
-    return EventOverlap(event, tensors if async_finish else None)
+    return EventOverlap(event, tensors if async_finish else None, check)
 
 
 class _Ticket:
     """The part of a handle that says which buffer, generation and dispatch made it."""
 
     __slots__ = ("buffer_id", "generation", "serial", "route", "use_fp8", "src_info",
-                 "layout_range", "shape")
+                 "layout_range", "shape", "fast")
 
     def __repr__(self):
         return (f"<EP dispatch #{self.serial} of buffer {self.buffer_id} "
@@ -94,15 +90,17 @@ class Buffer:
 
     @staticmethod
     def get_ep_buffer_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts):
-        """Workspace bytes for dispatches of up to that many tokens per rank."""
+        """Workspace bytes for dispatches of up to that many tokens per rank.
+
+        The CUDA runtime's epBufferSizeHint (its buffer layout), also where the
+        runtime is not built (a Python copy of the formula).
+        """
         checks.check_int("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank, 1)
         checks.check_int("hidden", hidden, 1)
         checks.check_int("num_ranks", num_ranks, 1)
         checks.check_num_experts(num_experts, num_ranks)
         checks.check_hidden(hidden, "hidden")
-        signal = -(-num_experts * 4 // _SIGNAL_ALIGN) * _SIGNAL_ALIGN
-        data = num_experts * num_max_dispatch_tokens_per_rank * (_MSG_OVERHEAD + hidden * _BF16_SIZE)
-        return 2 * (signal + data)
+        return fast.size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
 
     def __init__(self, group, num_ep_buffer_bytes=0):
         if group is None:
@@ -116,21 +114,27 @@ class Buffer:
         self._generation = 0
         self._serial = 0
         self._coll = fallback.Collectives(group, self.rank, self.group_size)
+        self._fast = None
+        self._device = None
+        self._combine_buffers = {}
         self._connect()
 
     # -- membership --------------------------------------------------------
 
     def _connect(self):
         """Exchanges this rank's metadata through the group; every rank must agree."""
-        runtime_reason = _ep_runtime.unavailable_reason()
-        can_fast = 1 if runtime_reason is None and os.environ.get(FORCE_FALLBACK_ENV) != "1" else 0
+        # The previous connection goes first: its kernels finish, its mappings go.
+        self._fast, self._device, self._combine_buffers = None, None, {}
+        forced = os.environ.get(FORCE_FALLBACK_ENV, "") == "1"
+        runtime_reason = fast.local_reason(self.num_ep_buffer_bytes)
+        can_fast = 1 if runtime_reason is None and not forced else 0
+        cuda_device = torch.cuda.current_device() if can_fast else -1
         # Not the generation: a replacement process starts a fresh Buffer while
         # survivors call update_ep_member(), and both must connect.
-        mine = torch.tensor([_META_VERSION, self.num_ep_buffer_bytes, can_fast], dtype=torch.int64)
+        mine = [_META_VERSION, self.num_ep_buffer_bytes, can_fast, fast.host_id(), cuda_device,
+                secrets.randbits(62)]
         device = fallback.comm_device(self.group, torch.device("cpu"))
-        gathered = [torch.zeros_like(mine, device=device) for _ in range(self.group_size)]
-        dist.all_gather(gathered, mine.to(device), group=self.group)
-        table = torch.stack([g.cpu() for g in gathered])
+        table = fast._all_gather_ints(mine, self.group, device)
         sizes = table[:, 1]
         if not bool((sizes == sizes[0]).all()):
             raise ValueError(
@@ -142,7 +146,7 @@ class Buffer:
                 f"Mooncake EP metadata versions differ across ranks: {table[:, 0].tolist()}; "
                 f"every rank must run the same Mooncake build"
             )
-        forced = os.environ.get(FORCE_FALLBACK_ENV, "") == "1"
+        self.use_fast_path = False
         if forced:
             self.fast_path_reason = f"{FORCE_FALLBACK_ENV}=1 was set when this Buffer was built"
         elif runtime_reason is not None:
@@ -150,11 +154,17 @@ class Buffer:
         elif not bool((table[:, 2] == 1).all()):
             slow = torch.nonzero(table[:, 2] == 0).flatten().tolist()
             self.fast_path_reason = f"ranks {slow} cannot run the fast path"
+        elif not bool((table[:, 3] == table[0, 3]).all()):
+            hosts = len(set(table[:, 3].tolist()))
+            self.fast_path_reason = (f"the ranks are on {hosts} hosts; the fast path (cuda_ipc) "
+                                     f"needs every rank on one host")
         else:
-            # The runtime exists but its Python binding is the CUDA session's
-            # job; until then the fallback keeps results correct.
-            self.fast_path_reason = "the compiled runtime is present but not wired into Buffer yet"
-        self.use_fast_path = False
+            self._fast, self.fast_path_reason = fast.connect(
+                self.group, self.rank, self.group_size, self.num_ep_buffer_bytes,
+                int(table[0, 5]), device)
+            if self._fast is not None:
+                self.use_fast_path = True
+                self._device = torch.device("cuda", cuda_device)
 
     def update_ep_member(self):
         """Re-exchanges metadata after a membership change; older handles stop working.
@@ -201,20 +211,49 @@ class Buffer:
         checks.check_active_ranks(active_ranks, self.group_size, x.device)
         self._check_capacity(num_max_dispatch_tokens_per_rank, x.size(1), num_experts)
 
-        packed, recv_count, src_info, layout_range, route, finish = fallback.dispatch(
-            self._coll, x, topk_idx, active_ranks, num_max_dispatch_tokens_per_rank,
-            num_experts, use_fp8, timeout_us, defer=return_recv_hook)
+        use_fast = self._fast_for(x)
+        if use_fast:
+            self._check_device_error()
+            recv_x, scales, recv_count, src_info, layout_range = self._fast.dispatch(
+                x, topk_idx, active_ranks, num_max_dispatch_tokens_per_rank, num_experts,
+                timeout_us, use_fp8)
+            packed = (recv_x, scales) if use_fp8 else recv_x
+            route = fast.FastRoute(topk_idx, x.size(0))
+            # The receive is already enqueued on the stream (the kernels have no
+            # separate receive launch): the hook only reports device errors.
+            finish = self._check_device_error if return_recv_hook else None
+        else:
+            packed, recv_count, src_info, layout_range, route, finish = fallback.dispatch(
+                self._coll, x, topk_idx, active_ranks, num_max_dispatch_tokens_per_rank,
+                num_experts, use_fp8, timeout_us, defer=return_recv_hook)
         self._serial += 1
         ticket = _Ticket()
         ticket.buffer_id, ticket.generation, ticket.serial = self._id, self._generation, self._serial
         ticket.route, ticket.use_fp8 = route, use_fp8
         ticket.src_info, ticket.layout_range = src_info, layout_range
         ticket.shape = (num_max_dispatch_tokens_per_rank, x.size(1), num_experts)
+        ticket.fast = use_fast
         handle = (src_info, layout_range, num_max_dispatch_tokens_per_rank, x.size(1),
                   num_experts, ticket)
         outputs = list(packed) if use_fp8 else [packed]
-        event = _record_event(x.device, [x, topk_idx, *outputs, recv_count], async_finish)
+        event = _record_event(x.device, [x, topk_idx, *outputs, recv_count, src_info,
+                                         layout_range, active_ranks], async_finish,
+                              self._check_device_error if use_fast else None)
         return packed, recv_count, handle, event, _hook(finish)
+
+    def _fast_for(self, x):
+        """Whether an op on `x` runs on the fast path (CUDA data on this Buffer's device)."""
+        if not self.use_fast_path or x.device.type != "cuda":
+            return False  # CPU data: the fallback, with the same layout and handle
+        if x.device != self._device:
+            raise ValueError(
+                f"x is on {x.device}; this Buffer's fast path runs on {self._device} (the "
+                f"current CUDA device when it was built): expected tensors on {self._device}"
+            )
+        return True
+
+    def _check_device_error(self):
+        fast.raise_device_error(self._fast)
 
     def _ticket(self, handle):
         if not isinstance(handle, tuple) or len(handle) != 6 or not isinstance(handle[5], _Ticket):
@@ -247,10 +286,10 @@ class Buffer:
                             ("return_recv_hook", return_recv_hook)):
             checks.check_bool(name, value)
         _check_sync_mode(async_finish, return_recv_hook)
-        if zero_copy and not self.use_fast_path:
+        if zero_copy and not ticket.fast:
             raise NotImplementedError(
                 f"zero_copy=True needs the fast path, which this buffer does not use: "
-                f"{self.fast_path_reason}; pass the expert outputs with zero_copy=False"
+                f"{self._why_fallback()}; pass the expert outputs with zero_copy=False"
             )
         num_local = num_experts // self.group_size
         checks.check_expert_output(x, num_local, self.group_size * max_tokens, hidden)
@@ -272,20 +311,61 @@ class Buffer:
         else:
             checks.check_out(out, route.num_tokens, hidden, x.device)
 
-        out, finish = fallback.combine(self._coll, x, topk_idx, topk_weights, active_ranks, route,
-                                       num_experts, timeout_us, out, defer=return_recv_hook)
-        event = _record_event(x.device, [x, topk_idx, topk_weights, out], async_finish)
+        if ticket.fast:
+            self._check_device_error()
+            src = x
+            if zero_copy:
+                src = self._combine_buffers.get(tuple(x.shape))
+                if src is None:
+                    raise ValueError(
+                        f"combine(zero_copy=True) reads the expert outputs from "
+                        f"get_next_combine_buffer(handle), which was not called for shape "
+                        f"{tuple(x.shape)}: expected the outputs written there first"
+                    )
+            out = self._fast.combine(src, ticket.src_info, ticket.layout_range, topk_idx,
+                                     topk_weights, active_ranks, max_tokens, num_experts,
+                                     timeout_us, out)
+            finish = self._check_device_error if return_recv_hook else None
+            check = self._check_device_error
+        else:
+            out, finish = fallback.combine(self._coll, x, topk_idx, topk_weights, active_ranks,
+                                           route, num_experts, timeout_us, out,
+                                           defer=return_recv_hook)
+            check = None
+        event = _record_event(x.device, [x, topk_idx, topk_weights, out, ticket.src_info,
+                                         ticket.layout_range, active_ranks], async_finish, check)
         return out, event, _hook(finish)
 
-    def get_next_combine_buffer(self, handle):
-        """The tensor to write expert outputs into for combine(zero_copy=True) (fast path only)."""
-        self._ticket(handle)
+    def _why_fallback(self):
         if not self.use_fast_path:
+            return self.fast_path_reason
+        return "the dispatch of this handle ran on the fallback (its x was not a CUDA tensor)"
+
+    def get_next_combine_buffer(self, handle):
+        """The tensor to write expert outputs into for combine(zero_copy=True) (fast path only).
+
+        A BF16 [num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]
+        tensor owned by this Buffer (one per shape, reused by every combine of
+        that shape): combine(zero_copy=True) reads the expert outputs from it,
+        whatever `x` holds. It is ordinary device memory, not the IPC-mapped EP
+        buffer: the combine kernel reads expert outputs in place from any local
+        tensor and writes them straight into the owners' receive regions, so
+        there is no staging copy for zero_copy to skip.
+        """
+        ticket = self._ticket(handle)
+        if not ticket.fast:
             raise NotImplementedError(
                 f"get_next_combine_buffer needs the fast path, which this buffer does not use: "
-                f"{self.fast_path_reason}"
+                f"{self._why_fallback()}"
             )
-        raise NotImplementedError("the fast path is not wired into Buffer yet")
+        self._check_device_error()
+        max_tokens, hidden, num_experts = ticket.shape
+        shape = (num_experts // self.group_size, self.group_size * max_tokens, hidden)
+        buf = self._combine_buffers.get(shape)
+        if buf is None:
+            buf = torch.empty(shape, dtype=torch.bfloat16, device=self._device)
+            self._combine_buffers[shape] = buf
+        return buf
 
 
 def _check_sync_mode(async_finish, return_recv_hook):

@@ -7,6 +7,7 @@ came from, and the expected receive set is computed from the all-gathered
 top-k (through the gloo reference group), independently of the code under test.
 """
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -123,3 +124,88 @@ def check_combine(combined, reference, use_fp8, label):
 
 def new_buffer(group, max_tokens, hidden, world, num_experts):
     return Buffer(group, Buffer.get_ep_buffer_size_hint(max_tokens, hidden, world, num_experts))
+
+
+SYNC_MODES = ("sync", "async_finish", "return_recv_hook")
+
+
+def local_topk(world, max_tokens, num_experts, top_k, seed, tokens_of):
+    """gather_topk's result rebuilt from make_inputs (for runs where a rank has left)."""
+    rows = []
+    for src in range(world):
+        _, idx, _ = make_inputs(src, tokens_of(src), 128, num_experts, top_k, seed)
+        padded = torch.full((max_tokens, top_k), -1, dtype=torch.int64)
+        padded[: idx.size(0)] = idx
+        rows.append(padded)
+    return torch.stack(rows)
+
+
+def to_cpu(t):
+    return tuple(v.cpu() for v in t) if isinstance(t, tuple) else t.cpu()
+
+
+def run_round(ctx, buf, seed, use_fp8, mode, active, device, zero_copy=False, timeout_us=-1,
+              gone=(), max_tokens=8, hidden=256, experts_per_rank=3, top_k=4):
+    """One dispatch/combine round with every check; returns combine's calc_diff.
+
+    `active` is uploaded before the dispatch. Ranks in `gone` have left: the
+    dispatch must time out on them (timeout_us) and set their entries to 0.
+    On ops that run on the fallback, zero_copy must raise NotImplementedError.
+    """
+    world, rank = ctx.world_size, ctx.rank
+    num_experts = experts_per_rank * world
+    tokens_of = lambda r: max_tokens - (r % 2)  # noqa: E731 - ranks send different counts
+    label = (f"rank {rank} seed {seed} fp8={use_fp8} {mode} zero_copy={zero_copy} "
+             f"active={active} gone={list(gone)}")
+    x, topk_idx, topk_weights = make_inputs(rank, tokens_of(rank), hidden, num_experts, top_k,
+                                            seed)
+    if gone:
+        all_topk = local_topk(world, max_tokens, num_experts, top_k, seed, tokens_of)
+    else:
+        all_topk = gather_topk(topk_idx, max_tokens, ctx.ref)
+    x, topk_idx, topk_weights = x.to(device), topk_idx.to(device), topk_weights.to(device)
+    active_ranks = torch.tensor(active, dtype=torch.int32, device=device)
+    after = [0 if r in gone else a for r, a in enumerate(active)]
+    async_finish, hook_mode = mode == "async_finish", mode == "return_recv_hook"
+
+    recv, recv_count, handle, event, hook = buf.dispatch(
+        x, topk_idx, active_ranks, max_tokens, num_experts, timeout_us=timeout_us,
+        use_fp8=use_fp8, async_finish=async_finish, return_recv_hook=hook_mode)
+    assert (hook is not None) == hook_mode, label
+    if hook_mode:
+        hook()
+    else:
+        event.current_stream_wait()
+    if async_finish:
+        assert any(t is x for t in event.extra_tensors), f"{label}: event does not hold x"
+    assert active_ranks.tolist() == after, f"{label}: active_ranks {active_ranks.tolist()}"
+    expert_out = check_dispatch(rank, world, to_cpu(recv), recv_count.cpu(), to_cpu(handle[:2]),
+                                all_topk, after, num_experts, max_tokens, hidden, use_fp8,
+                                label).to(device)
+
+    fast_op = buf.use_fast_path and torch.device(device).type == "cuda"
+    combine_in = expert_out
+    if not fast_op:
+        with pytest.raises(NotImplementedError, match="zero_copy=True needs the fast path"):
+            buf.combine(expert_out, topk_idx, topk_weights, active_ranks, -1, handle,
+                        zero_copy=True)
+        with pytest.raises(NotImplementedError, match="get_next_combine_buffer needs the fast path"):
+            buf.get_next_combine_buffer(handle)
+        zero_copy = False
+    elif zero_copy:
+        combine_in = buf.get_next_combine_buffer(handle)
+        assert combine_in.shape == expert_out.shape, label
+        combine_in.copy_(expert_out)
+
+    combined, event, hook = buf.combine(
+        combine_in, topk_idx, topk_weights, active_ranks, timeout_us, handle,
+        zero_copy=zero_copy, async_finish=async_finish, return_recv_hook=hook_mode)
+    if hook_mode:
+        hook()
+        hook()  # idempotent
+    else:
+        event.current_stream_wait()
+    assert active_ranks.tolist() == after, f"{label}: active_ranks after combine"
+    ref = combine_reference(rank, x.cpu(), topk_idx.cpu(), topk_weights.cpu(), after,
+                            experts_per_rank)
+    return check_combine(combined.cpu(), ref, use_fp8, label)

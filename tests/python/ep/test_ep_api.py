@@ -1,22 +1,40 @@
 """Single-process parts of the EP API: size hint, FP8 format, EventOverlap, mooncake.ep."""
 
 import importlib
+import itertools
 import sys
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 
-from mooncake import _ep_runtime
-from mooncake.mooncake_ep_buffer import Buffer, EventOverlap, fp8_dequantize, fp8_quantize
+from mooncake import _ep_fast, _ep_runtime
+from mooncake.mooncake_ep_buffer import (FORCE_FALLBACK_ENV, Buffer, EventOverlap, fp8_dequantize,
+                                         fp8_quantize)
 
 
 def test_size_hint_matches_the_documented_formula():
-    # 2 halves x (signal: 256 ints rounded to 128 B, data: 256 experts x 128 slots
-    # x (32 B of header/tail + 7168 BF16 channels)).
-    assert Buffer.get_ep_buffer_size_hint(128, 7168, 8, 256) == 2 * (1024 + 256 * 128 * 14368)
-    # 3 experts: 12 bytes of signal round up to 128.
-    assert Buffer.get_ep_buffer_size_hint(1, 128, 3, 3) == 2 * (128 + 3 * 1 * (32 + 256))
+    # 256 B of state + 2 halves x (signals: 16 B per expert rounded to 256 B,
+    # dispatch: experts x slots x (16 B header + BF16 row), combine: experts x
+    # slots x BF16 row).
+    assert Buffer.get_ep_buffer_size_hint(128, 7168, 8, 256) == 256 + 2 * (
+        4096 + 256 * 128 * (16 + 14336) + 256 * 128 * 14336)
+    # 3 experts: 48 bytes of signal round up to 256.
+    assert Buffer.get_ep_buffer_size_hint(1, 128, 3, 3) == 256 + 2 * (256 + 3 * 272 + 3 * 256)
+
+
+def test_python_size_hint_equals_the_runtime_formula():
+    module = _ep_runtime.runtime()
+    if module is None:
+        pytest.skip(f"the compiled EP runtime does not import here: {_ep_runtime._load()[1]}")
+    for args in itertools.product((1, 7, 128, 1024), (128, 1024, 7168, 8192), (1, 2, 3, 8),
+                                  (1, 3)):
+        max_tokens, hidden, ranks, per_rank = args
+        experts = ranks * per_rank * 8
+        want = module.buffer_size_hint(max_tokens, hidden, ranks, experts)
+        assert _ep_fast.size_hint_python(max_tokens, hidden, ranks, experts) == want, args
+        assert Buffer.get_ep_buffer_size_hint(max_tokens, hidden, ranks, experts) == want, args
 
 
 def test_size_hint_arguments_are_checked():
@@ -46,6 +64,23 @@ def test_fp8_scales_are_amax_over_448_with_a_floor():
     assert data[0, 0].float() == -448.0
 
 
+def test_fp8_quantize_follows_the_kernel_rule_bit_for_bit():
+    # The kernels (mooncake-ep/core/fp8_rule.h) store amax / 448 and E4M3(x * (448 / amax)),
+    # both IEEE float32 operations; numpy's float32 division is IEEE, so this is an
+    # independent reference. x / (amax / 448) rounds differently for some values.
+    gen = torch.Generator().manual_seed(5)
+    x = (torch.randn(64, 1024, generator=gen) * 3).to(torch.bfloat16)
+    blocks = x.float().view(64, 8, 128).numpy()
+    amax = np.maximum(np.abs(blocks).max(axis=-1), np.float32(1e-4)).astype(np.float32)
+    inv = (np.float32(448.0) / amax).astype(np.float32)
+    scaled = torch.from_numpy((blocks * inv[..., None]).astype(np.float32))
+    want_data = scaled.to(torch.float8_e4m3fn).view(64, 1024)
+    want_scales = torch.from_numpy((amax / np.float32(448.0)).astype(np.float32))
+    data, scales = fp8_quantize(x)
+    assert torch.equal(scales, want_scales)
+    assert torch.equal(data.view(torch.uint8), want_data.view(torch.uint8))
+
+
 def test_event_overlap_without_an_event_is_a_no_op():
     held = torch.ones(2)
     ev = EventOverlap(None, [held])
@@ -72,7 +107,9 @@ def test_mooncake_ep_imports_without_the_runtime_and_says_why():
         assert "Mooncake EP runtime was not built against torch==" in ep.FAST_PATH_UNAVAILABLE_REASON
 
 
-def test_one_rank_buffer_round_trip():
+def test_one_rank_buffer_round_trip(monkeypatch):
+    # The fallback's exact layout (test_ep_fast.py covers the fast path).
+    monkeypatch.setenv(FORCE_FALLBACK_ENV, "1")
     store = dist.HashStore()
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:

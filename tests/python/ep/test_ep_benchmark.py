@@ -198,6 +198,20 @@ def test_cpu_smoke_mooncake_cpu_zipf_hook(tmp_path):
     err = harness.backend_import_error("mooncake-cpu")
     if err is not None:
         pytest.fail(f"mooncake-cpu is not available: {err}", pytrace=False)
-    doc, _ = _smoke(tmp_path, "mooncake-cpu", ["--routing-mode", "zipf", "--return-recv-hook"])
+    doc, _ = _smoke(tmp_path, "mooncake-cpu", ["--routing-mode", "zipf", "--return-recv-hook",
+                                                "--align-ranks"])
     assert doc["pg_backend"] == "mooncake-cpu" and doc["zipf_alpha"] == 1.0
     assert doc["metrics"]["expert_load"]["mean_tokens_per_expert"] == 8 * 2 * 2 / 8
+    # 8 tokens x top-2 x 2 ranks, BF16 rows both ways; no copy rate on the CPU.
+    bw = doc["bandwidth"]
+    assert bw["dispatch_payload_bytes"] == bw["combine_payload_bytes"] == 32 * 2 * doc["hidden_size"]
+    assert bw["device_copy_bytes_per_s"] is None and "dispatch_fraction_of_copy_rate" not in bw
+
+
+def test_payload_bytes_and_bandwidth_by_hand():
+    # FP8: 256 data bytes + 2 scales of 4 bytes per copy; combine: 512 BF16 bytes.
+    assert metrics.payload_bytes(10, 256, True) == (2640, 5120)
+    assert metrics.payload_bytes(10, 256, False) == (5120, 5120)
+    bw = metrics.bandwidth_summary(2000, 4000, 2.0, 4.0, 4e6)
+    assert bw["dispatch_payload_bytes_per_s"] == 1e6 and bw["combine_payload_bytes_per_s"] == 1e6
+    assert bw["dispatch_fraction_of_copy_rate"] == 0.25 == bw["combine_fraction_of_copy_rate"]

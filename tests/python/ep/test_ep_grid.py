@@ -14,58 +14,13 @@ import torch
 import torch.distributed as dist
 
 import harness
-from ep_checks import (check_combine, check_dispatch, combine_reference, gather_topk,
-                       make_inputs, new_buffer)
+from ep_checks import (SYNC_MODES, check_combine, check_dispatch, combine_reference,
+                       gather_topk, make_inputs, new_buffer, run_round)
+from mooncake.mooncake_ep_buffer import FORCE_FALLBACK_ENV
 
-SYNC_MODES = ("sync", "async_finish", "return_recv_hook")
-
-
-def _round(ctx, buf, seed, use_fp8, mode, active, device, max_tokens=8, hidden=256,
-           experts_per_rank=3, top_k=4):
-    world, rank = ctx.world_size, ctx.rank
-    num_experts = experts_per_rank * world
-    num_tokens = max_tokens - (rank % 2)  # ranks dispatch different token counts
-    label = f"rank {rank} seed {seed} fp8={use_fp8} {mode} active={active}"
-    x, topk_idx, topk_weights = make_inputs(rank, num_tokens, hidden, num_experts, top_k, seed)
-    all_topk = gather_topk(topk_idx, max_tokens, ctx.ref)
-    x, topk_idx, topk_weights = x.to(device), topk_idx.to(device), topk_weights.to(device)
-    active_ranks = torch.tensor(active, dtype=torch.int32, device=device)
-    async_finish, hook_mode = mode == "async_finish", mode == "return_recv_hook"
-
-    recv, recv_count, handle, event, hook = buf.dispatch(
-        x, topk_idx, active_ranks, max_tokens, num_experts, timeout_us=-1, use_fp8=use_fp8,
-        async_finish=async_finish, return_recv_hook=hook_mode)
-    assert (hook is not None) == hook_mode, label
-    if hook_mode:
-        hook()
-    else:
-        event.current_stream_wait()
-    if async_finish:
-        assert any(t is x for t in event.extra_tensors), f"{label}: event does not hold x"
-    expert_out = check_dispatch(rank, world, _cpu(recv), recv_count.cpu(), _cpu(handle[:2]),
-                                all_topk, active, num_experts, max_tokens, hidden, use_fp8,
-                                label).to(device)
-
-    with pytest.raises(NotImplementedError, match="zero_copy=True needs the fast path"):
-        buf.combine(expert_out, topk_idx, topk_weights, active_ranks, -1, handle, zero_copy=True)
-    with pytest.raises(NotImplementedError, match="get_next_combine_buffer needs the fast path"):
-        buf.get_next_combine_buffer(handle)
-
-    combined, event, hook = buf.combine(
-        expert_out, topk_idx, topk_weights, active_ranks, -1, handle,
-        async_finish=async_finish, return_recv_hook=hook_mode)
-    if hook_mode:
-        hook()
-        hook()  # idempotent
-    else:
-        event.current_stream_wait()
-    ref = combine_reference(rank, x.cpu(), topk_idx.cpu(), topk_weights.cpu(), active,
-                            experts_per_rank)
-    return check_combine(combined.cpu(), ref, use_fp8, label)
-
-
-def _cpu(t):
-    return tuple(v.cpu() for v in t) if isinstance(t, tuple) else t.cpu()
+# On a machine with the CUDA runtime a Buffer would take the fast path for
+# CUDA data; this suite is about the fallback (test_ep_fast.py has the other).
+FALLBACK_ENV = {FORCE_FALLBACK_ENV: "1"}
 
 
 def _grid_worker(ctx, device="cpu"):
@@ -73,7 +28,7 @@ def _grid_worker(ctx, device="cpu"):
         torch.cuda.set_device(ctx.rank % torch.cuda.device_count())
     world, rank = ctx.world_size, ctx.rank
     buf = new_buffer(dist.group.WORLD, 8, 256, world, 3 * world)
-    assert buf.use_fast_path is False and "runtime" in buf.fast_path_reason
+    assert buf.use_fast_path is False and FORCE_FALLBACK_ENV in buf.fast_path_reason
     all_active = [1] * world
     one_down = [1] * world
     one_down[world - 1] = 0
@@ -81,7 +36,7 @@ def _grid_worker(ctx, device="cpu"):
     for seed, (use_fp8, mode, active) in enumerate(
             itertools.product((False, True), SYNC_MODES, (all_active, one_down))):
         ctx.note(f"case {seed}: fp8={use_fp8} {mode} active={active}")
-        diffs.append(_round(ctx, buf, seed, use_fp8, mode, active, device))
+        diffs.append(run_round(ctx, buf, seed, use_fp8, mode, active, device))
 
     # Two dispatches in flight, combined in order: each handle keeps its own route.
     num_experts = 3 * world
@@ -160,7 +115,7 @@ def _grid_worker(ctx, device="cpu"):
 
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_fallback_grid(backend, world_size):
-    results = harness.run_ranks(_grid_worker, world_size, backend, timeout_s=240)
+    results = harness.run_ranks(_grid_worker, world_size, backend, timeout_s=240, env=FALLBACK_ENV)
     # Constant rows survive FP8 exactly, so every diff is BF16 output rounding only.
     assert all(d < 1e-5 for d in results), results
 
@@ -169,5 +124,6 @@ def test_fallback_grid(backend, world_size):
                     reason="needs CUDA: the fallback with CUDA tensors over a CPU-collective group")
 def test_fallback_grid_cuda_tensors(backend):
     # Two ranks may share one GPU: mooncake-cpu and gloo stage the rows through the host.
-    results = harness.run_ranks(_grid_worker, 2, backend, timeout_s=300, args=("cuda",))
+    results = harness.run_ranks(_grid_worker, 2, backend, timeout_s=300, args=("cuda",),
+                                env=FALLBACK_ENV)
     assert all(d < 1e-5 for d in results), results

@@ -1,0 +1,98 @@
+// The thin torch layer of the EP fast path: one FastBuffer per Python
+// `Buffer` owns a TransferEngine (bootstrapped through the group's c10d store
+// under a per-Buffer key prefix and secret), this rank's EP buffer in device
+// memory, every peer's buffer mapped over cuda_ipc, and the device table of
+// peer pointers. dispatch/combine allocate their outputs with torch and
+// enqueue the torch-free kernels (ep_kernels.h) on torch's current stream.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include "mooncake-ep/kernels/ep_kernels.h"
+
+namespace mooncake::te {
+class TransferEngine;
+}
+namespace mooncake::pg {
+class C10dStoreAdapter;
+}
+
+namespace mooncake::ep {
+
+struct FastBufferOptions {
+    int rank = 0;
+    int num_ranks = 0;
+    int64_t num_bytes = 0;
+    int device = 0;
+    std::string key_prefix;  // unique per Buffer connection, agreed by the ranks
+    std::string secret;      // shared by the ranks, from rank 0
+    int64_t timeout_ms = 30000;
+};
+
+// The outputs of one dispatch (scales undefined without FP8).
+struct DispatchResult {
+    at::Tensor recv_x, recv_scales, recv_count, src_info, layout_range;
+};
+
+class FastBuffer {
+public:
+    // Starts the engine, allocates and zeroes this rank's buffer. Throws
+    // std::runtime_error (std::invalid_argument for bad options) on failure.
+    FastBuffer(const c10::intrusive_ptr<c10d::Store>& store, FastBufferOptions options);
+    ~FastBuffer();
+    FastBuffer(const FastBuffer&) = delete;
+    FastBuffer& operator=(const FastBuffer&) = delete;
+
+    // This rank's buffer address as peers see it in its segment.
+    int64_t localAddress() const;
+    // Maps every peer's buffer (addresses in rank order, from the metadata
+    // exchange) within timeout_ms, then uploads the peer table. The caller
+    // meets the other ranks afterwards (every buffer is zeroed before any
+    // rank's first dispatch).
+    void connect(const std::vector<int64_t>& peer_addresses);
+
+    DispatchResult dispatch(const at::Tensor& x, const at::Tensor& topk_idx,
+                            const at::Tensor& active_ranks, int64_t max_tokens, int64_t num_experts,
+                            int64_t timeout_us, bool use_fp8);
+    at::Tensor combine(const at::Tensor& x, const at::Tensor& src_info,
+                       const at::Tensor& layout_range, const at::Tensor& topk_idx,
+                       const at::Tensor& topk_weights, const at::Tensor& active_ranks,
+                       int64_t max_tokens, int64_t num_experts, int64_t timeout_us,
+                       const std::optional<at::Tensor>& out);
+
+    // The device error word (EpError, offending value) as of the last
+    // completed op, then cleared; nullopt when none was recorded. Never
+    // blocks unless `wait`: a copy still in flight reads as "nothing yet".
+    std::optional<std::pair<int32_t, int32_t>> takeError(bool wait);
+
+private:
+    EpGroupArgs groupArgs(const at::Tensor& active_ranks, int64_t max_tokens, int64_t num_experts,
+                          int64_t hidden, int64_t timeout_us) const;
+    // After a launch: snapshot the error word into pinned memory (skipped
+    // while the stream is being captured into a graph).
+    void recordErrorCopy(cudaStream_t stream);
+
+    FastBufferOptions options_;
+    // Kept to skip the store removals at shutdown: the keys live under this
+    // connection's own prefix, and at process exit the store's server may be
+    // gone already.
+    std::shared_ptr<pg::C10dStoreAdapter> store_;
+    std::unique_ptr<te::TransferEngine> engine_;
+    void* buffer_ = nullptr;
+    bool connected_ = false;
+    at::Tensor peer_table_;          // int64 [num_ranks] on the device
+    int32_t* error_host_ = nullptr;  // pinned [2]: error_code, error_info
+    cudaEvent_t error_event_ = nullptr;
+    bool error_copy_pending_ = false;
+};
+
+}  // namespace mooncake::ep

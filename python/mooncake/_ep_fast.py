@@ -1,0 +1,145 @@
+"""The CUDA fast path behind Buffer: setup through the group, launches, the error word.
+
+Setup (every rank, inside Buffer's metadata exchange):
+  1. the metadata all_gather carries each rank's host id, CUDA device, whether
+     it can run the fast path, and a random nonce; every rank takes rank 0's
+     nonce as the key prefix of this connection in the group's c10d store;
+  2. rank 0 puts a fresh secret under that prefix, the others read it;
+  3. each rank starts its transfer engine, allocates and zeroes its EP buffer
+     (all_gather of ok + address), then maps every peer's buffer over
+     cuda_ipc (all_gather of ok: also the meeting after which peers write).
+Any rank failing a step makes every rank use the fallback, with the reason.
+
+Errors of the kernels that depend on data (expert ids outside
+[-1, num_experts)) go to a device error word. After each launch the runtime
+copies it to pinned host memory asynchronously; the host looks at that copy
+only once it has landed (a non-blocking event query), at the next
+dispatch/combine/get_next_combine_buffer call, hook() or
+EventOverlap.current_stream_wait() of this Buffer, and raises RuntimeError
+there. Nothing in the hot path waits for the device.
+"""
+
+import os
+import secrets
+import socket
+import zlib
+
+import torch
+import torch.distributed as dist
+
+from mooncake import _ep_runtime
+
+# Layout constants of mooncake-ep/core/buffer_layout.h (the pure-Python size
+# formula below must equal epBufferSizeHint; a test compares them).
+_STATE_BYTES = 256
+_REGION_ALIGN = 256
+_HEADER_BYTES = 16
+
+SETUP_TIMEOUT_ENV = "MOONCAKE_EP_SETUP_TIMEOUT_MS"
+_ERRORS = {1: "a topk_idx entry is outside [-1, num_experts)"}
+
+
+def size_hint_python(max_tokens, hidden, num_ranks, num_experts):
+    """epBufferSizeHint in Python, for builds without the runtime."""
+    signal = -(-8 * (num_experts + num_experts) // _REGION_ALIGN) * _REGION_ALIGN
+    dispatch = num_experts * max_tokens * (_HEADER_BYTES + 2 * hidden)
+    combine = num_experts * max_tokens * hidden * 2
+    return _STATE_BYTES + 2 * (signal + dispatch + combine)
+
+
+def size_hint(max_tokens, hidden, num_ranks, num_experts):
+    module = _ep_runtime.runtime()
+    if module is None:
+        return size_hint_python(max_tokens, hidden, num_ranks, num_experts)
+    return int(module.buffer_size_hint(max_tokens, hidden, num_ranks, num_experts))
+
+
+def host_id():
+    """A 63-bit id of this host (ranks with equal ids share cuda_ipc)."""
+    return zlib.crc32(socket.gethostname().encode()) | (
+        zlib.adler32(socket.gethostname().encode()) << 31)
+
+
+def local_reason(num_bytes):
+    """None when this rank could run the fast path, else why not."""
+    reason = _ep_runtime.unavailable_reason()
+    if reason is not None:
+        return reason
+    if num_bytes < _STATE_BYTES:
+        return f"num_ep_buffer_bytes={num_bytes} leaves no room for the fast path's buffer"
+    return None
+
+
+def _all_gather_ints(values, group, device):
+    mine = torch.tensor(values, dtype=torch.int64)
+    out = [torch.zeros_like(mine, device=device) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(out, mine.to(device), group=group)
+    return torch.stack([t.cpu() for t in out])
+
+
+def _group_store(group, nonce):
+    """The group's c10d store under a prefix every rank of this connection agrees on."""
+    store = dist.distributed_c10d._get_default_store()
+    return dist.PrefixStore(f"mooncake_ep/{nonce:016x}/", store)
+
+
+def connect(group, rank, num_ranks, num_bytes, nonce, comm_device):
+    """(runtime Buffer or None, reason or None); every rank gets the same outcome."""
+    module = _ep_runtime.runtime()
+    device = torch.cuda.current_device()
+    timeout_ms = int(os.environ.get(SETUP_TIMEOUT_ENV, "30000"))
+    fast, error, addr = None, None, 0
+    try:
+        store = _group_store(group, nonce)
+        if rank == 0:
+            store.set("secret", secrets.token_hex(16))
+        secret = store.get("secret").decode()
+        fast = module.Buffer(store, "", secret, rank, num_ranks, num_bytes, device, timeout_ms)
+        addr = fast.local_address()
+    except Exception as e:  # noqa: BLE001 - reported to every rank below
+        error = f"{type(e).__name__}: {e}"
+    table = _all_gather_ints([0 if error else 1, addr], group, comm_device)
+    if not bool((table[:, 0] == 1).all()):
+        bad = torch.nonzero(table[:, 0] == 0).flatten().tolist()
+        return None, _failed(bad, "could not allocate the fast path's buffer", error)
+    try:
+        fast.connect(table[:, 1].tolist())
+    except Exception as e:  # noqa: BLE001
+        error = f"{type(e).__name__}: {e}"
+    ok = _all_gather_ints([0 if error else 1], group, comm_device)
+    if not bool((ok[:, 0] == 1).all()):
+        bad = torch.nonzero(ok[:, 0] == 0).flatten().tolist()
+        return None, _failed(bad, "could not map every peer's buffer over cuda_ipc", error)
+    return fast, None
+
+
+def _failed(ranks, what, mine):
+    text = f"ranks {ranks} {what}"
+    return text + (f" (this rank: {mine})" if mine else "")
+
+
+def raise_device_error(fast, wait=False):
+    """RuntimeError when a completed op of `fast` left an error in the device word."""
+    if fast is None:
+        return
+    err = fast.take_error(wait)
+    if err is None:
+        return
+    code, info = err
+    what = _ERRORS.get(code, f"device error {code}")
+    raise RuntimeError(
+        f"Mooncake EP fast path: an earlier dispatch/combine on this Buffer failed on the "
+        f"device: {what} (value {info}); such entries were skipped, so that op's outputs "
+        f"lack them. The error is now cleared and the Buffer stays usable; expected topk_idx "
+        f"entries in [0, num_experts) or -1"
+    )
+
+
+class FastRoute:
+    """What combine needs from a fast-path dispatch (the handle carries the rest)."""
+
+    __slots__ = ("topk_idx", "num_tokens")
+
+    def __init__(self, topk_idx, num_tokens):
+        self.topk_idx = topk_idx
+        self.num_tokens = num_tokens
