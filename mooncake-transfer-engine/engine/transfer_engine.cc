@@ -20,6 +20,7 @@
 namespace mooncake::te {
 
 MC_ENV_BOOL(ForceTcp, "MC_FORCE_TCP", false)
+MC_ENV_BOOL(RdmaSameHost, "MC_RDMA_SAME_HOST", false)
 
 namespace {
 
@@ -185,7 +186,11 @@ Status TransferEngine::init(const std::string& host_ip,
             return rdma.status.withContext("TransferEngine::init device_filter");
         rdma_status_ = rdma.status;
         rdma_devices_ = rdma.devices;
-        if (rdma.transport) transports_.push_back(std::move(rdma.transport));
+        // MC_RDMA_SAME_HOST=1 (the self-test) puts rdma ahead of shm.
+        if (rdma.transport && envRdmaSameHost())
+            transports_.insert(transports_.begin(), std::move(rdma.transport));
+        else if (rdma.transport)
+            transports_.push_back(std::move(rdma.transport));
     } else {
         rdma_status_ = Unavailable("rdma off: tcp forced (MC_FORCE_TCP=1)");
     }

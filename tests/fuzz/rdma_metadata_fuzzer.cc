@@ -36,9 +36,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         return 0;
     const std::string_view bytes(reinterpret_cast<const char*>(data) + 1, size - 1);
     switch (data[0] % 3) {
-        case 0: roundTrip<RdmaEndpoint>(bytes); break;
-        case 1: roundTrip<RegionKey>(bytes); break;
-        default: roundTrip<QpMessage>(bytes); break;
+        case 0:
+            roundTrip<RdmaEndpoint>(bytes);
+            break;
+        case 1:
+            roundTrip<RegionKey>(bytes);
+            break;
+        default:
+            roundTrip<QpMessage>(bytes);
+            break;
     }
     return 0;
 }

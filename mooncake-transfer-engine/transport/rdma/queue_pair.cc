@@ -72,7 +72,9 @@ ibv_qp_attr qpStepAttributes(QpStep step, const QpLocal& local, const QpAddress&
             a.min_rnr_timer = local.min_rnr_timer;
             a.ah_attr.port_num = local.port;
             a.ah_attr.dlid = remote.lid;
-            if (!isZeroGid(remote.gid)) {
+            // RoCE has no LIDs: address by GID through the GRH. InfiniBand
+            // peers in one subnet are addressed by LID.
+            if (remote.lid == 0 && !isZeroGid(remote.gid)) {
                 a.ah_attr.is_global = 1;
                 std::memcpy(a.ah_attr.grh.dgid.raw, remote.gid, 16);
                 a.ah_attr.grh.sgid_index = local.gid_index;

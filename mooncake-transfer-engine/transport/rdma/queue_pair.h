@@ -35,7 +35,7 @@ struct QpLocal {
 };
 
 // The attributes for `step` towards `remote` (only INIT→RTR reads it).
-// RoCE peers (a non-zero GID) are addressed by GID through the GRH; IB
+// RoCE peers (LID 0) are addressed by GID through the GRH; InfiniBand
 // peers by LID.
 ibv_qp_attr qpStepAttributes(QpStep step, const QpLocal& local, const QpAddress& remote);
 

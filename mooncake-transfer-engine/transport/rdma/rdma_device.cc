@@ -1,5 +1,6 @@
 #include "mooncake-transfer-engine/transport/rdma/rdma_device.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -91,6 +92,8 @@ Status RdmaDevice::choosePort(const DeviceFilterEntry& entry) {
     int rc = api_.queryDevice(ctx_, &dattr);
     if (rc != 0)
         return verbsError("ibv_query_device", rc, "device " + entry.device);
+    max_rd_atomic_ = static_cast<uint8_t>(
+        std::max(1, std::min({16, dattr.max_qp_rd_atom, dattr.max_qp_init_rd_atom})));
     const int first = entry.port ? entry.port : 1;
     const int last = entry.port ? entry.port : dattr.phys_port_cnt;
     for (int port = first; port <= last; ++port) {

@@ -45,6 +45,8 @@ public:
     const RdmaEndpoint& endpoint() const { return endpoint_; }
     ibv_context* context() const { return ctx_; }
     ibv_pd* pd() const { return pd_; }
+    // READs/atomics a QP may have in flight, as initiator and as responder.
+    uint8_t maxRdAtomic() const { return max_rd_atomic_; }
 
     Result<ibv_mr*> registerHost(void* addr, size_t length);
     // Device memory exported as a dma-buf `fd` (GPUDirect without a kernel
@@ -60,6 +62,7 @@ private:
     ibv_context* ctx_;
     ibv_pd* pd_ = nullptr;
     RdmaEndpoint endpoint_;
+    uint8_t max_rd_atomic_ = 1;
 };
 
 }  // namespace mooncake::te::rdma

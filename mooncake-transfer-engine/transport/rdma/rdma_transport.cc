@@ -36,6 +36,9 @@ namespace {
 MC_ENV_INT(RdmaRequestTimeoutMs, "MC_RDMA_REQUEST_TIMEOUT_MS", 30000)
 // The handshake with one peer.
 MC_ENV_INT(RdmaConnectTimeoutMs, "MC_RDMA_CONNECT_TIMEOUT_MS", 10000)
+// Reach same-host peers over rdma too (loopback through the HCA): for the
+// self-test and for measuring the NIC path on one machine.
+MC_ENV_BOOL(RdmaSameHost, "MC_RDMA_SAME_HOST", false)
 
 constexpr uint32_t kMaxSendWr = 256;
 constexpr int kCqDepth = 4096;
@@ -87,8 +90,12 @@ public:
     Status exportRegion(const LocalRegion& region, RegionDesc* desc) override;
     void unexportRegion(uint64_t addr) override;
     bool canReach(const SegmentDesc& peer, const RegionDesc& region) const override {
-        return peer.host_id != localHostId() && !peer.rdma_endpoint.empty() &&
-               !region.rdma_export.empty();
+        if ((peer.host_id == localHostId() && !envRdmaSameHost()) || peer.rdma_endpoint.empty() ||
+            region.rdma_export.empty())
+            return false;
+        // An InfiniBand HCA cannot talk to a RoCE one: such peers stay on tcp.
+        auto theirs = RdmaEndpoint::parse(peer.rdma_endpoint);
+        return theirs.ok() && theirs->link_layer == dev_->endpoint().link_layer;
     }
     bool copiesDeviceMemory() const override { return true; }
     void submit(const std::shared_ptr<TransferTask>& task) override;
@@ -131,6 +138,7 @@ private:
     std::map<std::string, std::shared_ptr<Connection>> conns_;
     std::map<uint64_t, Op> ops_;  // by wr_id
     uint64_t next_op_ = 1;
+    uint32_t in_flight_ = 0;  // work requests posted on every QP: bounded by the CQ
 
     std::mutex accepted_mu_;  // guards accepted_
     // The acceptor's side of peers' connections, by requester; replaced when
@@ -150,6 +158,7 @@ Status RdmaTransport::start(TransportHost* host, SegmentDesc* local) {
     qp_local_.port = dev_->endpoint().port;
     qp_local_.gid_index = dev_->endpoint().gid_index;
     qp_local_.mtu = dev_->endpoint().mtu;
+    qp_local_.max_rd_atomic = dev_->maxRdAtomic();
     handshake_ = std::make_unique<Handshake>(host->store(), host->keyPrefix(), host->segmentName());
     local->rdma_endpoint = dev_->endpoint().serialize();
     worker_ = std::thread([this] { workerLoop(); });
@@ -324,7 +333,8 @@ bool RdmaTransport::prepare(Op& op) {
 
 void RdmaTransport::postMore(Op& op) {
     const TransferRequest& req = op.task->request();
-    while (op.posted < req.length && !op.conn->dead && op.conn->outstanding < kMaxSendWr) {
+    while (op.posted < req.length && !op.conn->dead && op.conn->outstanding < kMaxSendWr &&
+           in_flight_ < static_cast<uint32_t>(kCqDepth)) {
         const uint64_t n = std::min<uint64_t>(kChunkBytes, req.length - op.posted);
         ibv_sge sge;
         sge.addr = op.local + op.posted;
@@ -348,6 +358,7 @@ void RdmaTransport::postMore(Op& op) {
         op.posted += n;
         op.in_flight++;
         op.conn->outstanding++;
+        in_flight_++;
     }
 }
 
@@ -375,6 +386,7 @@ void RdmaTransport::pollCompletions() {
         Op& op = *reinterpret_cast<Op*>(wc[i].wr_id);
         op.in_flight--;
         op.conn->outstanding--;
+        in_flight_--;
         if (wc[i].status != IBV_WC_SUCCESS) {
             fail(op, completionError(wc[i].status, dev_->api().wcStatusStr(wc[i].status),
                                      "segment " + op.task->peer().name));
@@ -411,6 +423,12 @@ void RdmaTransport::workerLoop() {
         pollCompletions();
         for (auto it = ops_.begin(); it != ops_.end();) {
             Op& op = it->second;
+            if (!op.task->done() && op.conn && op.conn->dead) {
+                // Another request's failure took the QP down; this one's
+                // remaining chunks can no longer be posted on it.
+                fail(op, PeerFailure("rdma connection to segment " + op.task->peer().name +
+                                     " failed while this request was in flight"));
+            }
             if (!op.task->done() && op.deadline.expired()) {
                 fail(op, Timeout("rdma request to segment " + op.task->peer().name +
                                  " did not complete within " +

@@ -74,7 +74,9 @@ TEST(QueuePairSteps, ReadyToReceiveOverInfinibandUsesTheLid) {
     QpLocal local;
     local.mtu = IBV_MTU_4096;
     QpAddress remote = remoteRoce();
-    std::memset(remote.gid, 0, 16);
+    // An InfiniBand port's GID (fe80::/64 + GUID) is not zero either.
+    remote.gid[0] = 0xfe;
+    remote.gid[1] = 0x80;
     remote.lid = 0x1234;
     remote.mtu = IBV_MTU_2048;
     ibv_qp_attr a = qpStepAttributes(QpStep::kReadyToReceive, local, remote);
