@@ -46,7 +46,8 @@ constexpr uint64_t kChunkBytes = 16ull << 20;
 
 struct LocalMr {
     uint64_t length = 0;
-    ibv_mr* mr = nullptr;  // nullptr: device memory moved through host staging
+    ibv_mr* mr = nullptr;  // nullptr: moved through host staging
+    bool device = false;   // CUDA memory (staging copies with cuMemcpy)
 };
 
 struct Connection {
@@ -67,7 +68,18 @@ struct Op {
     uint32_t in_flight = 0;
     void* staging = nullptr;
     ibv_mr* staging_mr = nullptr;
+    bool device = false;  // the source is CUDA memory
 };
+
+// Between the request's source and its staging buffer.
+Status stageCopy(const Op& op, void* dst, const void* src) {
+    const TransferRequest& req = op.task->request();
+    if (!op.device) {
+        std::memcpy(dst, src, req.length);
+        return Status::OK();
+    }
+    return copyDeviceHost(dst, src, req.length, req.source);
+}
 
 uint64_t randomU64() {
     static std::mutex mu;
@@ -167,10 +179,21 @@ Status RdmaTransport::start(TransportHost* host, SegmentDesc* local) {
 }
 
 Status RdmaTransport::exportRegion(const LocalRegion& region, RegionDesc* desc) {
-    LocalMr entry{region.length, nullptr};
+    LocalMr entry{region.length, nullptr, cudaOrdinal(region.location) >= 0};
     void* addr = reinterpret_cast<void*>(region.addr);
-    if (cudaOrdinal(region.location) < 0) {
-        MC_ASSIGN_OR_RETURN(entry.mr, dev_->registerHost(addr, region.length));
+    if (!entry.device) {
+        // Registration pins the pages; a low `ulimit -l` refuses it. The
+        // region then stays off rdma (peers reach it over tcp) rather than
+        // failing the registration.
+        auto mr = dev_->registerHost(addr, region.length);
+        if (mr.ok()) {
+            entry.mr = mr.value();
+        } else {
+            MC_LOG(kWarn, "rdma") << "host region of " << region.length
+                                  << " bytes stays off rdma (staged for our requests; peers use "
+                                     "tcp): "
+                                  << mr.status().toString();
+        }
     } else {
         // GPUDirect: dma-buf first, then the peer-memory module (ibv_reg_mr
         // on a device pointer), else host staging for our side of requests.
@@ -296,6 +319,7 @@ bool RdmaTransport::prepare(Op& op) {
         }
         op.local = src;
         op.lkey = it->second.mr ? it->second.mr->lkey : 0;
+        op.device = it->second.device;
         if (!it->second.mr) {
             // Host staging: a registered bounce buffer for this request.
             if (::posix_memalign(&op.staging, 4096, req.length) != 0) {
@@ -315,7 +339,7 @@ bool RdmaTransport::prepare(Op& op) {
         op.local = reinterpret_cast<uint64_t>(op.staging);
         op.lkey = op.staging_mr->lkey;
         if (req.opcode == TransferOpcode::kWrite) {
-            Status st = copyDeviceHost(op.staging, req.source, req.length, req.source);
+            Status st = stageCopy(op, op.staging, req.source);
             if (!st.ok()) {
                 fail(op, st.withContext("rdma host staging"));
                 return false;
@@ -396,7 +420,7 @@ void RdmaTransport::pollCompletions() {
         if (op.in_flight == 0 && op.posted == req.length && !op.task->done()) {
             Status st;
             if (op.staging && req.opcode == TransferOpcode::kRead)
-                st = copyDeviceHost(req.source, op.staging, req.length, req.source);
+                st = stageCopy(op, req.source, op.staging);
             op.task->complete(st.ok() ? st : st.withContext("rdma host staging"));
         }
     }
@@ -522,47 +546,10 @@ void RdmaTransport::shutdown() {
 }
 
 }  // namespace
-}  // namespace rdma
 
-RdmaSetup createRdmaTransport(const RdmaOptions& options) {
-    using namespace rdma;
-    RdmaSetup out;
-    auto filter = parseDeviceFilter(options.device_filter);
-    if (!filter.ok()) {
-        out.status = filter.status();
-        return out;
-    }
-    auto api = options.verbs_library.empty() ? VerbsApi::get() : [&]() -> Result<const VerbsApi*> {
-        // A test's library: loaded each time, kept for the process.
-        auto loaded = VerbsApi::load(options.verbs_library.c_str());
-        if (!loaded.ok())
-            return loaded.status();
-        return new VerbsApi(loaded.value());
-    }();
-    if (!api.ok()) {
-        out.status = api.status();
-        return out;
-    }
-    auto found = discoverDevices(*api.value(), filter.value());
-    if (!found.ok()) {
-        out.status = found.status();
-        return out;
-    }
-    for (const DeviceFilterEntry& e : found->selected)
-        out.devices.push_back(e.device);
-    // The first device that opens with an ACTIVE port serves this engine.
-    std::string reasons;
-    for (const DeviceFilterEntry& e : found->selected) {
-        auto dev = RdmaDevice::open(*api.value(), e);
-        if (dev.ok()) {
-            out.transport = std::make_unique<RdmaTransport>(std::move(dev).value());
-            out.status = Status::OK();
-            return out;
-        }
-        reasons += (reasons.empty() ? "" : "; ") + dev.status().toString();
-    }
-    out.status = Unavailable("no usable RDMA device: " + reasons);
-    return out;
+std::unique_ptr<Transport> makeRdmaTransport(std::unique_ptr<RdmaDevice> device) {
+    return std::make_unique<RdmaTransport>(std::move(device));
 }
 
+}  // namespace rdma
 }  // namespace mooncake::te

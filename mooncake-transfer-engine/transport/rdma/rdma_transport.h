@@ -32,4 +32,10 @@ struct RdmaSetup {
 
 RdmaSetup createRdmaTransport(const RdmaOptions& options);
 
+namespace rdma {
+class RdmaDevice;
+// The transport over an opened device (rdma_setup.cc picks the device).
+std::unique_ptr<Transport> makeRdmaTransport(std::unique_ptr<RdmaDevice> device);
+}  // namespace rdma
+
 }  // namespace mooncake::te
