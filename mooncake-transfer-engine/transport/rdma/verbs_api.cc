@@ -5,6 +5,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "mooncake-transfer-engine/common/env.h"
+
 namespace mooncake::te::rdma {
 
 Result<VerbsApi> VerbsApi::load(const char* library) {
@@ -48,7 +50,9 @@ Result<VerbsApi> VerbsApi::load(const char* library) {
 }
 
 Result<const VerbsApi*> VerbsApi::get() {
-    static const Result<VerbsApi> loaded = load("libibverbs.so.1");
+    // MC_RDMA_VERBS_LIBRARY: another verbs library (the tests' fake one).
+    static const Result<VerbsApi> loaded =
+        load(envString("MC_RDMA_VERBS_LIBRARY", "libibverbs.so.1").c_str());
     if (!loaded.ok())
         return loaded.status();
     return &loaded.value();

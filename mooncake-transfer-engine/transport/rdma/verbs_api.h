@@ -43,7 +43,8 @@ struct VerbsApi {
     // extended call when it has one (full struct), else the exported one.
     int portAttributes(ibv_context* ctx, uint8_t port, ibv_port_attr* attr) const;
 
-    // The library, loaded once per process; kUnavailable naming why
+    // The library (libibverbs.so.1, or $MC_RDMA_VERBS_LIBRARY), loaded once
+    // per process; kUnavailable naming why
     // (library missing, a symbol missing) otherwise.
     static Result<const VerbsApi*> get();
     // Loads from `library` (tests use a name that does not exist).
