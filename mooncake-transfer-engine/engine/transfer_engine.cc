@@ -10,8 +10,8 @@
 #include "mooncake-transfer-engine/common/logging.h"
 #include "mooncake-transfer-engine/transport/cuda_ipc/cuda_ipc_transport.h"
 #include "mooncake-transfer-engine/transport/cuda_ipc/device_memory.h"
-#include "mooncake-transfer-engine/transport/rdma/rdma_transport.h"
 #include "mooncake-transfer-engine/transport/rdma/gpu_pci.h"
+#include "mooncake-transfer-engine/transport/rdma/rdma_transport.h"
 #include "mooncake-transfer-engine/transport/rdma/topology.h"
 #include "mooncake-transfer-engine/transport/shm/shm_transport.h"
 #include "mooncake-transfer-engine/transport/tcp/tcp_transport.h"
@@ -182,8 +182,10 @@ Status TransferEngine::init(const std::string& host_ip,
         if (auto cuda_ipc = createCudaIpcTransport()) transports_.push_back(std::move(cuda_ipc));
         RdmaSetup rdma = createRdmaTransport(RdmaOptions{device_filter, options_.verbs_library});
         // A malformed filter is the caller's mistake; a missing device is not.
-        if (rdma.status.code() == StatusCode::kInvalidArgument)
+        if (rdma.status.code() == StatusCode::kInvalidArgument) {
+            transports_.clear();  // none started yet; init may be retried
             return rdma.status.withContext("TransferEngine::init device_filter");
+        }
         rdma_status_ = rdma.status;
         rdma_devices_ = rdma.devices;
         // MC_RDMA_SAME_HOST=1 (the self-test) puts rdma ahead of shm.

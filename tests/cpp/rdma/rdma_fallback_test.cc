@@ -74,6 +74,18 @@ TEST(RdmaFallback, MalformedDeviceFilterFailsInit) {
     EXPECT_EQ(st.message(),
               "TransferEngine::init device_filter: device_filter entry 'mlx5_0:0' has port '0'; "
               "expected a port number in 1..255 after ':'");
+    // Nothing was left half started: a corrected init works.
+    ASSERT_TRUE(engine.init("127.0.0.1", {"mlx5_0:1"}).ok());
+    std::vector<char> a(64, 'x'), b(64, 0);
+    ASSERT_TRUE(engine.registerLocalMemory(a.data(), a.size()).ok());
+    ASSERT_TRUE(engine.registerLocalMemory(b.data(), b.size()).ok());
+    auto batch = engine.allocateBatchID(1);
+    ASSERT_TRUE(batch.ok());
+    TransferRequest req{TransferOpcode::kWrite, a.data(), kLocalSegment,
+                        reinterpret_cast<uint64_t>(b.data()), a.size()};
+    ASSERT_TRUE(engine.submitTransfer(batch.value(), {req}).ok());
+    ASSERT_TRUE(engine.waitBatch(batch.value(), Deadline::afterMs(5000)).ok());
+    EXPECT_EQ(b, a);
 }
 
 // Peer "far" is engine b's memory published as if from another host with an
