@@ -29,15 +29,20 @@ if(WITH_EP AND NOT USE_CUDA)
   message(FATAL_ERROR "WITH_EP=ON needs USE_CUDA=ON")
 endif()
 
-set(WITH_RDMA "AUTO" CACHE STRING "Build the RDMA transport: ON, OFF or AUTO (when libibverbs is found)")
+set(WITH_RDMA "AUTO" CACHE STRING "Build the RDMA transport: ON, OFF or AUTO (when rdma-core's headers are found)")
+# Only the headers are needed: libibverbs is loaded at run time, so the
+# library works on hosts without rdma-core. apt: libibverbs-dev.
 find_path(IBVERBS_INCLUDE_DIR infiniband/verbs.h)
-find_library(IBVERBS_LIBRARY ibverbs)
 if(WITH_RDMA STREQUAL "AUTO")
-  if(IBVERBS_INCLUDE_DIR AND IBVERBS_LIBRARY)
+  if(IBVERBS_INCLUDE_DIR)
     set(WITH_RDMA ON)
   else()
     set(WITH_RDMA OFF)
   endif()
+endif()
+if(WITH_RDMA AND NOT IBVERBS_INCLUDE_DIR)
+  message(FATAL_ERROR "WITH_RDMA=ON needs rdma-core's headers (infiniband/verbs.h): "
+                      "apt-get install libibverbs-dev")
 endif()
 
 option(USE_NCCL_DEVICE "Build the NCCL device-API (GIN) EP transport" OFF)

@@ -14,6 +14,9 @@ command -v gdb >/dev/null || need_apt+=(gdb)
 command -v ip >/dev/null || need_apt+=(iproute2)
 command -v clang++ >/dev/null || need_apt+=(clang)
 [ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
+# rdma-core's headers (infiniband/verbs.h, mlx5dv.h): the rdma transport and its
+# tests build against them; the library loads libibverbs only at run time.
+[ -f /usr/include/infiniband/mlx5dv.h ] || need_apt+=(libibverbs-dev)
 if command -v clang++ >/dev/null; then
     # libFuzzer's runtime ships in compiler-rt.
     echo 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) {return 0;}' \

@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ALL=(frame_fuzzer tcp_stream_fuzzer segment_desc_fuzzer endpoint_fuzzer
+ALL=(frame_fuzzer tcp_stream_fuzzer segment_desc_fuzzer endpoint_fuzzer rdma_metadata_fuzzer
      control_message_fuzzer control_sequence_fuzzer)
 FUZZERS=("${@:-${ALL[@]}}")
 SECS=${MC_FUZZ_SECONDS:-40}

@@ -4,6 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
+# CI builds the rdma transport (install_deps.sh brings its headers): a
+# missing header is then a build error, not a silently skipped transport.
+export WITH_RDMA=${WITH_RDMA:-ON}
 bash scripts/build.sh
 PY=${PYTHON:-python3}
 

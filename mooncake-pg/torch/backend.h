@@ -164,7 +164,9 @@ public:
     int numSyncedRanks() const;
     void extendGroupSizeTo(int64_t size);
     int usableSlots() const { return usable_slots_.load(); }
-    std::vector<std::string> preferredHca() const;
+    // The HCAs nearest `location` ("cuda:<n>", "cpu:<node>", "cpu"); "" gives
+    // every HCA the device filter admits. Empty without RDMA.
+    std::vector<std::string> preferredHca(const std::string& location = "") const;
 
 private:
     // A collective's core calls, run on the worker thread. A non-OK Status

@@ -382,8 +382,14 @@ void MooncakeBackend::extendGroupSizeTo(int64_t size) {
     // Reserved slots are usable from creation on; nothing else to do.
 }
 
-std::vector<std::string> MooncakeBackend::preferredHca() const {
-    return fabric_ ? fabric_->engine().devices() : std::vector<std::string>{};
+std::vector<std::string> MooncakeBackend::preferredHca(const std::string& location) const {
+    if (!fabric_)
+        return {};
+    if (location.empty())
+        return fabric_->engine().devices();
+    auto hcas = fabric_->engine().preferredHca(location);
+    TORCH_CHECK_VALUE(hcas.ok(), "mooncake.pg.get_preferred_hca: ", hcas.status().message());
+    return hcas.value();
 }
 
 }  // namespace mooncake::pg

@@ -263,10 +263,10 @@ Forms (seed API):
         py::arg("backend"), py::arg("size"));
     m.def(
         "get_preferred_hca",
-        [](const py::handle& group) {
-            return backendOf(group, "get_preferred_hca")->preferredHca();
+        [](const py::handle& group, const std::string& location) {
+            return backendOf(group, "get_preferred_hca")->preferredHca(location);
         },
-        py::arg("backend"));
+        py::arg("backend"), py::arg("location") = "");
     m.def(
         "backend_of", [](const py::handle& group) { return backendOf(group, "backend_of"); },
         py::arg("group"), "The MooncakeBackend behind a Mooncake process group.");

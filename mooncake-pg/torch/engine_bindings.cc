@@ -303,6 +303,25 @@ void defineEngineBindings(py::module_& m) {
         .def_property_readonly(
             "num_groups", [](const PyTransferEngine& self) { return self.shared()->leases(); },
             "int: process groups currently using this engine.")
+        .def_property_readonly(
+            "rdma_status",
+            [](PyTransferEngine& self) {
+                Status st = self.open("TransferEngine.rdma_status").rdmaStatus();
+                return st.ok() ? std::string("rdma") : st.message();
+            },
+            "str: 'rdma' when peers on other hosts are reached over RDMA, otherwise why "
+            "they use tcp (\"no RDMA device ...\").")
+        .def(
+            "preferred_hca",
+            [](PyTransferEngine& self, const std::string& location) {
+                auto hcas = self.open("TransferEngine.preferred_hca").preferredHca(location);
+                if (!hcas.ok())
+                    throwPy(PyExc_ValueError,
+                            "TransferEngine.preferred_hca: " + hcas.status().message());
+                return hcas.value();
+            },
+            py::arg("location") = "cpu",
+            "list[str]: the HCAs nearest location ('cuda:<n>', 'cpu:<node>', 'cpu').")
         .def(
             "register_memory",
             [](PyTransferEngine& self, const py::object& ptr, const py::object& len) {

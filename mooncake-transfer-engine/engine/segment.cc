@@ -15,7 +15,8 @@ constexpr uint32_t kSegmentMagic = 0x4d435347;  // "MCSG"
 
 const RegionDesc* SegmentDesc::findRegion(uint64_t addr, uint64_t len) const {
     for (const auto& r : regions) {
-        if (r.contains(addr, len)) return &r;
+        if (r.contains(addr, len))
+            return &r;
     }
     return nullptr;
 }
@@ -31,6 +32,7 @@ std::string SegmentDesc::serialize() const {
     w.putString(tcp_host);
     w.put(tcp_port);
     w.putString(shm_socket);
+    w.putString(rdma_endpoint);
     w.put(static_cast<uint32_t>(regions.size()));
     for (const auto& r : regions) {
         w.put(r.addr);
@@ -39,6 +41,7 @@ std::string SegmentDesc::serialize() const {
         w.put(static_cast<uint8_t>(r.remote_accessible));
         w.putString(r.shm_export);
         w.putString(r.cuda_ipc_export);
+        w.putString(r.rdma_export);
     }
     return w.take();
 }
@@ -49,7 +52,8 @@ Result<SegmentDesc> SegmentDesc::parse(std::string_view bytes) {
     uint32_t magic = 0, version = 0, nregions = 0;
     r.get(&magic);
     r.get(&version);
-    if (!r.ok() || magic != kSegmentMagic) return InvalidArgument("not a segment descriptor");
+    if (!r.ok() || magic != kSegmentMagic)
+        return InvalidArgument("not a segment descriptor");
     if (version != kVersion) {
         return InvalidArgument("segment descriptor version " + std::to_string(version) +
                                ", expected " + std::to_string(kVersion));
@@ -61,8 +65,10 @@ Result<SegmentDesc> SegmentDesc::parse(std::string_view bytes) {
     r.getString(&d.tcp_host);
     r.get(&d.tcp_port);
     r.getString(&d.shm_socket);
+    r.getString(&d.rdma_endpoint);
     r.get(&nregions);
-    if (!r.ok() || nregions > kMaxRegions) return InvalidArgument("truncated segment descriptor");
+    if (!r.ok() || nregions > kMaxRegions)
+        return InvalidArgument("truncated segment descriptor");
     for (uint32_t i = 0; i < nregions && r.ok(); ++i) {
         RegionDesc reg;
         uint8_t accessible = 0;
@@ -72,10 +78,12 @@ Result<SegmentDesc> SegmentDesc::parse(std::string_view bytes) {
         r.get(&accessible);
         r.getString(&reg.shm_export);
         r.getString(&reg.cuda_ipc_export);
+        r.getString(&reg.rdma_export);
         reg.remote_accessible = accessible != 0;
         d.regions.push_back(std::move(reg));
     }
-    if (!r.ok() || !r.atEnd()) return InvalidArgument("malformed segment descriptor");
+    if (!r.ok() || !r.atEnd())
+        return InvalidArgument("malformed segment descriptor");
     return d;
 }
 

@@ -20,8 +20,10 @@ struct RegionDesc {
     //   shm:      the engine shared allocation holding the region: its id and
     //             bounds (transport/shm/shm_protocol.h)
     //   cuda_ipc: the cudaIpcMemHandle_t bytes
+    //   rdma:     raddr, length and rkey (transport/rdma/rdma_metadata.h)
     std::string shm_export;
     std::string cuda_ipc_export;
+    std::string rdma_export;
 
     bool contains(uint64_t a, uint64_t len) const {
         return a >= addr && len <= length && a - addr <= length - len;
@@ -29,7 +31,8 @@ struct RegionDesc {
 };
 
 struct SegmentDesc {
-    static constexpr uint32_t kVersion = 1;
+    // 2: rdma_endpoint and RegionDesc.rdma_export.
+    static constexpr uint32_t kVersion = 2;
 
     std::string name;
     // Same host_id => same kernel and network namespace (shm/cuda_ipc reachable).
@@ -40,6 +43,9 @@ struct SegmentDesc {
     std::string tcp_host;
     uint16_t tcp_port = 0;
     std::string shm_socket;  // abstract unix socket serving shm exports, "" if none
+    // The HCA this segment serves RDMA on (transport/rdma/rdma_metadata.h),
+    // "" without a usable RDMA device.
+    std::string rdma_endpoint;
     std::vector<RegionDesc> regions;
 
     // The region fully containing [addr, addr + len), or nullptr.

@@ -10,6 +10,9 @@
 #include "mooncake-transfer-engine/common/logging.h"
 #include "mooncake-transfer-engine/transport/cuda_ipc/cuda_ipc_transport.h"
 #include "mooncake-transfer-engine/transport/cuda_ipc/device_memory.h"
+#include "mooncake-transfer-engine/transport/rdma/gpu_pci.h"
+#include "mooncake-transfer-engine/transport/rdma/rdma_transport.h"
+#include "mooncake-transfer-engine/transport/rdma/topology.h"
 #include "mooncake-transfer-engine/transport/shm/shm_transport.h"
 #include "mooncake-transfer-engine/transport/tcp/tcp_transport.h"
 #include "mooncake-transfer-engine/transport/transport.h"
@@ -17,6 +20,27 @@
 namespace mooncake::te {
 
 MC_ENV_BOOL(ForceTcp, "MC_FORCE_TCP", false)
+MC_ENV_BOOL(RdmaSameHost, "MC_RDMA_SAME_HOST", false)
+
+namespace {
+
+// Once per process and outcome: every group creates an engine, and the
+// answer is the same for all of them.
+void logRdmaChoice(const Status& status, const std::vector<std::string>& devices) {
+    static std::mutex mu;
+    static bool logged_on = false, logged_off = false;
+    std::lock_guard<std::mutex> lock(mu);
+    if (status.ok() && !logged_on) {
+        logged_on = true;
+        MC_LOG(kInfo, "rdma") << "peers on other hosts use rdma (" << devices.front()
+                              << "); same-host peers shm/cuda_ipc";
+    } else if (!status.ok() && !logged_off) {
+        logged_off = true;
+        MC_LOG(kInfo, "rdma") << "peers on other hosts use tcp: " << status.message();
+    }
+}
+
+}  // namespace
 
 // ---- TransferTask -----------------------------------------------------------
 
@@ -92,6 +116,8 @@ public:
     const std::string& secret() const override { return engine_->options_.secret; }
     const std::string& hostIp() const override { return engine_->host_ip_; }
     const std::string& segmentName() const override { return engine_->options_.segment_name; }
+    KVStore* store() override { return engine_->options_.store.get(); }
+    const std::string& keyPrefix() const override { return engine_->options_.key_prefix; }
 
 private:
     TransferEngine* engine_;
@@ -154,7 +180,23 @@ Status TransferEngine::init(const std::string& host_ip,
         transports_.push_back(createShmTransport());
         // Rides on the shm transport's descriptor server; absent without CUDA.
         if (auto cuda_ipc = createCudaIpcTransport()) transports_.push_back(std::move(cuda_ipc));
+        RdmaSetup rdma = createRdmaTransport(RdmaOptions{device_filter, options_.verbs_library});
+        // A malformed filter is the caller's mistake; a missing device is not.
+        if (rdma.status.code() == StatusCode::kInvalidArgument) {
+            transports_.clear();  // none started yet; init may be retried
+            return rdma.status.withContext("TransferEngine::init device_filter");
+        }
+        rdma_status_ = rdma.status;
+        rdma_devices_ = rdma.devices;
+        // MC_RDMA_SAME_HOST=1 (the self-test) puts rdma ahead of shm.
+        if (rdma.transport && envRdmaSameHost())
+            transports_.insert(transports_.begin(), std::move(rdma.transport));
+        else if (rdma.transport)
+            transports_.push_back(std::move(rdma.transport));
+    } else {
+        rdma_status_ = Unavailable("rdma off: tcp forced (MC_FORCE_TCP=1)");
     }
+    logRdmaChoice(rdma_status_, rdma_devices_);
     transports_.push_back(createTcpTransport());
     for (auto& t : transports_) {
         Status st = t->start(host_.get(), &local_);
@@ -206,7 +248,7 @@ Status TransferEngine::registerLocalMemory(void* addr, size_t length, const std:
     if (!started_ || stopped_) return InvalidArgument("registerLocalMemory before init/after shutdown");
     LocalRegion region{reinterpret_cast<uint64_t>(addr), length, location, remote_accessible};
     MC_RETURN_IF_ERROR(memory_.add(region));
-    RegionDesc desc{region.addr, region.length, location, remote_accessible, "", ""};
+    RegionDesc desc{region.addr, region.length, location, remote_accessible, "", "", ""};
     for (auto& t : transports_) {
         Status st = t->exportRegion(region, &desc);
         if (!st.ok()) {
@@ -222,6 +264,7 @@ Status TransferEngine::unregisterLocalMemory(void* addr) {
     std::lock_guard<std::mutex> lock(mu_);
     uint64_t a = reinterpret_cast<uint64_t>(addr);
     MC_RETURN_IF_ERROR(memory_.remove(a));
+    for (auto& t : transports_) t->unexportRegion(a);
     std::erase_if(local_.regions, [&](const RegionDesc& r) { return r.addr == a; });
     return publishLocked();
 }
@@ -531,6 +574,29 @@ Status TransferEngine::freeBatchID(BatchID batch_id) {
         return InvalidArgument("batch " + std::to_string(batch_id) + " still has pending requests");
     batches_.erase(it);
     return Status::OK();
+}
+
+Result<std::vector<std::string>> TransferEngine::preferredHca(const std::string& location) const {
+    const std::vector<std::string> devices = rdma_devices_;
+    rdma::SysfsTopology topology(options_.sysfs_root);
+    if (location == "cpu") return devices;
+    if (location.rfind("cpu:", 0) == 0) {
+        const std::string node = location.substr(4);
+        char* end = nullptr;
+        const long n = std::strtol(node.c_str(), &end, 10);
+        if (node.empty() || *end != '\0' || n < 0)
+            return InvalidArgument("location '" + location + "': expected cpu:<NUMA node>");
+        return topology.hcasOnNumaNode(static_cast<int>(n), devices);
+    }
+    const int gpu = cudaOrdinal(location);
+    if (gpu < 0) {
+        return InvalidArgument("location '" + location +
+                               "': expected 'cpu', 'cpu:<NUMA node>' or 'cuda:<device>'");
+    }
+    if (devices.empty()) return devices;
+    auto bus_id = rdma::cudaPciBusId(gpu);
+    if (!bus_id.ok()) return bus_id.status().withContext("get_preferred_hca(" + location + ")");
+    return topology.nearestHcas(bus_id.value(), devices);
 }
 
 Status TransferEngine::probePeerAlive(SegmentID id, Deadline deadline) {

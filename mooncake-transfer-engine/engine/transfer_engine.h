@@ -1,7 +1,8 @@
 // TransferEngine: registers local memory, publishes it as a named segment in
 // a KVStore, and moves bytes to/from peer segments in batches over the best
 // transport per peer (cuda_ipc for device memory and shm for host memory on
-// the same host, tcp otherwise; MC_FORCE_TCP=1 forces tcp). Thread-safe.
+// the same host; rdma for other hosts when both ends have a usable RDMA
+// device, tcp otherwise; MC_FORCE_TCP=1 forces tcp). Thread-safe.
 #pragma once
 
 #include <map>
@@ -34,6 +35,10 @@ struct EngineOptions {
     int64_t open_timeout_ms = 30000;
     // Default true when MC_FORCE_TCP=1.
     bool force_tcp = false;
+    // The verbs library the rdma transport loads ("" = libibverbs.so.1).
+    std::string verbs_library;
+    // Where get_preferred_hca reads the PCIe topology.
+    std::string sysfs_root = "/sys";
 };
 
 class TransferEngine {
@@ -92,8 +97,15 @@ public:
 
     const std::string& segmentName() const { return options_.segment_name; }
     const std::vector<std::string>& deviceFilter() const { return device_filter_; }
-    // NICs an RDMA transport could use (empty without RDMA).
-    std::vector<std::string> devices() const { return {}; }
+    // HCAs the device filter admits (empty without RDMA).
+    std::vector<std::string> devices() const { return rdma_devices_; }
+    // OK when other-host peers are reached over rdma; else why they use tcp
+    // ("no RDMA device ...", "the verbs library is missing ...").
+    Status rdmaStatus() const { return rdma_status_; }
+    // The HCAs nearest `location`: "cuda:<n>" by PCIe distance to that GPU,
+    // "cpu:<n>" on NUMA node n, "cpu" all. Empty without RDMA;
+    // kInvalidArgument for another location.
+    Result<std::vector<std::string>> preferredHca(const std::string& location) const;
 
 private:
     class Host;
@@ -115,6 +127,8 @@ private:
 
     EngineOptions options_;
     std::vector<std::string> device_filter_;
+    std::vector<std::string> rdma_devices_;
+    Status rdma_status_ = Unavailable("rdma: engine not started");
     std::string host_ip_;
     std::unique_ptr<Host> host_;
     MemoryRegistry memory_;

@@ -18,6 +18,7 @@
 #include "mooncake-transfer-engine/engine/memory_registry.h"
 #include "mooncake-transfer-engine/engine/segment.h"
 #include "mooncake-transfer-engine/engine/transfer_request.h"
+#include "mooncake-transfer-engine/metadata/kv_store.h"
 
 namespace mooncake::te {
 
@@ -80,6 +81,13 @@ public:
     virtual const std::string& hostIp() const = 0;
     // The local segment name (for error messages and logs).
     virtual const std::string& segmentName() const = 0;
+    // The metadata store and the engine's key prefix in it, for transports
+    // that exchange connection data per peer (rdma); nullptr when there is none.
+    virtual KVStore* store() { return nullptr; }
+    virtual const std::string& keyPrefix() const {
+        static const std::string none;
+        return none;
+    }
 };
 
 class Transport {
@@ -94,6 +102,9 @@ public:
     // Fills the transport's export field of `desc` for a newly registered
     // region (no-op for transports that need none).
     virtual Status exportRegion(const LocalRegion& region, RegionDesc* desc) = 0;
+    // The region at `addr` is being unregistered: release what exportRegion
+    // took for it (rdma: the memory registration). No request uses it any more.
+    virtual void unexportRegion(uint64_t addr) { (void)addr; }
 
     // True when this transport can move bytes to/from `region` of `peer`.
     virtual bool canReach(const SegmentDesc& peer, const RegionDesc& region) const = 0;

@@ -379,6 +379,11 @@ def extend_group_size_to(backend, size):
     _lib.extend_group_size_to(backend, int(size))
 
 
-def get_preferred_hca(backend):
-    """The engine's RDMA devices (HCAs) for this group; empty without RDMA."""
-    return list(_lib.get_preferred_hca(backend))
+def get_preferred_hca(backend, location=None):
+    """The RDMA devices (HCAs) nearest ``location`` for this group's engine.
+
+    ``location`` is ``"cuda:<n>"`` (nearest by PCIe distance to that GPU),
+    ``"cpu:<numa node>"``, ``"cpu"``, or ``None`` for every HCA the device
+    filter admits. Empty when the engine has no RDMA device.
+    """
+    return list(_lib.get_preferred_hca(backend, "" if location is None else str(location)))

@@ -22,14 +22,15 @@ using mooncake::te::SegmentDesc;
 bool sameDesc(const SegmentDesc& a, const SegmentDesc& b) {
     if (a.name != b.name || a.host_id != b.host_id || a.pid != b.pid ||
         a.generation != b.generation || a.tcp_host != b.tcp_host || a.tcp_port != b.tcp_port ||
-        a.shm_socket != b.shm_socket || a.regions.size() != b.regions.size())
+        a.shm_socket != b.shm_socket || a.rdma_endpoint != b.rdma_endpoint ||
+        a.regions.size() != b.regions.size())
         return false;
     for (size_t i = 0; i < a.regions.size(); ++i) {
         const RegionDesc& x = a.regions[i];
         const RegionDesc& y = b.regions[i];
         if (x.addr != y.addr || x.length != y.length || x.location != y.location ||
             x.remote_accessible != y.remote_accessible || x.shm_export != y.shm_export ||
-            x.cuda_ipc_export != y.cuda_ipc_export)
+            x.cuda_ipc_export != y.cuda_ipc_export || x.rdma_export != y.rdma_export)
             return false;
     }
     return true;
@@ -93,9 +94,10 @@ std::vector<std::string> seedInputs() {
     d.tcp_host = "127.0.0.1";
     d.tcp_port = 7000;
     d.shm_socket = "@mc";
+    d.rdma_endpoint = "endpoint";
     std::vector<std::string> out = {d.serialize()};
-    d.regions.push_back(RegionDesc{0x1000, 0x2000, "cpu", true, "shm-export", ""});
-    d.regions.push_back(RegionDesc{UINT64_MAX - 0xff, 0x100, "cuda:0", false, "", "ipc"});
+    d.regions.push_back(RegionDesc{0x1000, 0x2000, "cpu", true, "shm-export", "", "rkey"});
+    d.regions.push_back(RegionDesc{UINT64_MAX - 0xff, 0x100, "cuda:0", false, "", "ipc", ""});
     out.push_back(d.serialize());
     return out;
 }

@@ -64,10 +64,10 @@ TEST(ShmTransport, TransportRechecksRangesAndExports) {
     LocalRegion private_lr{priv->addr, 4096, "cpu", false};
     ASSERT_TRUE(owner_host.memory().add(lr).ok());
     ASSERT_TRUE(owner_host.memory().add(private_lr).ok());
-    RegionDesc region{lr.addr, lr.length, "cpu", true, "", ""};
+    RegionDesc region{lr.addr, lr.length, "cpu", true, "", "", ""};
     ASSERT_TRUE(owner->exportRegion(lr, &region).ok());
     ASSERT_FALSE(region.shm_export.empty());
-    RegionDesc private_region{private_lr.addr, 4096, "cpu", false, "", ""};
+    RegionDesc private_region{private_lr.addr, 4096, "cpu", false, "", "", ""};
     ASSERT_TRUE(owner->exportRegion(private_lr, &private_region).ok());
     EXPECT_TRUE(private_region.shm_export.empty());
     desc.regions = {region};

@@ -87,7 +87,7 @@ public:
         d.name = "silent";
         d.tcp_host = "127.0.0.1";
         d.tcp_port = port_;
-        d.regions.push_back({1 << 20, 1 << 30, "cpu", true, "", ""});
+        d.regions.push_back({1 << 20, 1 << 30, "cpu", true, "", "", ""});
         return d;
     }
 
@@ -147,7 +147,7 @@ TEST(TcpTransportDirectTest, TargetBoundsChecksEveryRequestAndStaysUsable) {
     ASSERT_TRUE(target.start().ok());
     ASSERT_TRUE(initiator.start().ok());
     auto lie = std::make_shared<SegmentDesc>(target.desc);
-    lie->regions.push_back({remote.addr(), remote.size(), "cpu", true, "", ""});
+    lie->regions.push_back({remote.addr(), remote.size(), "cpu", true, "", "", ""});
     std::memset(remote.data(), 0xEE, remote.size());
     std::memset(local.bytes() + 4 * kMiB, 0x11, 4 * kMiB);
     fillPattern(local.bytes(), 4 * kMiB, 77);
@@ -206,7 +206,7 @@ TEST(TcpTransportDirectTest, WriteBehindReadDoesNotOvertakeIt) {
     ASSERT_TRUE(target.start().ok());
     ASSERT_TRUE(initiator.start().ok());
     auto peer = std::make_shared<SegmentDesc>(target.desc);
-    peer->regions.push_back({remote.addr(), len, "cpu", true, "", ""});
+    peer->regions.push_back({remote.addr(), len, "cpu", true, "", "", ""});
     fillPattern(remote.bytes(), len, 1);
     fillPattern(local.bytes() + len, len, 2);
     auto rd = makeTask(TransferOpcode::kRead, local.data(), remote.addr(), len, peer);
