@@ -419,7 +419,7 @@ def rank_main(rank, n, args, result_path):
     ctrl = dist.new_group(backend="gloo")  # statistics travel here, never through a measured group
     dtype = getattr(torch, args.dtype)
     elt = torch.tensor([], dtype=dtype).element_size()
-    colls = list(COLLECTIVES) if args.collective == "all" else [args.collective]
+    colls = list(COLLECTIVES) if args.collective == "all" else args.collective.split(",")
     rows = []
     for coll in colls:
         for nbytes in sizes(args):
@@ -603,7 +603,8 @@ def print_tables(rows, rats, args, n):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--collective", default="all_reduce", choices=COLLECTIVES + ("all",))
+    ap.add_argument("--collective", default="all_reduce",
+                    help="one of %s, a comma-separated list of them, or all" % ", ".join(COLLECTIVES))
     ap.add_argument("--backend", default="both", choices=(MOONCAKE, "gloo", "both"))
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                     help="cuda: backend mooncake (and gloo) on CUDA tensors, every rank on GPU 0")
@@ -628,6 +629,9 @@ def main(argv=None):
     ap.add_argument("--timeout", type=float, default=1800, help="seconds before every rank is killed")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
+    unknown = [c for c in args.collective.split(",") if c not in COLLECTIVES + ("all",)]
+    if unknown:
+        ap.error(f"--collective: unknown {', '.join(unknown)}; choose from {', '.join(COLLECTIVES)} or all")
     if args.stepfactor <= 1:
         ap.error("-f must be > 1")
 
