@@ -23,6 +23,16 @@ all_to_all buffer. Each size is checked for correctness once before timing.
 The same run also times a single-thread memcpy of each size on rank 0 (while
 the other ranks wait) and prints every backend's busbw as a fraction of it:
 one core's copy bandwidth is the yardstick a CPU collective is read against.
+
+--device cuda: the backends are `mooncake` and gloo on the same CUDA tensors
+(every rank on GPU 0: N processes share one GPU, run them under MPS). Ops are
+timed as nccl-tests does, with CUDA events around each block of back-to-back
+ops. The yardstick is HBM traffic: an op must read every input byte and write
+every output byte once (all_reduce of S bytes per rank over N ranks: 2*N*S;
+all_gather and reduce_scatter: (N+1)*S with S the larger side; all_to_all:
+2*N*S), and its limit time is that traffic over the device copy bandwidth
+(read + write) measured on rank 0 in the same run; each row prints its
+fraction of that limit.
 """
 
 import argparse
@@ -43,6 +53,11 @@ REPO_PYTHON = os.path.join(os.path.dirname(HERE), "python")
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
                "gather", "scatter", "sendrecv")
 MOONCAKE = "mooncake-cpu"
+MOONCAKE_CUDA = "mooncake"
+
+
+def mooncake_name(device):
+    return MOONCAKE_CUDA if device == "cuda" else MOONCAKE
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64")
 OPS = ("sum", "avg", "prod", "min", "max")
 TYPE_NAMES = {"float32": "float", "float64": "double", "float16": "half", "bfloat16": "bfloat16",
@@ -88,13 +103,14 @@ def element_count(coll, nbytes, elt, n):
 class Bench:
     """Buffers and the operation for one (collective, size, group) on this rank."""
 
-    def __init__(self, torch, dist, coll, count, dtype, op, group, rank, n):
+    def __init__(self, torch, dist, coll, count, dtype, op, group, rank, n, device="cpu"):
         self.torch, self.dist = torch, dist
+        self.device = device
         self.coll, self.count, self.dtype, self.group, self.rank, self.n = coll, count, dtype, group, rank, n
         self.op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "prod": dist.ReduceOp.PRODUCT,
                    "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op]
         self.op_name = op
-        z = lambda k: torch.zeros(k, dtype=dtype)  # noqa: E731
+        z = lambda k: torch.zeros(k, dtype=dtype, device=device)  # noqa: E731
         per = count // n
         if coll in ("all_reduce", "broadcast", "reduce"):
             self.buf = z(count)
@@ -167,13 +183,14 @@ class Bench:
             self.run()
             per = self.count // n
             want = torch.arange(self.count).remainder(7)[r * per:(r + 1) * per].to(torch.float64) * n
-            return _expect(torch, self.out, want.to(self.out.dtype))
+            return _expect(torch, self.out, want.to(self.out.dtype).to(self.out.device))
         if c == "all_to_all":
             per = self.count // n
             for d in range(n):
                 self.inp[d * per:(d + 1) * per].fill_(float((r * n + d) % 100))
             self.run()
-            want = torch.cat([torch.full((per,), float((s * n + r) % 100), dtype=self.out.dtype) for s in range(n)])
+            want = torch.cat([torch.full((per,), float((s * n + r) % 100), dtype=self.out.dtype,
+                                         device=self.out.device) for s in range(n)])
             return _expect(torch, self.out, want)
         if c == "gather":
             self.inp.fill_(val(r))
@@ -195,6 +212,7 @@ class Bench:
 
 
 def _expect(torch, got, want):
+    got, want = got.cpu(), want.cpu()
     if torch.equal(got, want):
         return None
     bad = (got != want).reshape(-1).nonzero().reshape(-1)
@@ -209,11 +227,18 @@ def plan_iters(bench, ctrl, args, dist, torch):
         bench.run()
     if args.time_budget <= 0:
         return args.iters
+    sync(torch, args)
     t0 = time.perf_counter()
     bench.run()
+    sync(torch, args)
     one = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
     dist.all_reduce(one, op=dist.ReduceOp.MAX, group=ctrl)
     return max(min(args.iters, args.min_iters), min(args.iters, int(args.time_budget / max(one.item(), 1e-9))))
+
+
+def sync(torch, args):
+    if args.device == "cuda":
+        torch.cuda.synchronize()
 
 
 def measure(benches, ctrl, args, dist, torch):
@@ -226,6 +251,20 @@ def measure(benches, ctrl, args, dist, torch):
         for name, bench in benches.items():
             todo = plans[name] // rounds + (1 if k < plans[name] % rounds else 0)
             dist.barrier(group=bench.group)
+            if args.device == "cuda":
+                # nccl-tests: events around back-to-back ops; each op of the
+                # block is charged the block's mean.
+                if todo == 0:
+                    continue
+                sync(torch, args)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(todo):
+                    bench.run()
+                end.record()
+                end.synchronize()
+                local[name].extend([start.elapsed_time(end) * 1e-3 / todo] * todo)
+                continue
             for _ in range(todo):
                 t0 = time.perf_counter()
                 bench.run()
@@ -276,6 +315,60 @@ def memcpy_rows(torch, sizes_bytes, args):
     return out
 
 
+def device_copy_row(torch, size, args):
+    """Device-to-device copy of `size` bytes on rank 0, timed with CUDA events; GB/s
+    counts reads and writes (2 x size), the unit of the traffic limit."""
+    src = torch.ones(max(1, size), dtype=torch.uint8, device="cuda")
+    dst = torch.zeros_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(max(5, min(args.iters, 20))):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3)
+    med = statistics.median(samples)
+    gbps = 2 * size / (med * 1e-6) / 1e9
+    return {"backend": "device_copy", "collective": "device_copy", "size": size, "count": size,
+            "type": "uint8", "op": None, "nranks": 1, "iters": len(samples), "time_us_median": med,
+            "time_us_p99": percentile(samples, 99), "time_us_mean": statistics.fmean(samples),
+            "algbw_GBps": gbps, "busbw_GBps": gbps, "check": "n/a", "engine": None}
+
+
+def traffic_bytes(coll, size, n):
+    """HBM bytes an op must move at least (read every input, write every output);
+    `size` is the benchmark's size (the larger side). None: no limit defined."""
+    if coll == "all_reduce":
+        return 2 * n * size
+    if coll in ("all_gather", "reduce_scatter"):
+        return (n + 1) * size
+    if coll == "all_to_all":
+        return 2 * n * size
+    return None
+
+
+def limit_fractions(rows):
+    """Each row's limit time (traffic / device copy GB/s) over its measured time."""
+    copy = [r for r in rows if r["collective"] == "device_copy"]
+    if not copy:
+        return []
+    gbps = copy[0]["busbw_GBps"]
+    out = []
+    for r in rows:
+        t = traffic_bytes(r["collective"], r["size"], r["nranks"])
+        if t is None or r["collective"] == "device_copy":
+            continue
+        limit_us = t / (gbps * 1e9) * 1e6
+        out.append({"collective": r["collective"], "backend": r["backend"], "size": r["size"],
+                    "time_us": r["time_us_median"], "limit_us": limit_us, "copy_GBps": gbps,
+                    "fraction_of_limit": limit_us / r["time_us_median"]})
+    return out
+
+
 def memcpy_ratios(rows):
     """busbw / single-thread memcpy GB/s for every measured row."""
     copy = {r["size"]: r["busbw_GBps"] for r in rows if r["collective"] == "memcpy"}
@@ -299,15 +392,18 @@ def rank_main(rank, n, args, result_path):
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
-    backends = [MOONCAKE, "gloo"] if args.backend == "both" else [args.backend]
-    if MOONCAKE in backends:
+    mc = mooncake_name(args.device)
+    backends = [mc, "gloo"] if args.backend == "both" else [mc if args.backend == MOONCAKE else args.backend]
+    if args.device == "cuda":
+        torch.cuda.set_device(0)  # N processes share the one GPU
+    if mc in backends:
         if os.path.isdir(REPO_PYTHON) and REPO_PYTHON not in sys.path:
             sys.path.insert(0, REPO_PYTHON)
         from mooncake import pg  # noqa: F401  (registers mooncake-cpu)
     timeout = datetime.timedelta(seconds=args.timeout)
     init = {"init_method": "env://"}
     engine = None
-    if args.engine == "shared" and MOONCAKE in backends:
+    if args.engine == "shared" and mc in backends:
         # One store for the groups and (under a prefix) the shared engine.
         hosted = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), n,
@@ -323,17 +419,25 @@ def rank_main(rank, n, args, result_path):
     ctrl = dist.new_group(backend="gloo")  # statistics travel here, never through a measured group
     dtype = getattr(torch, args.dtype)
     elt = torch.tensor([], dtype=dtype).element_size()
-    colls = list(COLLECTIVES) if args.collective == "all" else [args.collective]
+    colls = list(COLLECTIVES) if args.collective == "all" else args.collective.split(",")
     rows = []
     for coll in colls:
         for nbytes in sizes(args):
             count = element_count(coll, nbytes, elt, n)
             benches, checks = {}, {}
             for b in backends:
-                bench = Bench(torch, dist, coll, count, dtype, args.op, groups[b], rank, n)
+                bench = Bench(torch, dist, coll, count, dtype, args.op, groups[b], rank, n, args.device)
                 checks[b] = "skipped"
                 if args.check:
-                    err = bench.check()
+                    try:
+                        err = bench.check()
+                    except RuntimeError as e:  # gloo lacks some ops on CUDA tensors
+                        err = f"raised: {e}"
+                        if "gloo" == b:
+                            checks[b] = "unsupported"
+                            if rank == 0:
+                                print(f"# {b} {coll}: {str(e).splitlines()[0]}", flush=True)
+                            continue
                     flags = torch.tensor([0 if err is None else 1])
                     dist.all_reduce(flags, group=ctrl)
                     checks[b] = "ok" if flags.item() == 0 else "FAILED"
@@ -341,7 +445,7 @@ def rank_main(rank, n, args, result_path):
                         print(f"[rank {rank}] {b} {coll} {count * elt} B check failed: {err}", flush=True)
                 benches[b] = bench
             all_times = measure(benches, ctrl, args, dist, torch)
-            for b in backends:
+            for b in benches:
                 times = all_times[b]
                 med, p99 = statistics.median(times), percentile(times, 99)
                 size = count * elt
@@ -352,13 +456,16 @@ def rank_main(rank, n, args, result_path):
                              "nranks": n, "iters": len(times), "time_us_median": med, "time_us_p99": p99,
                              "time_us_mean": statistics.fmean(times), "algbw_GBps": algbw,
                              "busbw_GBps": algbw * bus_factor(coll, n), "check": checks[b],
-                             "engine": args.engine if b == MOONCAKE else None})
+                             "engine": args.engine if b == mc else None})
                 if rank == 0 and args.verbose:
                     print(f"  {b:>12} {coll:>14} {size:>12} B  {med:10.1f} us", flush=True)
             del benches
     if rank == 0:
         sizes_done = sorted({r["size"] for r in rows})
-        rows.extend(memcpy_rows(torch, sizes_done, args))
+        if args.device == "cuda":
+            rows.append(device_copy_row(torch, max(sizes_done[-1], 256 << 20), args))
+        else:
+            rows.extend(memcpy_rows(torch, sizes_done, args))
     dist.barrier(group=ctrl)
     dist.destroy_process_group()
     if engine is not None:
@@ -429,7 +536,7 @@ def ratios(rows):
         by[(row["collective"], row["size"], row["backend"])] = row
     out = []
     for (coll, size, b), row in by.items():
-        if b != MOONCAKE or (coll, size, "gloo") not in by:
+        if b not in (MOONCAKE, MOONCAKE_CUDA) or (coll, size, "gloo") not in by:
             continue
         g = by[(coll, size, "gloo")]
         out.append({"collective": coll, "size": size,
@@ -442,7 +549,8 @@ def ratios(rows):
 def print_tables(rows, rats, args, n):
     print(f"# pgbench  nranks={n} device={args.device} dtype={args.dtype} op={args.op} "
           f"iters<={args.iters} warmup={args.warmup} sizes={args.minbytes}..{args.maxbytes} x{args.stepfactor}")
-    for coll in dict.fromkeys(r["collective"] for r in rows if r["collective"] != "memcpy"):
+    for coll in dict.fromkeys(r["collective"] for r in rows
+                              if r["collective"] not in ("memcpy", "device_copy")):
         for b in dict.fromkeys(r["backend"] for r in rows):
             sel = [r for r in rows if r["collective"] == coll and r["backend"] == b]
             if not sel:
@@ -456,7 +564,8 @@ def print_tables(rows, rats, args, n):
                       f"{r['iters']:>6} {r['check']:>7}")
         sel = [x for x in rats if x["collective"] == coll]
         if sel:
-            print(f"#\n# collective={coll} ratio {MOONCAKE} / gloo  (busbw: higher is better; latency: lower is better)")
+            print(f"#\n# collective={coll} ratio {mooncake_name(args.device)} / gloo  "
+                  "(busbw: higher is better; latency: lower is better)")
             print(f"# {'size':>12} {'busbw_ratio':>12} {'lat_ratio':>10} {'p99_ratio':>10}")
             for x in sel:
                 f = lambda v: f"{v:.2f}" if v is not None else "n/a"  # noqa: E731
@@ -477,6 +586,14 @@ def print_tables(rows, rats, args, n):
                     cells += (f" {m[0]['busbw_GBps']:>18.3f} {m[0]['busbw_over_memcpy']:>6.2f}" if m
                               else f" {'n/a':>18} {'n/a':>6}")
                 print(f"  {size:>12} {copy[size]['busbw_GBps']:>13.3f}{cells}")
+    fracs = limit_fractions(rows)
+    if fracs:
+        print(f"#\n# fraction of the HBM traffic limit (device copy {fracs[0]['copy_GBps']:.0f} GB/s "
+              "read+write, same run; 1.0 = the limit)")
+        print(f"# {'collective':>14} {'backend':>9} {'size':>12} {'time_us':>11} {'limit_us':>10} {'fraction':>9}")
+        for x in fracs:
+            print(f"  {x['collective']:>14} {x['backend']:>9} {x['size']:>12} {x['time_us']:>11.2f} "
+                  f"{x['limit_us']:>10.2f} {x['fraction_of_limit']:>9.4f}")
     bad = [r for r in rows if r["check"] == "FAILED"]
     if bad:
         print(f"# WARNING: {len(bad)} row(s) failed the correctness check: "
@@ -486,9 +603,11 @@ def print_tables(rows, rats, args, n):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--collective", default="all_reduce", choices=COLLECTIVES + ("all",))
+    ap.add_argument("--collective", default="all_reduce",
+                    help="one of %s, a comma-separated list of them, or all" % ", ".join(COLLECTIVES))
     ap.add_argument("--backend", default="both", choices=(MOONCAKE, "gloo", "both"))
-    ap.add_argument("--device", default="cpu", choices=("cpu",))
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="cuda: backend mooncake (and gloo) on CUDA tensors, every rank on GPU 0")
     ap.add_argument("-g", "--nranks", type=int, default=2, help="ranks to spawn (ignored under torchrun)")
     ap.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"))
     ap.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("1M"))
@@ -510,6 +629,9 @@ def main(argv=None):
     ap.add_argument("--timeout", type=float, default=1800, help="seconds before every rank is killed")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
+    unknown = [c for c in args.collective.split(",") if c not in COLLECTIVES + ("all",)]
+    if unknown:
+        ap.error(f"--collective: unknown {', '.join(unknown)}; choose from {', '.join(COLLECTIVES)} or all")
     if args.stepfactor <= 1:
         ap.error("-f must be > 1")
 
@@ -533,7 +655,8 @@ def main(argv=None):
         cfg["nranks"] = n
         with open(args.json_output, "w") as f:
             json.dump({"config": cfg, "results": rows, "ratios": rats,
-                       "memcpy_ratios": memcpy_ratios(rows)}, f, indent=1)
+                       "memcpy_ratios": memcpy_ratios(rows), "limit_fractions": limit_fractions(rows)},
+                      f, indent=1)
     return 1 if any(r["check"] == "FAILED" for r in rows) else 0
 
 

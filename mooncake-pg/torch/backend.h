@@ -29,7 +29,9 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "mooncake-pg/core/types.h"
+#include "mooncake-pg/torch/executor.h"
 #include "mooncake-pg/torch/options.h"
+#include "mooncake-pg/torch/staging.h"
 #include "mooncake-pg/torch/work.h"
 #include "mooncake-transfer-engine/common/deadline.h"
 #include "mooncake-transfer-engine/common/status.h"
@@ -68,7 +70,7 @@ struct BackendConfig {
     c10::intrusive_ptr<MooncakeBackendOptions> options;  // never null
 };
 
-class MooncakeBackend final : public c10d::Backend {
+class MooncakeBackend : public c10d::Backend {
 public:
     // Bootstraps the group through `store` (collective over the group's
     // ranks); throws c10::DistBackendError when that fails.
@@ -189,6 +191,9 @@ private:
         // it cannot hold the blocks of a larger group.
         int group_size = 0;
         GroupSized sized = GroupSized::kNo;
+        // The executor of the op's device and what it issued for the op.
+        Executor* executor = nullptr;
+        std::shared_ptr<DeviceOp> device_op;
     };
 
     void bootstrap(const c10::intrusive_ptr<c10d::Store>& store);
@@ -225,11 +230,18 @@ private:
     // callback on this thread, which must not touch it again.
     static bool ownerGone();
 
-    // Queues `run` on the worker and returns its Work.
+    // Issues the op on the executor of its tensors' device (`staging`: the
+    // tensors, whose host stand-ins `run` uses), queues `run` on the worker
+    // and returns the op's Work.
     c10::intrusive_ptr<MooncakeWork> enqueue(c10d::OpType type, const char* op_name,
                                              std::vector<at::Tensor> outputs,
                                              std::chrono::milliseconds requested_timeout,
-                                             GroupSized sized, CoreOp run);
+                                             GroupSized sized, Staging staging, CoreOp run);
+    // The executor for an op whose tensors `staging` holds (backend_executors.cc):
+    // the CPU executor for host tensors (and ops without tensors), else the
+    // group's CUDA executor, created on the first CUDA op; throws c10::Error
+    // for a CUDA tensor on another device than the group's earlier CUDA ops.
+    Executor* executorFor(const Staging& staging, const char* op);
     // `peer` < 0 (recv only): from any source.
     c10::intrusive_ptr<MooncakeWork> pointToPoint(bool is_send, std::vector<at::Tensor>& tensors,
                                                   int peer, int tag);
@@ -336,6 +348,13 @@ private:
     bool posting_ = false;  // the poster is posting a batch: later posts queue
     bool poster_stop_ = false;
     std::thread poster_;
+
+    // Executors (executor.h). The CUDA one exists once a CUDA op was issued.
+    CpuExecutor cpu_executor_;
+    std::mutex cuda_executor_mu_;
+    std::unique_ptr<Executor> cuda_executor_;
+    std::atomic<Executor*> cuda_executor_ptr_{nullptr};
+    c10::Device cuda_device_{c10::kCPU};  // cuda_executor_mu_
 
     std::mutex coalesce_mu_;  // guards coalescing_ and coalesced_
     bool coalescing_ = false;

@@ -65,11 +65,13 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall_base(
     std::vector<size_t> send_bytes, send_offsets, recv_bytes, recv_offsets;
     splitBytes(input, input_split_sizes, n, op, "input", &send_bytes, &send_offsets);
     splitBytes(output, output_split_sizes, n, op, "output", &recv_bytes, &recv_offsets);
-    at::Tensor src = inBuffer(input, output);
-    at::Tensor dst = inOutBuffer(output);  // pieces from inactive ranks keep their values
-    const at::Tensor out = output;
+    Staging st(op);
+    const at::Tensor staged_in = st.in(input, "input tensor");
+    const at::Tensor out = st.inOut(output, "output tensor");
+    at::Tensor src = inBuffer(staged_in, out);
+    at::Tensor dst = inOutBuffer(out);  // pieces from inactive ranks keep their values
     return enqueue(
-        OpType::ALLTOALL_BASE, op, {out}, opts.timeout, GroupSized::kBlocks,
+        OpType::ALLTOALL_BASE, op, {output}, opts.timeout, GroupSized::kBlocks, std::move(st),
         [this, out, src, dst, send_bytes, send_offsets, recv_bytes, recv_offsets](Deadline dl) {
             MC_RETURN_IF_ERROR(comm_->allToAllV(ptrOf(src), send_bytes, send_offsets, ptrOf(dst),
                                                 recv_bytes, recv_offsets, dl));
@@ -109,10 +111,13 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall(Tensors& outputs, Tenso
         recv_offsets[p] = recv_at;
         recv_at += recv_bytes[p];
     }
-    const auto options = inputs[0].options();
+    Staging st(op);
+    const Tensors ins = st.in(inputs, "input_tensor_list");
+    const Tensors outs = st.inOut(outputs, "output_tensor_list");
+    const auto options = ins[0].options();
     return enqueue(
-        OpType::ALLTOALL, op, outputs, opts.timeout, GroupSized::kBlocks,
-        [this, outs = outputs, ins = inputs, options, send_bytes, send_offsets, recv_bytes,
+        OpType::ALLTOALL, op, outputs, opts.timeout, GroupSized::kBlocks, std::move(st),
+        [this, outs, ins, options, send_bytes, send_offsets, recv_bytes,
          recv_offsets](Deadline dl) {
             at::Tensor flat_in = pack(ins, options);
             int64_t total_out = 0;
@@ -134,7 +139,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall(Tensors& outputs, Tenso
 
 c10::intrusive_ptr<c10d::Work> MooncakeBackend::barrier(const c10d::BarrierOptions& opts) {
     return enqueue(OpType::BARRIER, "barrier", {}, opts.timeout, GroupSized::kNo,
-                   [this](Deadline dl) { return comm_->barrier(dl); });
+                   Staging("barrier"), [this](Deadline dl) { return comm_->barrier(dl); });
 }
 
 }  // namespace mooncake::pg

@@ -293,8 +293,8 @@ Status MooncakeBackend::applyViewOnWorker(const char* call, Deadline deadline) {
         std::lock_guard<std::mutex> lock(queue_mu_);
         if (!accepting_)
             return Aborted("the group was shut down");
-        queue_.push_back(
-            Task{work, call, left, [](Deadline) { return Status::OK(); }, groupSize()});
+        queue_.push_back(Task{work, call, left, [](Deadline) { return Status::OK(); }, groupSize(),
+                              GroupSized::kNo, &cpu_executor_, std::make_shared<DeviceOp>()});
     }
     queue_cv_.notify_one();
     try {

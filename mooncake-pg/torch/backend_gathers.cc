@@ -24,12 +24,14 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::broadcast(Tensors& tensors,
     checkRank(opts.rootRank, op, "root");
     TORCH_CHECK(opts.rootTensor == 0, "Mooncake PG: broadcast: root_tensor ", opts.rootTensor,
                 " is out of range for a single-tensor call (expected 0)");
-    const at::Tensor t = tensors[0];
-    checkTensor(t, op, "tensor");
-    checkDtype(t, op, "tensor");
+    const at::Tensor user = tensors[0];
+    checkTensor(user, op, "tensor");
+    checkDtype(user, op, "tensor");
+    Staging st(op);
+    const at::Tensor t = st.inOut(user, "tensor");
     at::Tensor buf = inOutBuffer(t);
     const int root = static_cast<int>(opts.rootRank);
-    return enqueue(OpType::BROADCAST, op, {t}, opts.timeout, GroupSized::kNo,
+    return enqueue(OpType::BROADCAST, op, {user}, opts.timeout, GroupSized::kNo, std::move(st),
                    [this, t, buf, root](Deadline dl) {
                        comm_->setNextCallSignature(shapeSignature(buf));
                        MC_RETURN_IF_ERROR(comm_->broadcast(ptrOf(buf), bytesOf(buf), root, dl));
@@ -45,15 +47,16 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather(std::vector<Tensors>& 
     checkSingle(inputs, op);
     TORCH_CHECK(outputs.size() == 1, "Mooncake PG: all_gather takes one output list, got ",
                 outputs.size());
-    const at::Tensor in = inputs[0];
-    checkTensor(in, op, "input tensor");
-    checkDtype(in, op, "input tensor");
-    const Tensors outs = outputs[0];
-    checkPerRankList(outs, in, op, "tensor_list");
+    checkTensor(inputs[0], op, "input tensor");
+    checkDtype(inputs[0], op, "input tensor");
+    checkPerRankList(outputs[0], inputs[0], op, "tensor_list");
+    Staging st(op);
+    const at::Tensor in = st.in(inputs[0], "input tensor");
+    const Tensors outs = st.inOut(outputs[0], "tensor_list");
     at::Tensor src = inBuffer(in, at::Tensor());
     const int n = groupSize();
     return enqueue(
-        OpType::ALLGATHER, op, outs, opts.timeout, GroupSized::kBlocks,
+        OpType::ALLGATHER, op, outputs[0], opts.timeout, GroupSized::kBlocks, std::move(st),
         [this, outs, src, n](Deadline dl) {
             at::Tensor flat = at::empty({n * src.numel()}, src.options());
             comm_->setNextCallSignature(shapeSignature(src));
@@ -72,11 +75,13 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::_allgather_base(
     checkInOut(input, output, op, "input tensor", "output tensor");
     checkOutputDtype(output, input, op);
     checkGroupMultiple(output, "output", input, "input", groupSize(), op);
-    at::Tensor src = inBuffer(input, output);
-    at::Tensor dst = inOutBuffer(output);  // blocks of inactive ranks keep their values
-    const at::Tensor out = output;
+    Staging st(op);
+    const at::Tensor staged_in = st.in(input, "input tensor");
+    const at::Tensor out = st.inOut(output, "output tensor");
+    at::Tensor src = inBuffer(staged_in, out);
+    at::Tensor dst = inOutBuffer(out);  // blocks of inactive ranks keep their values
     return enqueue(
-        OpType::_ALLGATHER_BASE, op, {out}, opts.timeout, GroupSized::kBlocks,
+        OpType::_ALLGATHER_BASE, op, {output}, opts.timeout, GroupSized::kBlocks, std::move(st),
         [this, out, src, dst](Deadline dl) {
             comm_->setNextCallSignature(shapeSignature(src));
             MC_RETURN_IF_ERROR(comm_->allGather(ptrOf(src), ptrOf(dst), bytesOf(src), dl));
@@ -99,11 +104,16 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather_into_tensor_coalesced(
         TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * groupSize(), "Mooncake PG: ", op,
                     ": outputs", idx, " has ", outputs[i].numel(), " elements; expected ",
                     inputs[i].numel() * groupSize(), " (input elements x group size)");
-        srcs.push_back(inBuffer(inputs[i], outputs[i]));
-        dsts.push_back(inOutBuffer(outputs[i]));  // blocks of inactive ranks keep their values
     }
-    return enqueue(OpType::COALESCED, op, outputs, opts.timeout, GroupSized::kBlocks,
-                   [this, outs = outputs, srcs, dsts](Deadline dl) {
+    Staging st(op);
+    const Tensors ins = st.in(inputs, "inputs");
+    const Tensors outs = st.inOut(outputs, "outputs");
+    for (size_t i = 0; i < ins.size(); ++i) {
+        srcs.push_back(inBuffer(ins[i], outs[i]));
+        dsts.push_back(inOutBuffer(outs[i]));  // blocks of inactive ranks keep their values
+    }
+    return enqueue(OpType::COALESCED, op, outputs, opts.timeout, GroupSized::kBlocks, std::move(st),
+                   [this, outs, srcs, dsts](Deadline dl) {
                        for (size_t i = 0; i < srcs.size(); ++i) {
                            MC_RETURN_IF_ERROR(comm_->allGather(ptrOf(srcs[i]), ptrOf(dsts[i]),
                                                                bytesOf(srcs[i]), dl));
@@ -120,12 +130,11 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather_coalesced(
     TORCH_CHECK(static_cast<int>(output_lists.size()) == n, "Mooncake PG: ", op,
                 ": output_tensor_lists has ", output_lists.size(),
                 " lists; expected one per rank of the group (", n, ")");
-    Tensors srcs, flat_outputs;
+    Tensors flat_outputs;
     for (size_t i = 0; i < inputs.size(); ++i) {
         const std::string what = "input_tensor_list[" + std::to_string(i) + "]";
         checkTensor(inputs[i], op, what);
         checkDtype(inputs[i], op, what);
-        srcs.push_back(inBuffer(inputs[i], at::Tensor()));
     }
     for (int r = 0; r < n; ++r) {
         TORCH_CHECK(output_lists[r].size() == inputs.size(), "Mooncake PG: ", op,
@@ -144,8 +153,15 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather_coalesced(
             flat_outputs.push_back(o);
         }
     }
+    Staging st(op);
+    Tensors srcs;
+    for (const auto& t : st.in(inputs, "input_tensor_list"))
+        srcs.push_back(inBuffer(t, at::Tensor()));
+    std::vector<Tensors> outs;
+    for (int r = 0; r < n; ++r)
+        outs.push_back(st.inOut(output_lists[r], "output_tensor_lists[" + std::to_string(r) + "]"));
     return enqueue(OpType::ALLGATHER_COALESCED, op, flat_outputs, opts.timeout, GroupSized::kBlocks,
-                   [this, outs = output_lists, srcs, n](Deadline dl) {
+                   std::move(st), [this, outs, srcs, n](Deadline dl) {
                        for (size_t i = 0; i < srcs.size(); ++i) {
                            at::Tensor flat = at::empty({n * srcs[i].numel()}, srcs[i].options());
                            MC_RETURN_IF_ERROR(
@@ -192,12 +208,13 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::gather(std::vector<Tensors>& out
                                                        const c10d::GatherOptions& opts) {
     const char* op = "gather";
     const RootedArgs args = checkRooted(inputs, outputs, opts.rootRank, op, "dst", "gather_list");
-    const Tensors outs = args.list;
+    Staging st(op);
+    const Tensors outs = st.inOut(args.list, "gather_list");
     const int root = args.root;
     const bool is_root = args.is_root;
-    at::Tensor src = inBuffer(args.local, at::Tensor());
+    at::Tensor src = inBuffer(st.in(args.local, "tensor"), at::Tensor());
     const int n = groupSize();
-    return enqueue(OpType::GATHER, op, outs, opts.timeout, GroupSized::kRooted,
+    return enqueue(OpType::GATHER, op, args.list, opts.timeout, GroupSized::kRooted, std::move(st),
                    [this, outs, src, root, is_root, n](Deadline dl) {
                        at::Tensor flat;
                        if (is_root)
@@ -218,13 +235,14 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::scatter(Tensors& outputs,
                                                         const c10d::ScatterOptions& opts) {
     const char* op = "scatter";
     const RootedArgs args = checkRooted(outputs, inputs, opts.rootRank, op, "src", "scatter_list");
-    const at::Tensor out = args.local;
-    const Tensors ins = args.list;
+    Staging st(op);
+    const at::Tensor out = st.inOut(args.local, "tensor");
+    const Tensors ins = st.in(args.list, "scatter_list");
     const int root = args.root;
     const bool is_root = args.is_root;
     at::Tensor dst = outBuffer(out);
-    return enqueue(OpType::SCATTER, op, {out}, opts.timeout, GroupSized::kRooted,
-                   [this, out, ins, dst, root, is_root](Deadline dl) {
+    return enqueue(OpType::SCATTER, op, {args.local}, opts.timeout, GroupSized::kRooted,
+                   std::move(st), [this, out, ins, dst, root, is_root](Deadline dl) {
                        at::Tensor flat;
                        if (is_root)
                            flat = pack(ins, dst.options());

@@ -43,12 +43,22 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::endCoalescing() {
         works.swap(coalesced_);
     }
     std::vector<at::Tensor> outputs;
+    std::vector<c10::Device> devices;
     for (auto& w : works) {
         for (auto& t : w->result())
             outputs.push_back(t);
+        for (const auto& d : w->devices()) {
+            if (std::find(devices.begin(), devices.end(), d) == devices.end())
+                devices.push_back(d);
+        }
     }
     auto batch = c10::make_intrusive<MooncakeWork>(rank_, c10d::OpType::COALESCED,
-                                                   std::move(outputs), max_group_size_);
+                                                   std::move(outputs), max_group_size_, devices);
+    // The batch's wait() orders the caller's stream after every op's copies.
+    for (auto& w : works) {
+        for (const auto& f : w->fences())
+            batch->addFence(f);
+    }
     if (works.empty()) {
         batch->markSucceeded();
         return batch;
@@ -119,18 +129,27 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
     const at::Tensor user = tensors[0];
     checkTensor(user, op, "tensor");
     checkDtype(user, op, "tensor");
+    // CUDA tensors: the engine moves host mirrors, filled (send) on the
+    // group's communication stream after the caller's prior work, and copied
+    // back (recv) on it after completion; the executor holds both until then.
+    Staging st(op);
+    const at::Tensor target = is_send ? st.in(user, "tensor") : st.inOut(user, "tensor");
+    Executor* executor = executorFor(st, op);
+    const std::shared_ptr<DeviceOp> device_op = executor->issue(std::move(st));
     // The engine reads a send buffer until the data is staged and writes a
     // recv buffer until completion; a contiguous stand-in is kept alive by
     // the completion callback.
-    at::Tensor buffer = user;
-    if (!user.is_contiguous()) {
-        buffer = is_send ? user.contiguous() : at::empty_like(user, at::MemoryFormat::Contiguous);
+    at::Tensor buffer = target;
+    if (!target.is_contiguous()) {
+        buffer =
+            is_send ? target.contiguous() : at::empty_like(target, at::MemoryFormat::Contiguous);
     }
     const c10d::OpType type = is_send      ? c10d::OpType::SEND
                               : any_source ? c10d::OpType::RECVANYSOURCE
                                            : c10d::OpType::RECV;
     auto work = c10::make_intrusive<MooncakeWork>(rank_, type, std::vector<at::Tensor>{user},
-                                                  max_group_size_);
+                                                  max_group_size_, device_op->devices());
+    work->addFence(device_op->fence());
     const auto timeout = opTimeout(c10d::kUnsetTimeout);
     const std::string who = any_source ? std::string("any rank") : "rank " + std::to_string(peer);
     const std::string context = "Mooncake PG: " + std::string(op) + (is_send ? " to " : " from ") +
@@ -138,15 +157,19 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
                                 std::to_string(config_.rank) + " of group '" + config_.group_name +
                                 "' (" + getBackendName() + ", timeout " +
                                 std::to_string(timeout.count()) + " ms) failed: ";
-    auto done = [work, user, buffer, context, is_send](Status status, int source) {
-        if (status.ok() && !is_send && !buffer.is_same(user)) {
+    auto done = [work, target, buffer, context, is_send, executor, device_op](Status status,
+                                                                              int source) {
+        if (status.ok() && !is_send && !buffer.is_same(target)) {
             try {
                 at::NoGradGuard no_grad;
-                user.copy_(buffer);
+                target.copy_(buffer);
             } catch (const std::exception& e) {
                 status = Internal(std::string("copying into the recv tensor: ") + e.what());
             }
         }
+        const Status finished = executor->finish(device_op, status.ok());
+        if (status.ok())
+            status = finished;
         if (!is_send && source >= 0)
             work->setSourceRank(source);
         if (status.ok()) {
@@ -165,6 +188,17 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
         work->markFailed(text, failed);
     };
     const Deadline deadline = Deadline::after(timeout);
+    if (is_send) {
+        // The engine stages the data at post time; a CUDA tensor's copy to
+        // its host mirror must have landed by then.
+        const Status staged = executor->awaitInputs(*device_op, deadline);
+        if (!staged.ok()) {
+            (void)executor->finish(device_op, false);  // the op fails anyway
+            work->markFailed(context + staged.toString(), {});
+            track(work);
+            return work;
+        }
+    }
     const size_t bytes = static_cast<size_t>(buffer.numel()) * buffer.element_size();
     void* data = buffer.data_ptr();
     P2PEngine* engine = p2p_.get();
@@ -183,8 +217,10 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
                                       [done, peer](Status st) { done(std::move(st), peer); });
             }
         }
-        if (!posted.ok())
+        if (!posted.ok()) {
+            (void)executor->finish(device_op, false);  // the op fails anyway
             work->markFailed(context + posted.toString(), {});
+        }
     });
     track(work);
     return work;

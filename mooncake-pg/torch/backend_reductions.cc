@@ -20,12 +20,14 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allreduce(Tensors& tensors,
     TORCH_CHECK(!opts.sparseIndices.has_value(),
                 "Mooncake PG: all_reduce of sparse tensors is "
                 "not supported");
-    const at::Tensor t = tensors[0];
-    checkTensor(t, op, "tensor");
-    const DataType dtype = checkDtype(t, op, "tensor");
+    const at::Tensor user = tensors[0];
+    checkTensor(user, op, "tensor");
+    const DataType dtype = checkDtype(user, op, "tensor");
     const ReduceOp rop = checkReduceOp(opts.reduceOp, dtype, op);
+    Staging st(op);
+    const at::Tensor t = st.inOut(user, "tensor");
     at::Tensor buf = inOutBuffer(t);
-    return enqueue(OpType::ALLREDUCE, op, {t}, opts.timeout, GroupSized::kNo,
+    return enqueue(OpType::ALLREDUCE, op, {user}, opts.timeout, GroupSized::kNo, std::move(st),
                    [this, t, buf, dtype, rop](Deadline dl) {
                        void* p = ptrOf(buf);
                        comm_->setNextCallSignature(shapeSignature(buf));
@@ -47,11 +49,14 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allreduce_coalesced(
         checkTensor(tensors[i], op, what);
         dtypes.push_back(checkDtype(tensors[i], op, what));
         rops.push_back(checkReduceOp(opts.reduceOp, dtypes.back(), op));
-        bufs.push_back(inOutBuffer(tensors[i]));
     }
+    Staging st(op);
+    const Tensors staged = st.inOut(tensors, "tensors");
+    for (const auto& t : staged)
+        bufs.push_back(inOutBuffer(t));
     return enqueue(
-        OpType::ALLREDUCE_COALESCED, op, tensors, opts.timeout, GroupSized::kNo,
-        [this, user = tensors, bufs, dtypes, rops](Deadline dl) {
+        OpType::ALLREDUCE_COALESCED, op, tensors, opts.timeout, GroupSized::kNo, std::move(st),
+        [this, user = staged, bufs, dtypes, rops](Deadline dl) {
             for (size_t i = 0; i < bufs.size(); ++i) {
                 void* p = ptrOf(bufs[i]);
                 comm_->setNextCallSignature(shapeSignature(bufs[i]));
@@ -67,13 +72,15 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce(Tensors& tensors,
     const char* op = "reduce";
     checkSingle(tensors, op);
     checkRank(opts.rootRank, op, "dst");
-    const at::Tensor t = tensors[0];
-    checkTensor(t, op, "tensor");
-    const DataType dtype = checkDtype(t, op, "tensor");
+    const at::Tensor user = tensors[0];
+    checkTensor(user, op, "tensor");
+    const DataType dtype = checkDtype(user, op, "tensor");
     const ReduceOp rop = checkReduceOp(opts.reduceOp, dtype, op);
+    Staging st(op);
+    const at::Tensor t = st.inOut(user, "tensor");
     at::Tensor buf = inOutBuffer(t);
     const int root = static_cast<int>(opts.rootRank);
-    return enqueue(OpType::REDUCE, op, {t}, opts.timeout, GroupSized::kNo,
+    return enqueue(OpType::REDUCE, op, {user}, opts.timeout, GroupSized::kNo, std::move(st),
                    [this, t, buf, dtype, rop, root](Deadline dl) {
                        void* p = ptrOf(buf);
                        comm_->setNextCallSignature(shapeSignature(buf));
@@ -89,15 +96,17 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce_scatter(
     checkSingle(outputs, op);
     TORCH_CHECK(inputs.size() == 1, "Mooncake PG: reduce_scatter takes one input list, got ",
                 inputs.size());
-    const at::Tensor out = outputs[0];
-    checkTensor(out, op, "output");
-    const DataType dtype = checkDtype(out, op, "output");
+    const at::Tensor user_out = outputs[0];
+    checkTensor(user_out, op, "output");
+    const DataType dtype = checkDtype(user_out, op, "output");
     const ReduceOp rop = checkReduceOp(opts.reduceOp, dtype, op);
-    const Tensors ins = inputs[0];
-    checkPerRankList(ins, out, op, "input_list");
+    checkPerRankList(inputs[0], user_out, op, "input_list");
+    Staging st(op);
+    const at::Tensor out = st.inOut(user_out, "output");
+    const Tensors ins = st.in(inputs[0], "input_list");
     at::Tensor dst = outBuffer(out);
-    return enqueue(OpType::REDUCE_SCATTER, op, {out}, opts.timeout, GroupSized::kBlocks,
-                   [this, out, ins, dst, dtype, rop](Deadline dl) {
+    return enqueue(OpType::REDUCE_SCATTER, op, {user_out}, opts.timeout, GroupSized::kBlocks,
+                   std::move(st), [this, out, ins, dst, dtype, rop](Deadline dl) {
                        at::Tensor flat = pack(ins, dst.options());
                        comm_->setNextCallSignature(shapeSignature(dst));
                        MC_RETURN_IF_ERROR(comm_->reduceScatter(ptrOf(flat), ptrOf(dst), dst.numel(),
@@ -114,11 +123,13 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::_reduce_scatter_base(
     const ReduceOp rop = checkReduceOp(opts.reduceOp, dtype, op);
     checkOutputDtype(output, input, op);
     checkGroupMultiple(input, "input", output, "output", groupSize(), op);
-    at::Tensor src = inBuffer(input, output);
-    at::Tensor dst = outBuffer(output);
-    const at::Tensor out = output;
-    return enqueue(OpType::_REDUCE_SCATTER_BASE, op, {out}, opts.timeout, GroupSized::kBlocks,
-                   [this, out, src, dst, dtype, rop](Deadline dl) {
+    Staging st(op);
+    const at::Tensor staged_in = st.in(input, "input tensor");
+    const at::Tensor out = st.inOut(output, "output tensor");
+    at::Tensor src = inBuffer(staged_in, out);
+    at::Tensor dst = outBuffer(out);
+    return enqueue(OpType::_REDUCE_SCATTER_BASE, op, {output}, opts.timeout, GroupSized::kBlocks,
+                   std::move(st), [this, out, src, dst, dtype, rop](Deadline dl) {
                        comm_->setNextCallSignature(shapeSignature(dst));
                        MC_RETURN_IF_ERROR(comm_->reduceScatter(ptrOf(src), ptrOf(dst), dst.numel(),
                                                                dtype, rop, dl));
@@ -146,12 +157,17 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce_scatter_tensor_coalesced(
                     dtypeName(inputs[i].scalar_type()), ", ", inputs[i].numel(),
                     " elements); expected the same dtype and input elements = output elements x ",
                     groupSize());
-        srcs.push_back(inBuffer(inputs[i], outputs[i]));
-        dsts.push_back(outBuffer(outputs[i]));
+    }
+    Staging st(op);
+    const Tensors ins = st.in(inputs, "inputs");
+    const Tensors outs = st.inOut(outputs, "outputs");
+    for (size_t i = 0; i < ins.size(); ++i) {
+        srcs.push_back(inBuffer(ins[i], outs[i]));
+        dsts.push_back(outBuffer(outs[i]));
     }
     return enqueue(
-        OpType::COALESCED, op, outputs, opts.timeout, GroupSized::kBlocks,
-        [this, outs = outputs, srcs, dsts, dtypes, rops](Deadline dl) {
+        OpType::COALESCED, op, outputs, opts.timeout, GroupSized::kBlocks, std::move(st),
+        [this, outs, srcs, dsts, dtypes, rops](Deadline dl) {
             for (size_t i = 0; i < srcs.size(); ++i) {
                 MC_RETURN_IF_ERROR(comm_->reduceScatter(ptrOf(srcs[i]), ptrOf(dsts[i]),
                                                         dsts[i].numel(), dtypes[i], rops[i], dl));

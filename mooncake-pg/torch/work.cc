@@ -19,19 +19,35 @@ std::exception_ptr makeBackendError(const std::string& message) {
 }
 
 MooncakeWork::MooncakeWork(int rank, c10d::OpType op_type, std::vector<at::Tensor> outputs,
-                           int hint_size)
+                           int hint_size, std::vector<c10::Device> devices)
     : c10d::Work(rank, op_type),
       outputs_(std::move(outputs)),
       hint_size_(hint_size),
-      future_(
-          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+      devices_(std::move(devices)),
+      // With devices, the Future records events on the completing thread's
+      // current streams (the communication stream) and makes callbacks and
+      // value() consumers wait on them.
+      future_(c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()), devices_)) {}
+
+void MooncakeWork::addFence(std::shared_ptr<DeviceFence> fence) {
+    if (fence)
+        fences_.push_back(std::move(fence));
 }
 
 MooncakeWork::~MooncakeWork() = default;
 
 bool MooncakeWork::isCompleted() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return completed_;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!completed_)
+            return false;
+    }
+    for (auto& f : fences_) {
+        if (!f->ready())
+            return false;
+    }
+    return true;
 }
 
 bool MooncakeWork::isSuccess() const {
@@ -49,6 +65,25 @@ std::vector<at::Tensor> MooncakeWork::result() {
 }
 
 bool MooncakeWork::wait(std::chrono::milliseconds timeout) {
+    waitHost(timeout);
+    for (auto& f : fences_)
+        f->streamWait();
+    return true;
+}
+
+void MooncakeWork::synchronize() {
+    if (fences_.empty())
+        return;
+    {
+        // Without rethrowing: a failure is wait()'s to report.
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [this] { return completed_; });
+    }
+    for (auto& f : fences_)
+        f->block();
+}
+
+void MooncakeWork::waitHost(std::chrono::milliseconds timeout) {
     auto budget = spinBudget();
     if (timeout != kNoTimeout)
         budget = std::min<std::chrono::microseconds>(budget, timeout);
@@ -63,7 +98,6 @@ bool MooncakeWork::wait(std::chrono::milliseconds timeout) {
     }
     if (exception_)
         std::rethrow_exception(exception_);
-    return true;
 }
 
 void MooncakeWork::abort() {

@@ -1,12 +1,18 @@
 // MooncakeWork: the c10d::Work of one Mooncake PG operation. The op runs on
 // the backend's worker thread (collectives) or the P2P progress thread; the
 // Work is handed to the caller at once and completed from that thread.
+//
+// A Work of CUDA tensors also holds device fences (one per op; several for a
+// coalesced batch): its host part completes when the core op is done and
+// the copies back to the user's tensors are queued on the group's
+// communication stream; the fences complete when those copies have run.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,26 +21,50 @@
 
 namespace mooncake::pg {
 
+// Completion of an op's device work (a CUDA event on the group's
+// communication stream); implemented by the CUDA executor.
+class DeviceFence {
+public:
+    virtual ~DeviceFence() = default;
+    // Makes the calling thread's current stream wait for it (no host block).
+    virtual void streamWait() = 0;
+    // Blocks the calling thread until it has completed.
+    virtual void block() = 0;
+    virtual bool ready() = 0;
+};
+
 class MooncakeWork : public c10d::Work {
 public:
     using Callback = std::function<void(MooncakeWork&)>;
 
     // `outputs` are what getFuture() yields on success; `hint_size` is the
-    // length of failed_ranks_hint (the group's rank slots).
-    MooncakeWork(int rank, c10d::OpType op_type, std::vector<at::Tensor> outputs, int hint_size);
+    // length of failed_ranks_hint (the group's rank slots); `devices`: the
+    // CUDA devices of the outputs, on which the Future records its events.
+    MooncakeWork(int rank, c10d::OpType op_type, std::vector<at::Tensor> outputs, int hint_size,
+                 std::vector<c10::Device> devices = {});
     ~MooncakeWork() override;
 
+    // Before the Work is handed out only.
+    void addFence(std::shared_ptr<DeviceFence> fence);
+    const std::vector<std::shared_ptr<DeviceFence>>& fences() const { return fences_; }
+    const std::vector<c10::Device>& devices() const { return devices_; }
+
+    // With fences: also whether they have completed.
     bool isCompleted() override;
     bool isSuccess() const override;
     std::exception_ptr exception() const override;
     std::vector<at::Tensor> result() override;
-    // CPU work: nothing to order on a stream.
-    void synchronize() override {}
-    // Blocks the calling CPU thread until the op is done (kNoTimeout: as long
-    // as it takes; the op itself is bounded by its deadline), then rethrows
-    // the failure as c10::DistBackendError carrying the core's message. It
-    // polls for up to spinBudget() (core/spin_wait.h) before it sleeps, so a
-    // small op that completes within microseconds is not delayed by a wake-up.
+    // Waits for the host part (as wait() does), then blocks on the fences.
+    // CPU work: nothing to order on a stream, so this is a no-op.
+    void synchronize() override;
+    // Blocks the calling CPU thread until the op's host part is done
+    // (kNoTimeout: as long as it takes; the op itself is bounded by its
+    // deadline), then rethrows the failure as c10::DistBackendError carrying
+    // the core's message. With fences, the caller's current stream then waits
+    // on them, so work it queues afterwards sees the outputs; the CPU does not
+    // wait for the device. It polls for up to spinBudget()
+    // (core/spin_wait.h) before it sleeps, so a small op that completes
+    // within microseconds is not delayed by a wake-up.
     bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
     // Completes the Work as failed if it is still pending. The op itself may
     // still run to its deadline: a collective must stay in lockstep with the
@@ -70,8 +100,13 @@ private:
     bool complete(std::exception_ptr error, const std::string& message,
                   const std::vector<int>& failed_ranks, std::vector<Callback>* callbacks);
 
+    // wait() without the fences; returns after rethrowing any failure.
+    void waitHost(std::chrono::milliseconds timeout);
+
     const std::vector<at::Tensor> outputs_;
     const int hint_size_;
+    const std::vector<c10::Device> devices_;
+    std::vector<std::shared_ptr<DeviceFence>> fences_;
     std::atomic<int> source_rank_{-1};
     const c10::intrusive_ptr<c10::ivalue::Future> future_;
     // Mirrors Work::completed_ for wait()'s polling, which must not take

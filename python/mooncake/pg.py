@@ -7,9 +7,8 @@ Importing this module registers both backends::
 
     dist.init_process_group(backend="mooncake-cpu", rank=rank, world_size=world_size)
 
-``mooncake-cpu`` handles CPU tensors. ``mooncake`` is the CUDA backend; its
-CUDA data path is not available yet, so CUDA tensors are rejected with an
-explanation.
+``mooncake-cpu`` handles CPU tensors. ``mooncake`` is the CUDA backend: CUDA
+tensors with NCCL's stream semantics (and CPU tensors, as on mooncake-cpu).
 """
 
 import atexit

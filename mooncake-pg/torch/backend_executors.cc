@@ -1,0 +1,43 @@
+// MooncakeBackend's choice of executor per op (executor.h).
+#include <c10/util/Exception.h>
+
+#include "mooncake-pg/torch/backend.h"
+#ifdef MC_PG_WITH_CUDA
+#include "mooncake-pg/torch/cuda_executor.h"
+#endif
+
+namespace mooncake::pg {
+
+Executor* MooncakeBackend::executorFor(const Staging& staging, const char* op) {
+    if (!staging.onCuda())
+        return &cpu_executor_;
+    const c10::Device device = staging.device();
+    // Validated by checkTensor already; kept here so no path reaches CUDA
+    // code on a `mooncake-cpu` group.
+    TORCH_CHECK(config_.is_cuda, "Mooncake PG: ", op, ": backend '", getBackendName(),
+                "' takes CPU tensors, got one on ", device.str());
+#ifdef MC_PG_WITH_CUDA
+    if (Executor* existing = cuda_executor_ptr_.load(std::memory_order_acquire)) {
+        TORCH_CHECK(device == cuda_device_, "Mooncake PG: ", op, ": the tensors are on ",
+                    device.str(), " but group '", config_.group_name, "' runs its CUDA ops on ",
+                    cuda_device_.str(),
+                    " (the device of its first CUDA op); one group uses one GPU per process");
+        return existing;
+    }
+    std::lock_guard<std::mutex> lock(cuda_executor_mu_);
+    if (!cuda_executor_) {
+        cuda_executor_ = std::make_unique<CudaExecutor>(device);
+        cuda_device_ = device;
+        cuda_executor_ptr_.store(cuda_executor_.get(), std::memory_order_release);
+    }
+    TORCH_CHECK(device == cuda_device_, "Mooncake PG: ", op, ": the tensors are on ", device.str(),
+                " but group '", config_.group_name, "' runs its CUDA ops on ", cuda_device_.str(),
+                " (the device of its first CUDA op); one group uses one GPU per process");
+    return cuda_executor_.get();
+#else
+    TORCH_CHECK(false, "Mooncake PG: ", op, ": this build of Mooncake PG has no CUDA support (",
+                device.str(), " tensor); rebuild with USE_CUDA=ON");
+#endif
+}
+
+}  // namespace mooncake::pg

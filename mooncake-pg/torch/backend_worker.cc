@@ -1,0 +1,182 @@
+// MooncakeBackend's collective worker: the queue every collective goes
+// through in issue order, the one thread that runs their core calls (with
+// the op's executor around each, executor.h), and how a failed op completes
+// its Work.
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include "mooncake-pg/core/communicator.h"
+#include "mooncake-pg/core/engine_fabric.h"
+#include "mooncake-pg/core/spin_wait.h"
+#include "mooncake-pg/torch/backend.h"
+
+namespace mooncake::pg {
+
+// ---------------------------------------------------------------------------
+// The collective worker.
+
+c10::intrusive_ptr<MooncakeWork> MooncakeBackend::enqueue(
+    c10d::OpType type, const char* op_name, std::vector<at::Tensor> outputs,
+    std::chrono::milliseconds requested_timeout, GroupSized sized, Staging staging, CoreOp run) {
+    {
+        // Checked before the executor queues any device work for the op.
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        TORCH_CHECK(accepting_, "Mooncake PG: ", op_name, " on group '", config_.group_name,
+                    "' after the group was shut down or aborted");
+    }
+    Executor* executor = executorFor(staging, op_name);
+    std::shared_ptr<DeviceOp> device_op = executor->issue(std::move(staging));
+    auto work = c10::make_intrusive<MooncakeWork>(rank_, type, std::move(outputs), max_group_size_,
+                                                  device_op->devices());
+    work->addFence(device_op->fence());
+    {
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        TORCH_CHECK(accepting_, "Mooncake PG: ", op_name, " on group '", config_.group_name,
+                    "' after the group was shut down or aborted");
+        queue_.push_back(Task{work, op_name, opTimeout(requested_timeout), std::move(run),
+                              groupSize(), sized, executor, std::move(device_op)});
+        queued_.store(queue_.size(), std::memory_order_release);
+    }
+    // Costs no system call while the worker is still polling (workerLoop).
+    queue_cv_.notify_one();
+    track(work);
+    return work;
+}
+
+void MooncakeBackend::workerLoop() {
+    // Copy-backs into user tensors (non-contiguous outputs, list outputs)
+    // must not be recorded by autograd, whatever the caller's grad mode.
+    at::NoGradGuard no_grad;
+    while (true) {
+        Task task;
+        bool aborted = false;
+        // The next op of a caller that issues ops back to back comes within
+        // microseconds; polling for it first spares both sides a futex
+        // round trip and the wake-up latency (core/spin_wait.h). Shutdown
+        // needs no poll: it is seen under the lock below.
+        spinUntil([this] { return queued_.load(std::memory_order_acquire) != 0; }, spinBudget());
+        {
+            std::unique_lock<std::mutex> lock(queue_mu_);
+            queue_cv_.wait(lock, [this] { return !queue_.empty() || !accepting_; });
+            if (queue_.empty())
+                return;
+            task = std::move(queue_.front());
+            queue_.pop_front();
+            queued_.store(queue_.size(), std::memory_order_relaxed);
+            aborted = abort_pending_;
+        }
+        if (aborted) {
+            task.work->markFailed(failureMessage(task.op_name, Aborted("the group was aborted")),
+                                  {});
+        } else {
+            runTask(task);
+        }
+        // Completing the Work may have destroyed the backend (stopWorker).
+        if (ownerGone())
+            return;
+    }
+}
+
+void MooncakeBackend::runTask(Task& task) {
+    const Deadline deadline = Deadline::after(task.timeout);
+    bool from_core = true;
+    Status status = task.executor->beforeCore(*task.device_op, deadline);
+    if (status.ok()) {
+        status = runElastic(task, deadline, &from_core);
+    } else {
+        from_core = false;
+    }
+    const Status finished = task.executor->finish(task.device_op, status.ok());
+    if (status.ok() && !finished.ok()) {
+        status = finished;
+        from_core = false;
+    }
+    // The closure holds the host mirrors and user tensors; the executor
+    // holds what its queued device work still touches.
+    task.run = nullptr;
+    task.device_op.reset();
+    if (status.ok()) {
+        task.work->markSucceeded();
+        return;
+    }
+    std::vector<int> failed;
+    if (from_core)
+        failed = comm_->lastFailure().failed_ranks;
+    std::string message = failureMessage(task.op_name, status);
+    // Mismatched calls and ops refused because an earlier one broke the
+    // epoch are not new evidence.
+    const bool evidence = from_core && status.code() != StatusCode::kInvalidArgument &&
+                          status.code() != StatusCode::kAborted &&
+                          status.code() != StatusCode::kEpochChanged;
+    if (evidence) {
+        if (!failed.empty()) {
+            message += " [failed ranks:";
+            for (int r : failed)
+                message += " " + std::to_string(r);
+            message += "]";
+        }
+        // In the default mode this waits for the reconciliation, so the
+        // Work completes with the new view already committed.
+        reportFailure(failed, deadline);
+    }
+    task.work->markFailed(message, failed);
+}
+
+std::string MooncakeBackend::failureMessage(const char* op_name, const Status& status) const {
+    std::string text = "Mooncake PG: " + std::string(op_name) + " failed on rank " +
+                       std::to_string(config_.rank) + " of group '" + config_.group_name + "' (" +
+                       getBackendName() + "): " + status.toString();
+    // Arguments were validated locally before the op was queued, so an
+    // invalid-argument failure from the core means the ranks disagree.
+    if (status.code() == StatusCode::kInvalidArgument) {
+        text +=
+            " (the ranks' calls mismatch: every rank must pass the same op, dtype, "
+            "sizes and root)";
+    }
+    return text;
+}
+
+void MooncakeBackend::stopWorker(bool abort_pending) {
+    {
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        accepting_ = false;
+        if (abort_pending)
+            abort_pending_ = true;
+    }
+    queue_cv_.notify_all();
+    if (worker_.get_id() == std::this_thread::get_id()) {
+        // Destroyed from a callback on the worker: what is queued runs (or
+        // fails) here, since the worker is let go once this returns.
+        at::NoGradGuard no_grad;
+        while (true) {
+            Task task;
+            {
+                std::lock_guard<std::mutex> lock(queue_mu_);
+                if (queue_.empty())
+                    break;
+                task = std::move(queue_.front());
+                queue_.pop_front();
+            }
+            if (abort_pending) {
+                task.work->markFailed(
+                    failureMessage(task.op_name, Aborted("the group was aborted")), {});
+            } else {
+                runTask(task);
+            }
+        }
+    }
+    if (abort_pending && fabric_) {
+        // The running collective waits on peers' flags; marking every peer
+        // failed turns those waits into immediate errors instead of waits to
+        // the deadline.
+        for (int p = 0; p < max_group_size_; ++p) {
+            if (p != config_.rank)
+                fabric_->markPeerFailed(p);
+        }
+    }
+    joinOrRelease(worker_);
+}
+
+}  // namespace mooncake::pg

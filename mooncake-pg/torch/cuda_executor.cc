@@ -1,0 +1,210 @@
+#include "mooncake-pg/torch/cuda_executor.h"
+
+#include <thread>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+
+namespace mooncake::pg {
+
+namespace {
+
+void checkCuda(cudaError_t e, const char* what) {
+    TORCH_CHECK(e == cudaSuccess, "Mooncake PG: ", what, " failed: ", cudaGetErrorString(e));
+}
+
+cudaStream_t createStream(c10::Device device) {
+    c10::cuda::CUDAGuard guard(device);
+    cudaStream_t s = nullptr;
+    // Non-blocking: the legacy default stream must not serialize with it.
+    checkCuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
+              "creating the group's communication stream");
+    return s;
+}
+
+cudaEvent_t createEvent(c10::Device device) {
+    c10::cuda::CUDAGuard guard(device);
+    cudaEvent_t e = nullptr;
+    checkCuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "creating a CUDA event");
+    return e;
+}
+
+// Polls `event` until it has completed or `deadline` passes. The worker must
+// not block without a deadline: the caller's stream, which the copies wait
+// on, may never get there.
+Status pollEvent(cudaEvent_t event, Deadline deadline, const char* what) {
+    int spins = 0;
+    while (true) {
+        const cudaError_t e = cudaEventQuery(event);
+        if (e == cudaSuccess)
+            return Status::OK();
+        if (e != cudaErrorNotReady)
+            return Internal(std::string(what) + ": " + cudaGetErrorString(e));
+        if (deadline.expired())
+            return Timeout(std::string(what) + " did not complete before the op's deadline");
+        if (++spins < 256) {
+            std::this_thread::yield();
+        } else {
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+    }
+}
+
+// The fence of one op: an event recorded on the communication stream after
+// the op's copies back (never recorded if the op never ran: then it reads as
+// complete, and the Work reports the failure).
+class CudaFence final : public DeviceFence {
+public:
+    explicit CudaFence(c10::Device device) : device_(device), event_(createEvent(device)) {}
+    ~CudaFence() override { cudaEventDestroy(event_); }
+
+    cudaEvent_t event() const { return event_; }
+
+    void streamWait() override {
+        c10::cuda::CUDAGuard guard(device_);
+        const cudaStream_t current = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+        checkCuda(cudaStreamWaitEvent(current, event_, 0),
+                  "making the current stream wait for the op");
+    }
+    void block() override {
+        checkCuda(cudaEventSynchronize(event_), "waiting for the op's device work");
+    }
+    bool ready() override { return cudaEventQuery(event_) != cudaErrorNotReady; }
+
+private:
+    const c10::Device device_;
+    const cudaEvent_t event_;
+};
+
+}  // namespace
+
+class CudaExecutor::Op final : public DeviceOp {
+public:
+    Op(Staging s, c10::Device device)
+        : staging(std::move(s)),
+          staged(createEvent(device)),
+          done(std::make_shared<CudaFence>(device)),
+          device_(device) {}
+    ~Op() override { cudaEventDestroy(staged); }
+
+    std::shared_ptr<DeviceFence> fence() const override { return done; }
+    std::vector<c10::Device> devices() const override { return {device_}; }
+
+    // Holds the user's tensors and their host mirrors until retired.
+    const Staging staging;
+    // Recorded after the copies into the mirrors.
+    const cudaEvent_t staged;
+    const std::shared_ptr<CudaFence> done;
+
+private:
+    const c10::Device device_;
+};
+
+CudaExecutor::CudaExecutor(c10::Device device)
+    : device_(device),
+      raw_stream_(createStream(device)),
+      stream_(c10::cuda::getStreamFromExternal(raw_stream_, device.index())),
+      ready_(createEvent(device)) {}
+
+CudaExecutor::~CudaExecutor() {
+    // Queued copies still read and write the held tensors.
+    cudaStreamSynchronize(raw_stream_);
+    retired_.clear();
+    cudaEventDestroy(ready_);
+    cudaStreamDestroy(raw_stream_);
+}
+
+CudaRoute CudaExecutor::route(CudaCollective collective, size_t bytes) const {
+    (void)bytes;
+    switch (collective) {
+        // Each collective switches to kKernel here when its device kernel
+        // (mooncake-pg/device/) is wired in, for the sizes it covers.
+        case CudaCollective::kAllReduce:
+        case CudaCollective::kAllGather:
+        case CudaCollective::kReduceScatter:
+        case CudaCollective::kAllToAll:
+        case CudaCollective::kBroadcast:
+        case CudaCollective::kReduce:
+        case CudaCollective::kGather:
+        case CudaCollective::kScatter:
+            return CudaRoute::kHostStaging;
+    }
+    return CudaRoute::kHostStaging;
+}
+
+std::shared_ptr<DeviceOp> CudaExecutor::issue(Staging staging) {
+    auto op = std::make_shared<Op>(std::move(staging), device_);
+    c10::cuda::CUDAGuard guard(device_);
+    {
+        // One event serves every issue: a wait takes the record made just
+        // before it, whatever is recorded later.
+        std::lock_guard<std::mutex> lock(ready_mu_);
+        const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+        checkCuda(cudaEventRecord(ready_, caller), "recording the caller's stream");
+        checkCuda(cudaStreamWaitEvent(raw_stream_, ready_, 0),
+                  "ordering the communication stream after the caller's stream");
+    }
+    {
+        c10::cuda::CUDAStreamGuard on_stream(stream_);
+        at::NoGradGuard no_grad;
+        for (const auto& e : op->staging.entries())
+            e.host.copy_(e.user, /*non_blocking=*/true);
+    }
+    checkCuda(cudaEventRecord(op->staged, raw_stream_), "recording the staged inputs");
+    reap();
+    return op;
+}
+
+Status CudaExecutor::awaitInputs(DeviceOp& op, Deadline deadline) {
+    return pollEvent(static_cast<Op&>(op).staged, deadline,
+                     "copying the inputs from the device to the host staging buffers");
+}
+
+Status CudaExecutor::beforeCore(DeviceOp& op, Deadline deadline) {
+    // The worker's Future completions record their events on this stream.
+    c10::cuda::setCurrentCUDAStream(stream_);
+    return awaitInputs(op, deadline);
+}
+
+Status CudaExecutor::finish(const std::shared_ptr<DeviceOp>& device_op, bool ok) {
+    auto& op = static_cast<Op&>(*device_op);
+    Status status = Status::OK();
+    try {
+        c10::cuda::CUDAGuard guard(device_);
+        // Also for the P2P progress thread, whose completions record here.
+        c10::cuda::setCurrentCUDAStream(stream_);
+        if (ok) {
+            at::NoGradGuard no_grad;
+            for (const auto& e : op.staging.entries()) {
+                if (e.copy_out)
+                    e.user.copy_(e.host, /*non_blocking=*/true);
+            }
+        }
+    } catch (const std::exception& e) {
+        status = Internal(std::string("copying the results back to the device: ") + e.what());
+    }
+    // Recorded whatever happened, so the Work's fence is always armed.
+    const cudaError_t recorded = cudaEventRecord(op.done->event(), raw_stream_);
+    if (recorded != cudaSuccess && status.ok())
+        status =
+            Internal(std::string("recording the op's completion: ") + cudaGetErrorString(recorded));
+    std::lock_guard<std::mutex> lock(retired_mu_);
+    retired_.push_back(device_op);
+    reapLocked();
+    return status;
+}
+
+void CudaExecutor::reap() {
+    std::lock_guard<std::mutex> lock(retired_mu_);
+    reapLocked();
+}
+
+void CudaExecutor::reapLocked() {
+    while (!retired_.empty() && retired_.front()->fence()->ready())
+        retired_.pop_front();
+}
+
+}  // namespace mooncake::pg

@@ -1,0 +1,50 @@
+#include "mooncake-pg/torch/staging.h"
+
+#include <c10/util/Exception.h>
+
+namespace mooncake::pg {
+
+at::Tensor Staging::add(const at::Tensor& user, const std::string& what, bool copy_out) {
+    if (!user.defined())
+        return user;
+    if (!device_.has_value()) {
+        device_ = user.device();
+    } else {
+        TORCH_CHECK(user.device() == *device_, "Mooncake PG: ", op_, ": ", what, " is on ",
+                    user.device().str(), " but the op's first tensor is on ", device_->str(),
+                    "; every tensor of one op must be on the same device");
+    }
+    if (!user.is_cuda())
+        return user;
+    // Contiguous whatever the user's strides: the core sees flat bytes.
+    at::Tensor host = at::empty(user.sizes(), user.options().device(c10::kCPU).pinned_memory(true),
+                                at::MemoryFormat::Contiguous);
+    entries_.push_back(Entry{user, host, copy_out});
+    return host;
+}
+
+at::Tensor Staging::in(const at::Tensor& user, const std::string& what) {
+    return add(user, what, /*copy_out=*/false);
+}
+
+at::Tensor Staging::inOut(const at::Tensor& user, const std::string& what) {
+    return add(user, what, /*copy_out=*/true);
+}
+
+Staging::Tensors Staging::in(const Tensors& users, const std::string& what) {
+    Tensors out;
+    out.reserve(users.size());
+    for (size_t i = 0; i < users.size(); ++i)
+        out.push_back(in(users[i], what + "[" + std::to_string(i) + "]"));
+    return out;
+}
+
+Staging::Tensors Staging::inOut(const Tensors& users, const std::string& what) {
+    Tensors out;
+    out.reserve(users.size());
+    for (size_t i = 0; i < users.size(); ++i)
+        out.push_back(inOut(users[i], what + "[" + std::to_string(i) + "]"));
+    return out;
+}
+
+}  // namespace mooncake::pg

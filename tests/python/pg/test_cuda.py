@@ -1,0 +1,374 @@
+"""The `mooncake` backend on CUDA tensors: N processes sharing one GPU.
+
+Every collective and P2P op on CUDA tensors against a reference computed in
+Python from the ranks' known inputs, at 2 and 4 processes; stream semantics (a
+producer kernel on the caller's current stream, then the op, then a consumer,
+with no explicit synchronization); bad input; a rank SIGKILLed during a CUDA
+all_reduce. Skipped, with the reason shown, on a machine without a GPU.
+"""
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import harness
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device on this machine: the `mooncake` CUDA tests need a GPU",
+                allow_module_level=True)
+
+BACKEND = "mooncake"
+JOB_TIMEOUT_S = 300
+# Small values: sums, products and averages are exact in every dtype below.
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64,
+          torch.int8, torch.uint8)
+
+
+def _base(rank, n, dtype):
+    """Rank `rank`'s input: small integers, different per rank and per element."""
+    v = (torch.arange(n, dtype=torch.int64) * 7 + rank * 3) % 11 + 1
+    return v.to(dtype)
+
+
+def _ref_reduce(ws, n, dtype, op):
+    xs = [_base(r, n, dtype).to(torch.float64) for r in range(ws)]
+    if op == "SUM":
+        out = sum(xs)
+    elif op == "MAX":
+        out = torch.stack(xs).max(0).values
+    elif op == "MIN":
+        out = torch.stack(xs).min(0).values
+    elif op == "PRODUCT":
+        out = torch.stack([(x % 2) + 1 for x in xs]).prod(0)
+    else:  # AVG
+        out = sum(xs) / ws
+    return out.to(dtype)
+
+
+class Checks:
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.failures = []
+
+    def eq(self, name, got, want):
+        got = got.cpu()
+        if got.dtype != want.dtype or got.shape != want.shape or not torch.equal(got, want):
+            self.failures.append(f"rank {self.ctx.rank}: {name}: got {got.flatten()[:8].tolist()} "
+                                 f"{got.dtype} {tuple(got.shape)}, expected "
+                                 f"{want.flatten()[:8].tolist()} {want.dtype} {tuple(want.shape)}")
+
+    def run(self, name, fn):
+        self.ctx.note(name)
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - reported per check
+            self.failures.append(f"rank {self.ctx.rank}: {name} raised {type(e).__name__}: {e}")
+
+
+def _values(ctx):
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    ws, rank = ctx.world_size, ctx.rank
+    c = Checks(ctx)
+    n = 37
+
+    def x_of(r, dtype, m=n):
+        return _base(r, m, dtype).to(dev)
+
+    for dtype in DTYPES:
+        ops = ["SUM", "MAX", "MIN"] + (["AVG", "PRODUCT"] if dtype.is_floating_point else [])
+        for op in ops:
+            def all_reduce(dtype=dtype, op=op):
+                t = x_of(rank, dtype)
+                if op == "PRODUCT":
+                    t = (t.to(torch.int64) % 2 + 1).to(dtype)
+                dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+                c.eq(f"all_reduce {op} {dtype}", t, _ref_reduce(ws, n, dtype, op))
+            c.run(f"all_reduce {op} {dtype}", all_reduce)
+
+    def non_contiguous():
+        base = torch.stack([x_of(rank, torch.float32), x_of(rank, torch.float32)], 1)  # [n, 2]
+        view = base[:, 1]  # stride 2
+        dist.all_reduce(view)
+        c.eq("all_reduce non-contiguous view", view, _ref_reduce(ws, n, torch.float32, "SUM"))
+        c.eq("all_reduce non-contiguous: the other column is untouched", base[:, 0],
+             _base(rank, n, torch.float32))
+    c.run("non_contiguous", non_contiguous)
+
+    def large():
+        m = 6 << 20  # 24 MiB of float32: several core chunks
+        t = x_of(rank, torch.float32, m)
+        dist.all_reduce(t)
+        c.eq("all_reduce 24 MiB", t, _ref_reduce(ws, m, torch.float32, "SUM"))
+    c.run("large", large)
+
+    for root in (0, ws - 1):
+        def broadcast(root=root):
+            t = x_of(rank, torch.bfloat16)
+            dist.broadcast(t, src=root)
+            c.eq(f"broadcast root {root}", t, _base(root, n, torch.bfloat16))
+        c.run(f"broadcast {root}", broadcast)
+
+        def reduce(root=root):
+            t = x_of(rank, torch.int64)
+            dist.reduce(t, dst=root)
+            want = _ref_reduce(ws, n, torch.int64, "SUM") if rank == root else _base(rank, n, torch.int64)
+            c.eq(f"reduce root {root}", t, want)
+        c.run(f"reduce {root}", reduce)
+
+        def gather(root=root):
+            outs = [torch.zeros(n, dtype=torch.float16, device=dev) for _ in range(ws)] if rank == root else None
+            dist.gather(x_of(rank, torch.float16), gather_list=outs, dst=root)
+            if rank == root:
+                for r in range(ws):
+                    c.eq(f"gather root {root} [{r}]", outs[r], _base(r, n, torch.float16))
+        c.run(f"gather {root}", gather)
+
+        def scatter(root=root):
+            out = torch.zeros(n, dtype=torch.int32, device=dev)
+            ins = [x_of(r * 5, torch.int32) for r in range(ws)] if rank == root else None
+            dist.scatter(out, scatter_list=ins, src=root)
+            c.eq(f"scatter root {root}", out, _base(rank * 5, n, torch.int32))
+        c.run(f"scatter {root}", scatter)
+
+    def all_gather():
+        outs = [torch.zeros(n, device=dev) for _ in range(ws)]
+        dist.all_gather(outs, x_of(rank, torch.float32))
+        for r in range(ws):
+            c.eq(f"all_gather [{r}]", outs[r], _base(r, n, torch.float32))
+    c.run("all_gather", all_gather)
+
+    def all_gather_into_tensor():
+        out = torch.zeros(ws * n, dtype=torch.bfloat16, device=dev)
+        dist.all_gather_into_tensor(out, x_of(rank, torch.bfloat16))
+        c.eq("all_gather_into_tensor", out, torch.cat([_base(r, n, torch.bfloat16) for r in range(ws)]))
+        # In place (FSDP): the input is this rank's block of the output.
+        out2 = torch.zeros(ws * n, dtype=torch.float32, device=dev)
+        out2[rank * n:(rank + 1) * n] = x_of(rank, torch.float32)
+        dist.all_gather_into_tensor(out2, out2[rank * n:(rank + 1) * n])
+        c.eq("all_gather_into_tensor in place", out2,
+             torch.cat([_base(r, n, torch.float32) for r in range(ws)]))
+    c.run("all_gather_into_tensor", all_gather_into_tensor)
+
+    def reduce_scatter():
+        out = torch.zeros(n, device=dev)
+        dist.reduce_scatter(out, [x_of(rank + 10 * p, torch.float32) for p in range(ws)])
+        want = sum(_base(r + 10 * rank, n, torch.float64) for r in range(ws)).to(torch.float32)
+        c.eq("reduce_scatter", out, want)
+    c.run("reduce_scatter", reduce_scatter)
+
+    def reduce_scatter_tensor():
+        inp = torch.cat([x_of(rank + 10 * p, torch.int64) for p in range(ws)])
+        out = torch.zeros(n, dtype=torch.int64, device=dev)
+        dist.reduce_scatter_tensor(out, inp)
+        want = sum(_base(r + 10 * rank, n, torch.int64) for r in range(ws))
+        c.eq("reduce_scatter_tensor", out, want)
+    c.run("reduce_scatter_tensor", reduce_scatter_tensor)
+
+    def all_to_all_single():
+        inp = torch.cat([x_of(rank * 10 + p, torch.float32) for p in range(ws)])
+        out = torch.zeros(ws * n, device=dev)
+        dist.all_to_all_single(out, inp)
+        c.eq("all_to_all_single", out, torch.cat([_base(p * 10 + rank, n, torch.float32) for p in range(ws)]))
+        # Uneven: rank r sends p + 1 rows to rank p.
+        send = [p + 1 for p in range(ws)]
+        recv = [rank + 1] * ws
+        rows = torch.cat([torch.full((p + 1, 3), float(rank * 100 + p)) for p in range(ws)]).to(dev)
+        got = torch.zeros(sum(recv), 3, device=dev)
+        dist.all_to_all_single(got, rows, output_split_sizes=recv, input_split_sizes=send)
+        want = torch.cat([torch.full((rank + 1, 3), float(p * 100 + rank)) for p in range(ws)])
+        c.eq("all_to_all_single uneven", got, want)
+    c.run("all_to_all_single", all_to_all_single)
+
+    def all_to_all():
+        ins = [x_of(rank * 10 + p, torch.int32) for p in range(ws)]
+        outs = [torch.zeros(n, dtype=torch.int32, device=dev) for _ in range(ws)]
+        dist.all_to_all(outs, ins)
+        for p in range(ws):
+            c.eq(f"all_to_all [{p}]", outs[p], _base(p * 10 + rank, n, torch.int32))
+    c.run("all_to_all", all_to_all)
+
+    c.run("barrier", lambda: dist.barrier())
+
+    def p2p():
+        right, left = (rank + 1) % ws, (rank - 1) % ws
+        got = torch.zeros(n, device=dev)
+        reqs = [dist.isend(x_of(rank, torch.float32), right), dist.irecv(got, left)]
+        for r in reqs:
+            r.wait()
+        c.eq("isend/irecv ring", got, _base(left, n, torch.float32))
+        got2 = torch.zeros(n, dtype=torch.bfloat16, device=dev)
+        ops = [dist.P2POp(dist.isend, x_of(rank + 20, torch.bfloat16), right),
+               dist.P2POp(dist.irecv, got2, left)]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        c.eq("batch_isend_irecv ring", got2, _base(left + 20, n, torch.bfloat16))
+    c.run("p2p", p2p)
+
+    def functional():
+        import torch.distributed._functional_collectives as funcol
+        t = funcol.all_reduce(x_of(rank, torch.float32), "sum", dist.group.WORLD)
+        c.eq("funcol.all_reduce", funcol.wait_tensor(t), _ref_reduce(ws, n, torch.float32, "SUM"))
+    c.run("functional", functional)
+
+    def async_wait_then_future():
+        t = x_of(rank, torch.float32)
+        work = dist.all_reduce(t, async_op=True)
+        fut = work.get_future()
+        work.wait()
+        c.eq("async all_reduce after wait()", t, _ref_reduce(ws, n, torch.float32, "SUM"))
+        c.eq("get_future().value()", fut.value()[0], _ref_reduce(ws, n, torch.float32, "SUM"))
+        work.synchronize()
+        if not work.is_completed():
+            c.failures.append(f"rank {rank}: is_completed() is False after synchronize()")
+    c.run("async", async_wait_then_future)
+
+    # A CPU op on the same `mooncake` group still works (object collectives use it).
+    def cpu_on_mooncake():
+        objs = [None] * ws
+        dist.all_gather_object(objs, {"rank": rank})
+        if objs != [{"rank": r} for r in range(ws)]:
+            c.failures.append(f"rank {rank}: all_gather_object gave {objs}")
+    c.run("cpu on mooncake", cpu_on_mooncake)
+    return c.failures
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_collective_values_on_cuda(world_size):
+    res = harness.run_ranks(_values, world_size, BACKEND, timeout_s=JOB_TIMEOUT_S, ref_group=False)
+    failures = [f for per_rank in res for f in per_rank]
+    assert not failures, "\n".join(failures[:40])
+
+
+# Long enough that an op which did not wait for the producer reads zeros.
+SLEEP_CYCLES = 400_000_000
+
+
+def _stream_semantics(ctx):
+    torch.cuda.set_device(0)
+    ws, rank = ctx.world_size, ctx.rank
+    dev = torch.device("cuda", 0)
+    out = []
+    want = float(sum(r + 1 for r in range(ws)))
+    for side in (False, True):
+        stream = torch.cuda.Stream() if side else torch.cuda.current_stream()
+        with torch.cuda.stream(stream):
+            x = torch.zeros(1 << 16, device=dev)
+            torch.cuda._sleep(SLEEP_CYCLES)  # producer: a slow kernel, then the fill
+            x.fill_(rank + 1)
+            work = dist.all_reduce(x, async_op=True)
+            work.wait()
+            y = x * 2  # consumer, queued on the same stream right after wait()
+            out.append((side, float(y.min().item()), float(y.max().item())))
+    # P2P: the send's data is written by a slow producer; the recv's consumer follows wait().
+    if ws >= 2:
+        with torch.cuda.stream(torch.cuda.Stream()):
+            t = torch.zeros(1 << 16, device=dev)
+            if rank == 0:
+                torch.cuda._sleep(SLEEP_CYCLES)
+                t.fill_(42)
+                dist.send(t, 1)
+            elif rank == 1:
+                dist.recv(t, 0)
+                z = t + 1
+                out.append(("p2p", float(z.min().item()), float(z.max().item())))
+    failures = []
+    for side, lo, hi in out:
+        expect = 43.0 if side == "p2p" else 2 * want
+        if lo != expect or hi != expect:
+            failures.append(f"rank {rank} ({'side stream' if side is True else side or 'current'}): "
+                            f"consumer saw [{lo}, {hi}], expected {expect}")
+    return failures
+
+
+@pytest.mark.parametrize("world_size", [2])
+def test_stream_semantics(world_size):
+    res = harness.run_ranks(_stream_semantics, world_size, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            ref_group=False)
+    failures = [f for per_rank in res for f in per_rank]
+    assert not failures, "\n".join(failures)
+
+
+def _bad_input(ctx):
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    results = {}
+
+    def outcome(fn):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            return f"{type(e).__name__}: {e}"
+        return None
+
+    results["mixed_devices"] = outcome(lambda: dist.all_gather_into_tensor(
+        torch.zeros(2 * ctx.world_size), torch.ones(2, device=dev)))
+    cpu_group = dist.new_group(backend="mooncake-cpu")
+    results["cuda_on_mooncake_cpu"] = outcome(lambda: dist.all_reduce(torch.ones(2, device=dev),
+                                                                      group=cpu_group))
+    results["mixed_list"] = outcome(lambda: dist.all_gather(
+        [torch.zeros(2, device=dev)] + [torch.zeros(2) for _ in range(ctx.world_size - 1)],
+        torch.ones(2, device=dev)))
+    # The group still works afterwards.
+    t = torch.full((3,), float(ctx.rank), device=dev)
+    dist.all_reduce(t)
+    results["after"] = t.cpu().tolist()
+    dist.destroy_process_group(cpu_group)
+    return results
+
+
+def test_bad_input_on_cuda():
+    ws = 2
+    res = harness.run_ranks(_bad_input, ws, BACKEND, timeout_s=JOB_TIMEOUT_S, ref_group=False)
+    for rank, r in enumerate(res):
+        assert r["mixed_devices"] and "same device" in r["mixed_devices"], (rank, r)
+        assert r["mixed_devices"].find("cpu") >= 0 and r["mixed_devices"].find("cuda") >= 0, (rank, r)
+        assert r["cuda_on_mooncake_cpu"] and "mooncake-cpu" in r["cuda_on_mooncake_cpu"], (rank, r)
+        assert r["mixed_list"] and "same device" in r["mixed_list"], (rank, r)
+        assert r["after"] == [1.0, 1.0, 1.0], (rank, r)
+
+
+def _killed_during_all_reduce(ctx):
+    from elastic_checks import ELASTIC_ENV, check_failed_op, outcome  # noqa: F401
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    from mooncake import pg
+    opts = pg.MooncakeBackendOptions(3, False, False, False)  # framework-managed: evidence only
+    dist.init_process_group(backend=BACKEND, init_method="env://", rank=ctx.rank, world_size=3,
+                            pg_options=opts)
+    t = torch.ones(8, device=dev)
+    dist.all_reduce(t)
+    assert t.cpu().tolist() == [3.0] * 8, t
+    victim = 2
+    big = torch.full((4 << 20,), ctx.rank + 1, dtype=torch.int32, device=dev)
+    if ctx.rank == victim:
+        for r in (0, 1):
+            ctx.wait_for(f"entered_{r}", 60)
+        dist.all_reduce(big, async_op=True)
+        time.sleep(0.002)
+        ctx.kill_self()
+    t0 = time.monotonic()
+    work = dist.all_reduce(big, async_op=True)
+    ctx.signal(f"entered_{ctx.rank}")
+    res = outcome(work, t0)
+    check_failed_op(res, victim, 3, ctx.rank, bound_s=30.0)
+    # The CUDA context and the group stay usable: the survivors take the
+    # victim out and the next CUDA all_reduce succeeds.
+    if ctx.rank == 0:
+        pg.deactivate_ranks(dist.group.WORLD, [victim])
+    deadline = time.monotonic() + 30
+    while pg.get_active_ranks(dist.group.WORLD).tolist()[victim] != 0:
+        assert time.monotonic() < deadline, "rank 2 still active 30 s after deactivate_ranks"
+        time.sleep(0.01)
+    t = torch.full((8,), float(ctx.rank + 1), device=dev)
+    dist.all_reduce(t)
+    return t.cpu().tolist()
+
+
+def test_sigkilled_rank_during_cuda_all_reduce():
+    from elastic_checks import ELASTIC_ENV
+    res = harness.run_ranks(_killed_during_all_reduce, 3, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            env=ELASTIC_ENV, init=False, ref_group=False, expect_killed=[2])
+    assert res[0] == [3.0] * 8 and res[1] == [3.0] * 8, res
