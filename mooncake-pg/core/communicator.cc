@@ -243,11 +243,13 @@ Status Communicator::setMembership(const std::vector<uint8_t>& active, uint64_t 
         return Status::OK();
     // Tell every member that this rank will never read a message of an older
     // epoch again, so the slots those messages occupy are free. A member that
-    // cannot be reached fails the next call instead.
+    // cannot be reached fails the next call instead. No op bounds these
+    // writes; a member that cannot take one soon is stalled or dead.
+    const Deadline notices = Deadline::afterMs(kMembershipNoticeTimeoutMs);
     for (int m : s.members) {
         if (m == s.rank)
             continue;
-        (void)s.fabric->putFlag(m, s.layout.ackFlag(s.rank), coll::epochFloor(s.epoch));
+        (void)s.fabric->putFlag(m, s.layout.ackFlag(s.rank), coll::epochFloor(s.epoch), notices);
     }
     // A member this view dropped may still be inside a call of the old
     // epoch, waiting for ranks that will never send again: the notice ends
@@ -255,7 +257,8 @@ Status Communicator::setMembership(const std::vector<uint8_t>& active, uint64_t 
     for (int m : old_members) {
         if (m != s.rank && s.active[m] == 0) {
             (void)s.fabric->putFlag(m, s.layout.abortFlag(s.rank),
-                                    coll::encodeAbortNotice(s.epoch, coll::kRemovedReason, m));
+                                    coll::encodeAbortNotice(s.epoch, coll::kRemovedReason, m),
+                                    notices);
         }
     }
     return Status::OK();

@@ -65,6 +65,10 @@ class Communicator {
 public:
     // Window bytes the collective area needs for `size` ranks.
     static size_t windowBytesFor(int size, const CommOptions& options);
+    // How long setMembership's notices to members may wait for a member's
+    // staging space (Fabric::put) before that member is left to find out at
+    // its next call.
+    static constexpr int64_t kMembershipNoticeTimeoutMs = 1000;
 
     Communicator(std::shared_ptr<Fabric> fabric, CommOptions options);
     ~Communicator();

@@ -57,15 +57,26 @@ bool readProcStat(int32_t pid, bool* runnable, uint64_t* start) {
     *start = start_ticks;
     return true;
 }
+
+// Locks an outbox by the deadline; false when another put still holds it.
+bool lockBy(std::unique_lock<std::timed_mutex>& lock, Deadline deadline) {
+    if (deadline.at() == Deadline::Clock::time_point::max()) {
+        lock.lock();
+        return true;
+    }
+    return lock.try_lock_until(deadline.at());
+}
 }  // namespace
 
 EngineFabric::EngineFabric(std::shared_ptr<KVStore> store, EngineFabricOptions options)
-    : store_(std::move(store)), options_(std::move(options)),
+    : store_(std::move(store)),
+      options_(std::move(options)),
       peers_(new std::atomic<const Peer*>[static_cast<size_t>(options_.size)]),
       failed_(new std::atomic<bool>[static_cast<size_t>(options_.size)]),
       local_pid_(new std::atomic<int32_t>[static_cast<size_t>(options_.size)]),
       local_start_(new std::atomic<uint64_t>[static_cast<size_t>(options_.size)]),
-      next_probe_ns_(new std::atomic<int64_t>[static_cast<size_t>(options_.size)]) {
+      next_probe_ns_(new std::atomic<int64_t>[static_cast<size_t>(options_.size)]),
+      outboxes_(new Outbox[static_cast<size_t>(options_.size)]) {
     peer_records_.push_back(std::make_unique<const Peer>());
     for (int i = 0; i < options_.size; ++i) {
         peers_[i].store(peer_records_.front().get());
@@ -140,8 +151,17 @@ Status EngineFabric::bootstrap() {
     MC_ASSIGN_OR_RETURN(void* window, engine_->allocateSharedMemory(options_.window_bytes, "pg-window"));
     window_ = static_cast<uint8_t*>(window);
     if (options_.size > 1) {
-        MC_ASSIGN_OR_RETURN(void* bounce, engine_->allocateSharedMemory(options_.bounce_bytes, "pg-bounce"));
+        const size_t per_peer =
+            std::max(options_.bounce_bytes / static_cast<size_t>(options_.size), kMinOutboxBytes) /
+            64 * 64;
+        MC_ASSIGN_OR_RETURN(void* bounce,
+                            engine_->allocateSharedMemory(
+                                per_peer * static_cast<size_t>(options_.size), "pg-bounce"));
         bounce_ = static_cast<uint8_t*>(bounce);
+        for (int p = 0; p < options_.size; ++p) {
+            outboxes_[p].ring = bounce_ + per_peer * static_cast<size_t>(p);
+            outboxes_[p].cap = per_peer;
+        }
     }
 
     segment_name_ = engine_->segmentName();
@@ -219,11 +239,19 @@ Status EngineFabric::connectPeer(int peer, const std::string& endpoint, Deadline
         if (readProcStat(desc->pid, &runnable, &start) && runnable) pid = desc->pid;
     }
     {
-        std::lock_guard<std::mutex> lock(mu_);
-        // Writes still queued for a previous process of this slot must not
-        // be mistaken for writes to the new one.
-        while (!inflight_.empty() && reapLocked(true).ok()) {
+        // Held while the new record is published, so that every put to the
+        // peer goes whole to the old connection or whole to the new one.
+        Outbox& ob = outboxes_[peer];
+        std::unique_lock<std::timed_mutex> out(ob.mu, std::defer_lock);
+        if (!lockBy(out, deadline)) {
+            return Timeout("connectPeer: a put to rank " + std::to_string(peer) +
+                           " still waits for its earlier writes at the deadline");
         }
+        // Writes still queued for a previous process of this slot finish
+        // first where they can; one that fails later is not held against
+        // the new process (InFlight::segment).
+        (void)drainLocked(peer, ob, deadline);
+        std::lock_guard<std::mutex> lock(mu_);
         Peer p;
         p.segment = segment;
         p.window_addr = addr;
@@ -242,13 +270,12 @@ Status EngineFabric::connectPeer(int peer, const std::string& endpoint, Deadline
 }
 
 EngineFabric::~EngineFabric() {
-    bool drained = false;
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        // Bounded drain: in-flight writes reference the bounce ring.
-        while (!inflight_.empty() && reapLocked(true).ok()) {
-        }
-        drained = inflight_.empty();
+    bool drained = true;
+    // Bounded drain: in-flight writes read the bounce ring.
+    const Deadline deadline = Deadline::afterMs(options_.bootstrap_timeout_ms);
+    for (int p = 0; p < options_.size; ++p) {
+        std::lock_guard<std::timed_mutex> lock(outboxes_[p].mu);
+        drained = drainLocked(p, outboxes_[p], deadline) && drained;
     }
     if (!engine_)
         return;
@@ -282,17 +309,18 @@ Status EngineFabric::checkPut(int peer, uint64_t offset, size_t len) const {
     return Status::OK();
 }
 
-Status EngineFabric::put(int peer, uint64_t offset, const void* src, size_t len) {
+Status EngineFabric::put(int peer, uint64_t offset, const void* src, size_t len,
+                         Deadline deadline) {
     MC_RETURN_IF_ERROR(checkPut(peer, offset, len));
     if (len == 0) return Status::OK();
     if (uint8_t* dst = peerRecord(peer).mapped) {
         std::memcpy(dst + offset, src, len);
         return Status::OK();
     }
-    return remotePut(peer, offset, src, len);
+    return remotePut(peer, offset, src, len, deadline);
 }
 
-Status EngineFabric::putFlag(int peer, uint64_t offset, uint64_t value) {
+Status EngineFabric::putFlag(int peer, uint64_t offset, uint64_t value, Deadline deadline) {
     MC_RETURN_IF_ERROR(checkPut(peer, offset, sizeof(value)));
     if (uint8_t* dst = peerRecord(peer).mapped) {
         std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(dst + offset))
@@ -301,7 +329,7 @@ Status EngineFabric::putFlag(int peer, uint64_t offset, uint64_t value) {
     }
     // The tcp transport applies one connection's frames in order, so the flag
     // lands after the data put before it.
-    return remotePut(peer, offset, &value, sizeof(value));
+    return remotePut(peer, offset, &value, sizeof(value), deadline);
 }
 
 uint8_t* EngineFabric::peerWindow(int peer) {
@@ -360,40 +388,48 @@ bool EngineFabric::allPeersMapped() const {
     return true;
 }
 
-Status EngineFabric::remotePut(int peer, uint64_t offset, const void* src, size_t len) {
-    const size_t max_piece = options_.bounce_bytes / 2;
+Status EngineFabric::remotePut(int peer, uint64_t offset, const void* src, size_t len,
+                               Deadline deadline) {
+    Outbox& ob = outboxes_[peer];
+    const size_t max_piece = ob.cap / 2;
     const auto* bytes = static_cast<const uint8_t*>(src);
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::timed_mutex> lock(ob.mu, std::defer_lock);
+    if (!lockBy(lock, deadline)) {
+        return Timeout("writing to rank " + std::to_string(peer) +
+                       ": another put to it still waits for its earlier writes at the deadline");
+    }
     while (len > 0) {
         size_t piece = std::min(len, max_piece);
-        MC_RETURN_IF_ERROR(reapLocked(false));
+        MC_RETURN_IF_ERROR(reapLocked(peer, ob, false, deadline));
         // Only this peer's own failed writes fail this put (fabric.h).
         MC_RETURN_IF_ERROR(checkPut(peer, offset, len));
         // Find `piece` contiguous bytes in the ring, waiting for old writes.
         size_t begin = SIZE_MAX;
         while (true) {
-            const size_t cap = options_.bounce_bytes;
-            if (inflight_.empty()) {
+            if (ob.inflight.empty()) {
                 begin = 0;
             } else {
-                size_t tail = inflight_.front().bounce_begin;
-                size_t head = inflight_.back().bounce_begin + inflight_.back().bounce_len;
+                size_t tail = ob.inflight.front().bounce_begin;
+                size_t head = ob.inflight.back().bounce_begin + ob.inflight.back().bounce_len;
                 if (head > tail) {
-                    if (cap - head >= piece) begin = head;
-                    else if (tail >= piece) begin = 0;
+                    if (ob.cap - head >= piece)
+                        begin = head;
+                    else if (tail >= piece)
+                        begin = 0;
                 } else if (tail - head >= piece) {
                     begin = head;
                 }
             }
-            if (begin != SIZE_MAX) break;
-            MC_RETURN_IF_ERROR(reapLocked(true));
+            if (begin != SIZE_MAX)
+                break;
+            MC_RETURN_IF_ERROR(reapLocked(peer, ob, true, deadline));
             MC_RETURN_IF_ERROR(checkPut(peer, offset, len));
         }
-        std::memcpy(bounce_ + begin, bytes, piece);
+        std::memcpy(ob.ring + begin, bytes, piece);
         te::TransferRequest req;
         req.opcode = te::TransferOpcode::kWrite;
-        req.source = bounce_ + begin;
-        // Loaded under mu_, which connectPeer holds while it drains the
+        req.source = ob.ring + begin;
+        // Loaded under ob.mu, which connectPeer holds while it drains the
         // writes to the previous connection and publishes the new one: no
         // write to a replaced connection is queued after that drain.
         const Peer& target = peerRecord(peer);
@@ -407,7 +443,7 @@ Status EngineFabric::remotePut(int peer, uint64_t offset, const void* src, size_
             markPeerFailed(peer);
             return st.withContext("writing to rank " + std::to_string(peer));
         }
-        inflight_.push_back({batch, begin, piece, peer});
+        ob.inflight.push_back({batch, begin, piece, target.segment});
         bytes += piece;
         offset += piece;
         len -= piece;
@@ -415,25 +451,29 @@ Status EngineFabric::remotePut(int peer, uint64_t offset, const void* src, size_
     return Status::OK();
 }
 
-Status EngineFabric::reapLocked(bool block) {
-    const Deadline deadline = Deadline::afterMs(options_.bootstrap_timeout_ms);
-    while (!inflight_.empty()) {
-        InFlight& f = inflight_.front();
+Status EngineFabric::reapLocked(int peer, Outbox& ob, bool block, Deadline deadline) {
+    while (!ob.inflight.empty()) {
+        InFlight& f = ob.inflight.front();
         if (block) {
             Status st = engine_->waitBatch(f.batch, deadline);
             block = false;
-            if (!st.ok() && st.code() == StatusCode::kTimeout) return st;
+            if (!st.ok() && st.code() == StatusCode::kTimeout) {
+                return Timeout("writing to rank " + std::to_string(peer) +
+                               ": its staging space is full and its oldest write did not "
+                               "complete by the deadline");
+            }
         }
         auto status = engine_->getTransferStatus(f.batch, 0);
-        if (!status.ok()) return status.status();
-        if (status->state == te::TransferState::kPending) return Status::OK();
-        const int peer = f.peer;
+        if (!status.ok())
+            return status.status();
+        if (status->state == te::TransferState::kPending)
+            return Status::OK();
+        const te::SegmentID segment = f.segment;
         (void)engine_->freeBatchID(f.batch);
-        inflight_.pop_front();
-        if (status->state == te::TransferState::kFailed) {
-            // Evidence about that peer only: a put to another peer that
-            // happens to reap this write must not fail (fabric.h); the
-            // peer's own next put or wait sees the mark.
+        ob.inflight.pop_front();
+        // Evidence about the peer only (fabric.h), and only about the
+        // process the write went to, not a replacement connected since.
+        if (status->state == te::TransferState::kFailed && peerRecord(peer).segment == segment) {
             if (!failed_[peer].exchange(true)) {
                 MC_LOG(kWarn, "pg") << "rank " << options_.rank << ": a write to rank " << peer
                                     << " failed (" << status->error.toString()
@@ -442,6 +482,14 @@ Status EngineFabric::reapLocked(bool block) {
         }
     }
     return Status::OK();
+}
+
+bool EngineFabric::drainLocked(int peer, Outbox& ob, Deadline deadline) {
+    while (!ob.inflight.empty()) {
+        if (!reapLocked(peer, ob, true, deadline).ok() && deadline.expired())
+            return false;
+    }
+    return true;
 }
 
 }  // namespace mooncake::pg

@@ -2,6 +2,8 @@
 // Same-host peers' windows are mapped (puts are memcpy and atomic stores);
 // other peers are written through the engine (tcp), staged through a
 // registered bounce ring because the engine only sends registered memory.
+// Each peer has a slice of that ring of its own, so a peer whose writes stop
+// completing fills only its own slice and delays only puts to itself.
 #pragma once
 
 #include <atomic>
@@ -31,7 +33,8 @@ struct EngineFabricOptions {
     int connect_ranks = -1;
     // Bootstrap deadline: how long to wait for peers to publish.
     int64_t bootstrap_timeout_ms = 300000;
-    // Staging for puts to peers that are not mapped.
+    // Staging for puts to peers that are not mapped, split evenly between
+    // the ranks (at least kMinOutboxBytes each).
     size_t bounce_bytes = 16 << 20;
     // Whether a same-host peer's process is checked by pid. Off, every peer
     // is checked like one on another host (tests of that path).
@@ -54,8 +57,8 @@ public:
     int size() const override { return options_.size; }
     size_t windowBytes() const override { return options_.window_bytes; }
     uint8_t* localWindow() override { return window_; }
-    Status put(int peer, uint64_t offset, const void* src, size_t len) override;
-    Status putFlag(int peer, uint64_t offset, uint64_t value) override;
+    Status put(int peer, uint64_t offset, const void* src, size_t len, Deadline deadline) override;
+    Status putFlag(int peer, uint64_t offset, uint64_t value, Deadline deadline) override;
     uint8_t* peerWindow(int peer) override;
     // Transport evidence (failed writes) for every peer; for a peer on this
     // host also whether its process is gone, probed at most every
@@ -66,6 +69,7 @@ public:
     // nothing (a slow link), leaving a dead host to the collective timeout.
     bool peerFailed(int peer) const override;
     static constexpr int64_t kLivenessProbeMs = 25;
+    static constexpr size_t kMinOutboxBytes = 64 << 10;
     static constexpr int64_t kRemoteProbeMs = 100;
 
     // "<segment>#<window address>": what a peer passes to connectPeer().
@@ -101,9 +105,19 @@ private:
     };
     struct InFlight {
         te::BatchID batch;
-        size_t bounce_begin;
+        size_t bounce_begin;  // within the peer's outbox
         size_t bounce_len;
-        int peer;
+        te::SegmentID segment;  // the connection it went to
+    };
+    // One peer's slice of the bounce ring and the writes still reading it.
+    // `mu` is held for a whole put to the peer, waits for its earlier writes
+    // included; a timed mutex so that a second put to the same peer gives
+    // up at its own deadline too. Lock order: an outbox's mu, then mu_.
+    struct Outbox {
+        std::timed_mutex mu;
+        uint8_t* ring = nullptr;
+        size_t cap = 0;
+        std::deque<InFlight> inflight;
     };
 
     EngineFabric(std::shared_ptr<KVStore> store, EngineFabricOptions options);
@@ -113,11 +127,14 @@ private:
     Status checkPut(int peer, uint64_t offset, size_t len) const;
     const Peer& peerRecord(int peer) const { return *peers_[peer].load(std::memory_order_acquire); }
     void publishPeer(int peer, Peer record);  // expects mu_ held
-    Status remotePut(int peer, uint64_t offset, const void* src, size_t len);
-    // Frees bounce space of completed transfers, oldest first; with `block`
-    // waits for the oldest one. A failed transfer marks its own peer failed
-    // and is not an error of the call. Expects mu_ held.
-    Status reapLocked(bool block);
+    Status remotePut(int peer, uint64_t offset, const void* src, size_t len, Deadline deadline);
+    // Frees outbox space of the peer's completed writes, oldest first; with
+    // `block` first waits, until `deadline`, for the oldest one (kTimeout
+    // then). A failed write marks the peer failed if it went to the peer's
+    // current connection, and is not an error of the call. Expects ob.mu held.
+    Status reapLocked(int peer, Outbox& ob, bool block, Deadline deadline);
+    // Waits for every write of the peer to finish; false at the deadline.
+    bool drainLocked(int peer, Outbox& ob, Deadline deadline);
 
     std::shared_ptr<KVStore> store_;
     EngineFabricOptions options_;
@@ -138,9 +155,9 @@ private:
     std::unique_ptr<LivenessProber> prober_;
 
     std::string segment_name_;
-    mutable std::mutex mu_;  // guards the bounce ring, in-flight list, peer records
+    mutable std::mutex mu_;  // guards peer_records_ and publishing a record
     uint8_t* bounce_ = nullptr;
-    std::deque<InFlight> inflight_;
+    std::unique_ptr<Outbox[]> outboxes_;  // by rank
 };
 
 }  // namespace mooncake::pg

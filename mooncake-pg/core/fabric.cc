@@ -20,13 +20,14 @@ public:
     size_t windowBytes() const override { return group_->window_bytes_; }
     uint8_t* localWindow() override { return group_->windows_[rank_].get(); }
 
-    Status put(int peer, uint64_t offset, const void* src, size_t len) override {
+    // Plain stores: nothing to wait for, so the deadline is unused.
+    Status put(int peer, uint64_t offset, const void* src, size_t len, Deadline) override {
         MC_RETURN_IF_ERROR(check(peer, offset, len));
         std::memcpy(group_->windows_[peer].get() + offset, src, len);
         return Status::OK();
     }
 
-    Status putFlag(int peer, uint64_t offset, uint64_t value) override {
+    Status putFlag(int peer, uint64_t offset, uint64_t value, Deadline) override {
         MC_RETURN_IF_ERROR(check(peer, offset, sizeof(uint64_t)));
         std::atomic_ref<uint64_t>(
             *reinterpret_cast<uint64_t*>(group_->windows_[peer].get() + offset))
@@ -66,13 +67,13 @@ private:
 SoloFabric::SoloFabric(int rank, int size, size_t window_bytes)
     : rank_(rank), size_(size), window_bytes_(window_bytes), window_(new uint8_t[window_bytes]()) {}
 
-Status SoloFabric::put(int peer, uint64_t, const void*, size_t) {
+Status SoloFabric::put(int peer, uint64_t, const void*, size_t, Deadline) {
     return Unavailable("rank " + std::to_string(rank_) + " is on its own: no put to rank " +
                        std::to_string(peer));
 }
 
-Status SoloFabric::putFlag(int peer, uint64_t offset, uint64_t) {
-    return put(peer, offset, nullptr, 0);
+Status SoloFabric::putFlag(int peer, uint64_t offset, uint64_t, Deadline deadline) {
+    return put(peer, offset, nullptr, 0, deadline);
 }
 
 ThreadFabricGroup::ThreadFabricGroup(int size, size_t window_bytes)

@@ -33,11 +33,16 @@ public:
     // putFlag issued after a put to the same peer becomes visible after it.
     // May return before the bytes land (transport queues); a failure of a
     // queued put surfaces from a later call on this fabric for that peer.
-    virtual Status put(int peer, uint64_t offset, const void* src, size_t len) = 0;
+    // A put that must wait (for staging space while the peer's earlier
+    // puts are still in flight) gives up with kTimeout at `deadline`, which
+    // is no evidence that the peer died; waiting on one peer never delays
+    // puts to another.
+    virtual Status put(int peer, uint64_t offset, const void* src, size_t len,
+                       Deadline deadline) = 0;
 
     // Stores the 8-byte `value` at `offset` (8-aligned) of `peer`'s window with
     // release semantics, ordered after every earlier put to `peer`.
-    virtual Status putFlag(int peer, uint64_t offset, uint64_t value) = 0;
+    virtual Status putFlag(int peer, uint64_t offset, uint64_t value, Deadline deadline) = 0;
 
     // A direct load/store pointer to `peer`'s window when it is mapped in this
     // process (shared memory), nullptr otherwise. Algorithms may use it to
@@ -74,8 +79,8 @@ public:
     int size() const override { return size_; }
     size_t windowBytes() const override { return window_bytes_; }
     uint8_t* localWindow() override { return window_.get(); }
-    Status put(int peer, uint64_t offset, const void* src, size_t len) override;
-    Status putFlag(int peer, uint64_t offset, uint64_t value) override;
+    Status put(int peer, uint64_t offset, const void* src, size_t len, Deadline deadline) override;
+    Status putFlag(int peer, uint64_t offset, uint64_t value, Deadline deadline) override;
     uint8_t* peerWindow(int) override { return nullptr; }
     bool peerFailed(int peer) const override { return peer != rank_; }
 

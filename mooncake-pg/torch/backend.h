@@ -261,7 +261,8 @@ private:
     Status connectPeers(const control_plane::GroupView& view, Deadline deadline);
     // Adds `work` to the open coalescing batch, if any.
     void track(const c10::intrusive_ptr<MooncakeWork>& work);
-    std::string failureMessage(const char* op_name, const Status& status) const;
+    std::string failureMessage(const char* op_name, const Status& status,
+                               std::chrono::milliseconds timeout) const;
 
     // Torch-boundary validation; each throws c10::Error naming the op, the
     // argument, its value and what was expected.

@@ -24,6 +24,35 @@ void MemoryRegistry::releaseEntry(SharedEntry& entry) {
     }
 }
 
+RegionUse::RegionUse(RegionUse&& other) noexcept
+    : registry_(other.registry_), region_addr_(other.region_addr_) {
+    other.registry_ = nullptr;
+}
+
+RegionUse& RegionUse::operator=(RegionUse&& other) noexcept {
+    if (this != &other) {
+        release();
+        registry_ = other.registry_;
+        region_addr_ = other.region_addr_;
+        other.registry_ = nullptr;
+    }
+    return *this;
+}
+
+void RegionUse::release() {
+    if (registry_)
+        registry_->endRemoteUse(region_addr_);
+    registry_ = nullptr;
+}
+
+MemoryRegistry::RegionEntry* MemoryRegistry::entryAt(uint64_t addr) {
+    for (auto& e : regions_) {
+        if (e.region.addr == addr)
+            return &e;
+    }
+    return nullptr;
+}
+
 Status MemoryRegistry::add(const LocalRegion& region) {
     if (region.length == 0)
         return InvalidArgument("cannot register a zero-length region");
@@ -31,39 +60,72 @@ Status MemoryRegistry::add(const LocalRegion& region) {
         return InvalidArgument("region wraps around the address space");
     }
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& r : regions_) {
+    for (const auto& e : regions_) {
+        const LocalRegion& r = e.region;
         bool disjoint = region.addr + region.length <= r.addr || r.addr + r.length <= region.addr;
         if (!disjoint) {
             return InvalidArgument("region [" + std::to_string(region.addr) + ", +" +
                                    std::to_string(region.length) +
-                                   ") overlaps a registered region at " + std::to_string(r.addr));
+                                   ") overlaps a registered region at " + std::to_string(r.addr) +
+                                   (e.removing ? " (still being unregistered)" : ""));
         }
     }
-    regions_.push_back(region);
+    regions_.push_back({region, 0, false});
     return Status::OK();
 }
 
-Status MemoryRegistry::remove(uint64_t addr) {
+Result<LocalRegion> MemoryRegistry::beginRemove(uint64_t addr) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = std::find_if(regions_.begin(), regions_.end(),
-                           [&](const LocalRegion& r) { return r.addr == addr; });
-    if (it == regions_.end()) {
+    RegionEntry* e = entryAt(addr);
+    if (!e)
         return NotFound("no region registered at address " + std::to_string(addr));
+    e->removing = true;
+    return e->region;
+}
+
+Status MemoryRegistry::finishRemove(uint64_t addr, Deadline deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+        RegionEntry* e = entryAt(addr);
+        if (!e || !e->removing)
+            return NotFound("no region being unregistered at address " + std::to_string(addr));
+        if (e->uses == 0) {
+            regions_.erase(regions_.begin() + (e - regions_.data()));
+            return Status::OK();
+        }
+        if (deadline.expired()) {
+            return Timeout("unregistering region [" + std::to_string(addr) + ", +" +
+                           std::to_string(e->region.length) + "): " + std::to_string(e->uses) +
+                           " remote write(s) still landing in it at the deadline; the region "
+                           "stays registered (refusing new writes) and must not be freed yet");
+        }
+        if (deadline.at() == Deadline::Clock::time_point::max())
+            uses_done_.wait(lock);
+        else
+            uses_done_.wait_until(lock, deadline.at());
     }
-    regions_.erase(it);
-    return Status::OK();
+}
+
+Status MemoryRegistry::remove(uint64_t addr, Deadline deadline) {
+    MC_RETURN_IF_ERROR(beginRemove(addr).status());
+    return finishRemove(addr, deadline);
 }
 
 std::vector<LocalRegion> MemoryRegistry::regions() const {
     std::lock_guard<std::mutex> lock(mu_);
-    return regions_;
+    std::vector<LocalRegion> out;
+    for (const auto& e : regions_) {
+        if (!e.removing)
+            out.push_back(e.region);
+    }
+    return out;
 }
 
 std::optional<LocalRegion> MemoryRegistry::find(uint64_t addr, uint64_t len) const {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& r : regions_) {
-        if (r.contains(addr, len))
-            return r;
+    for (const auto& e : regions_) {
+        if (!e.removing && e.region.contains(addr, len))
+            return e.region;
     }
     return std::nullopt;
 }
@@ -71,6 +133,37 @@ std::optional<LocalRegion> MemoryRegistry::find(uint64_t addr, uint64_t len) con
 bool MemoryRegistry::remotelyAccessible(uint64_t addr, uint64_t len) const {
     auto r = find(addr, len);
     return r && r->remote_accessible;
+}
+
+Result<RegionUse> MemoryRegistry::beginRemoteUse(uint64_t addr, uint64_t len) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& e : regions_) {
+        if (!e.region.contains(addr, len))
+            continue;
+        if (e.removing || !e.region.remote_accessible)
+            break;
+        ++e.uses;
+        return RegionUse(this, e.region.addr);
+    }
+    return OutOfRange("[" + std::to_string(addr) + ", +" + std::to_string(len) +
+                      ") is not inside a remotely accessible region");
+}
+
+uint32_t MemoryRegistry::remoteUses(uint64_t addr) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& e : regions_) {
+        if (e.region.addr == addr)
+            return e.uses;
+    }
+    return 0;
+}
+
+void MemoryRegistry::endRemoteUse(uint64_t region_addr) {
+    std::lock_guard<std::mutex> lock(mu_);
+    RegionEntry* e = entryAt(region_addr);
+    // A use pins its region: it cannot have been erased meanwhile.
+    if (e && e->uses > 0 && --e->uses == 0 && e->removing)
+        uses_done_.notify_all();
 }
 
 Result<SharedAllocation> MemoryRegistry::allocateShared(uint64_t length,

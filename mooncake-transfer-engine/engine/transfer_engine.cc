@@ -252,7 +252,8 @@ Status TransferEngine::registerLocalMemory(void* addr, size_t length, const std:
     for (auto& t : transports_) {
         Status st = t->exportRegion(region, &desc);
         if (!st.ok()) {
-            (void)memory_.remove(region.addr);
+            // Nothing reached it yet: no peer knows the region.
+            (void)memory_.remove(region.addr, Deadline::afterMs(0));
             return st.withContext(std::string("exporting region via ") + t->name());
         }
     }
@@ -261,12 +262,32 @@ Status TransferEngine::registerLocalMemory(void* addr, size_t length, const std:
 }
 
 Status TransferEngine::unregisterLocalMemory(void* addr) {
-    std::lock_guard<std::mutex> lock(mu_);
+    return unregisterLocalMemory(addr, Deadline::afterMs(kUnregisterTimeoutMs));
+}
+
+Status TransferEngine::unregisterLocalMemory(void* addr, Deadline deadline) {
     uint64_t a = reinterpret_cast<uint64_t>(addr);
-    MC_RETURN_IF_ERROR(memory_.remove(a));
+    LocalRegion region;
+    Status published;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        MC_ASSIGN_OR_RETURN(region, memory_.beginRemove(a));
+        std::erase_if(local_.regions, [&](const RegionDesc& r) { return r.addr == a; });
+        // A peer reading a stale descriptor is refused by the registry, so
+        // a failed publish does not stop the removal.
+        published = publishLocked();
+    }
+    // Writes that passed their bounds check before beginRemove still copy
+    // into the region; they are failed rather than waited for, so a stalled
+    // peer cannot hold the caller up. Not under mu_: the wait is bounded by
+    // the transports' loops, not by this engine's other callers.
+    for (auto& t : transports_) t->abortRemoteAccess(region);
+    MC_RETURN_IF_ERROR(memory_.finishRemove(a, deadline)
+                           .withContext("unregistering local memory at " + std::to_string(a)));
+    // Only now, with nothing landing any more: a transport's own handle on
+    // the region (an RDMA memory registration) goes last.
     for (auto& t : transports_) t->unexportRegion(a);
-    std::erase_if(local_.regions, [&](const RegionDesc& r) { return r.addr == a; });
-    return publishLocked();
+    return published;
 }
 
 Result<void*> TransferEngine::allocateSharedMemory(size_t length, const std::string& debug_name) {

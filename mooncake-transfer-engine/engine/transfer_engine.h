@@ -55,7 +55,13 @@ public:
 
     Status registerLocalMemory(void* addr, size_t length, const std::string& location = "cpu",
                                bool remote_accessible = true);
+    // Waits (up to `deadline`) until no peer's write is landing in the
+    // region any more; writes in flight are failed, new ones refused. On
+    // kTimeout the region stays registered and its memory must not be freed.
+    Status unregisterLocalMemory(void* addr, Deadline deadline);
+    // The same with a deadline of kUnregisterTimeoutMs.
     Status unregisterLocalMemory(void* addr);
+    static constexpr int64_t kUnregisterTimeoutMs = 10000;
 
     // CPU memory that same-host peers can map (memfd). Registered on return;
     // free with freeSharedMemory.

@@ -126,6 +126,12 @@ public:
         return Unavailable(std::string(name()) + " cannot map peer memory");
     }
 
+    // `region` is being unregistered (the registry already refuses new
+    // remote uses of it): stop landing peers' writes in it now, failing
+    // them, so that the uses they hold are released promptly. Transports
+    // whose peers never write through the registry do nothing.
+    virtual void abortRemoteAccess(const LocalRegion& region) { (void)region; }
+
     // Whether the peer process answers before the deadline.
     virtual Status probe(const SegmentDesc& peer, Deadline deadline) = 0;
 

@@ -177,7 +177,8 @@ Status Rounds::fail(int peer, const Status& status) {
         // Best effort: a member that cannot be reached is dead or will meet
         // this rank's silence at its own deadline.
         if (m != state_.rank)
-            (void)state_.fabric->putFlag(m, state_.layout.abortFlag(state_.rank), notice);
+            (void)state_.fabric->putFlag(m, state_.layout.abortFlag(state_.rank), notice,
+                                         deadline_);
     }
     return out;
 }
@@ -340,16 +341,16 @@ Status Rounds::send(int peer, const void* a, size_t a_len, const void* b, size_t
             std::memcpy(staged + kHeaderBytes, a, a_len);
         if (b_len != 0)
             std::memcpy(staged + kHeaderBytes + a_len, b, b_len);
-        st = fabric.put(peer, off, staged, kHeaderBytes + total);
+        st = fabric.put(peer, off, staged, kHeaderBytes + total, deadline_);
     } else {
-        st = fabric.put(peer, off, &h, sizeof(h));
+        st = fabric.put(peer, off, &h, sizeof(h), deadline_);
         if (st.ok() && a_len != 0)
-            st = fabric.put(peer, off + kHeaderBytes, a, a_len);
+            st = fabric.put(peer, off + kHeaderBytes, a, a_len, deadline_);
         if (st.ok() && b_len != 0)
-            st = fabric.put(peer, off + kHeaderBytes + a_len, b, b_len);
+            st = fabric.put(peer, off + kHeaderBytes + a_len, b, b_len, deadline_);
     }
     if (st.ok())
-        st = fabric.putFlag(peer, state_.layout.dataFlag(state_.rank), h.token);
+        st = fabric.putFlag(peer, state_.layout.dataFlag(state_.rank), h.token, deadline_);
     if (!st.ok())
         return failWait(peer, st);
     sent_[peer] = 1;
@@ -509,7 +510,7 @@ Status Rounds::finishRound() {
         // from this call, and the others must not fail a call they finished
         // because it left right after finishing too (rounds.h). If it is
         // still alive it meets the missing ack in its next call.
-        (void)fabric.putFlag(m, state_.layout.ackFlag(state_.rank), token);
+        (void)fabric.putFlag(m, state_.layout.ackFlag(state_.rank), token, deadline_);
     }
     ++state_.round;
     ++call_round_;

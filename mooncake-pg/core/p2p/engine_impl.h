@@ -159,6 +159,14 @@ public:
 private:
     using Clock = Deadline::Clock;
 
+    // How long a protocol slot or cursor write (Fabric::put) may wait for
+    // the peer's staging space. The progress thread serves every peer, so it
+    // must not sit on one whose writes stopped completing; a peer that
+    // cannot take a 64-byte slot for this long is stalled, and its pair fails
+    // like on any failed put. Data puts wait until their send's deadline.
+    static constexpr int64_t kControlPutTimeoutMs = 5000;
+    static Deadline controlPutDeadline() { return Deadline::afterMs(kControlPutTimeoutMs); }
+
     // --- p2p_engine.cc: loop, deadlines, failures, completions.
     void run();
     bool pass();

@@ -94,7 +94,8 @@ Status P2PEngine::Impl::readAcks(int peer, PeerState& ps, bool* progressed) {
         return Status::OK();
     // Tells the sender which acks (hence which of its puts) have landed, so
     // it can reuse the staging chunks those puts read.
-    return fabric_->putFlag(peer, layout_.cursor(rank_), p2p::cursorWord(ps.epoch, ps.acks_read));
+    return fabric_->putFlag(peer, layout_.cursor(rank_), p2p::cursorWord(ps.epoch, ps.acks_read),
+                            controlPutDeadline());
 }
 
 Status P2PEngine::Impl::grant(int peer, PeerState& ps, const std::shared_ptr<InRecv>& r,
@@ -116,7 +117,7 @@ Status P2PEngine::Impl::grant(int peer, PeerState& ps, const std::shared_ptr<InR
     rec.length = length;
     ++ps.credits_issued;
     return p2p::writeSlot(*fabric_, peer, layout_.creditIn(rank_, seq),
-                          window_ + layout_.creditOut(peer, seq), s);
+                          window_ + layout_.creditOut(peer, seq), s, controlPutDeadline());
 }
 
 Status P2PEngine::Impl::issueCredits(int peer, PeerState& ps, bool* progressed) {

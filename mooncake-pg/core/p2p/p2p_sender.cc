@@ -179,9 +179,10 @@ Status P2PEngine::Impl::serveTag(int peer, PeerState& ps, int tag, SendTag& t, b
             return Status::OK();  // wait for staging
         if (c.slot.length > 0) {
             auto chunk = static_cast<uint32_t>(m.slot[index]);
-            MC_RETURN_IF_ERROR(fabric_->put(
-                peer, layout_.recvPool(rank_) + c.slot.pool_offset,
-                window_ + layout_.sendPool(peer) + ps.send_pool.offsetOf(chunk), c.slot.length));
+            MC_RETURN_IF_ERROR(
+                fabric_->put(peer, layout_.recvPool(rank_) + c.slot.pool_offset,
+                             window_ + layout_.sendPool(peer) + ps.send_pool.offsetOf(chunk),
+                             c.slot.length, m.deadline));
             ps.unreleased.emplace_back(ps.acks_written, chunk);
             m.slot[index] = -1;
         }
@@ -238,7 +239,8 @@ Status P2PEngine::Impl::writeAck(int peer, PeerState& ps, const Credit& c, uint3
     a.message_bytes = message_bytes;
     a.status = status;
     MC_RETURN_IF_ERROR(p2p::writeSlot(*fabric_, peer, layout_.ackIn(rank_, ps.acks_written),
-                                      window_ + layout_.ackOut(peer, ps.acks_written), a));
+                                      window_ + layout_.ackOut(peer, ps.acks_written), a,
+                                      controlPutDeadline()));
     ++ps.acks_written;
     return Status::OK();
 }

@@ -146,12 +146,12 @@ bool readSlot(const uint8_t* window, uint64_t offset, uint64_t token, Slot* out)
 // footer with putFlag so it becomes visible only after the body.
 template <typename Slot>
 Status writeSlot(Fabric& fabric, int peer, uint64_t remote_offset, uint8_t* outbox,
-                 const Slot& slot) {
+                 const Slot& slot, Deadline deadline) {
     constexpr size_t kBody = offsetof(Slot, footer);
     static_assert(kBody + sizeof(uint64_t) == sizeof(Slot), "footer must be the last word");
     std::memcpy(outbox, &slot, sizeof(Slot));
-    MC_RETURN_IF_ERROR(fabric.put(peer, remote_offset, outbox, kBody));
-    return fabric.putFlag(peer, remote_offset + kBody, slot.footer);
+    MC_RETURN_IF_ERROR(fabric.put(peer, remote_offset, outbox, kBody, deadline));
+    return fabric.putFlag(peer, remote_offset + kBody, slot.footer, deadline);
 }
 
 }  // namespace mooncake::pg::p2p

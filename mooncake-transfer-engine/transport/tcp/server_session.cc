@@ -28,6 +28,7 @@ void ServerSession::onClosed(Connection* conn, const Status& why) {
     if (closed_)
         return;
     closed_ = true;
+    write_use_.release();
     MC_LOG(kDebug, "tcp") << "target side of " << peer_ << " (segment '" << peer_segment_
                           << "') closed: " << why.toString();
     on_closed_(this);
@@ -59,6 +60,19 @@ void ServerSession::reject(StatusCode code, const std::string& reason) {
     conn_->close(Status(code, "rejected tcp peer " + peer_ + ": " + reason));
 }
 
+void ServerSession::abortWriteInto(uint64_t region_addr, const std::string& segment_name) {
+    if (closed_ || !write_use_.held() || write_use_.regionAddr() != region_addr)
+        return;
+    // The loop thread is the only one landing payloads, so once the sink is
+    // switched to discard no further byte reaches the region.
+    conn_->abandon(write_request_);
+    write_use_.release();
+    failed_request_ = write_request_;
+    reply(FrameType::kCompletion, write_request_, StatusCode::kAborted,
+          "segment '" + segment_name + "' unregistered the region at " +
+              std::to_string(region_addr) + " while this WRITE was landing in it");
+}
+
 PayloadSink ServerSession::onHeader(Connection* conn, const FrameHeader& h) {
     if (!authenticated_ && h.type != FrameType::kHello) {
         reject(StatusCode::kPermissionDenied,
@@ -74,17 +88,23 @@ PayloadSink ServerSession::onHeader(Connection* conn, const FrameHeader& h) {
         case FrameType::kWrite:
             if (h.request_id == failed_request_)
                 return PayloadSink::discard();
-            // h.length covers the rest of the request, so its first slice
-            // proves the whole range before any byte lands.
-            if (!host_->memory().remotelyAccessible(h.remote_addr, h.length)) {
-                failed_request_ = h.request_id;
-                reply(FrameType::kCompletion, h.request_id, StatusCode::kOutOfRange,
-                      "WRITE [" + std::to_string(h.remote_addr) + ", +" + std::to_string(h.length) +
-                          ") is not inside a remotely accessible region of segment '" +
-                          host_->segmentName() + "'");
-                return PayloadSink::discard();
+            {
+                // h.length covers the rest of the request, so its first slice
+                // proves the whole range before any byte lands.
+                auto use = host_->memory().beginRemoteUse(h.remote_addr, h.length);
+                if (!use.ok()) {
+                    failed_request_ = h.request_id;
+                    reply(FrameType::kCompletion, h.request_id, StatusCode::kOutOfRange,
+                          "WRITE [" + std::to_string(h.remote_addr) + ", +" +
+                              std::to_string(h.length) +
+                              ") is not inside a remotely accessible region of segment '" +
+                              host_->segmentName() + "'");
+                    return PayloadSink::discard();
+                }
+                write_use_ = std::move(use.value());
+                write_request_ = h.request_id;
+                return PayloadSink::memory(reinterpret_cast<uint8_t*>(h.remote_addr));
             }
-            return PayloadSink::memory(reinterpret_cast<uint8_t*>(h.remote_addr));
         case FrameType::kReadReq:
         case FrameType::kPing:
             return PayloadSink::discard();  // no payload
@@ -115,6 +135,7 @@ void ServerSession::onFrame(Connection* conn, const FrameHeader& h, std::string_
             return;
         }
         case FrameType::kWrite:
+            write_use_.release();
             if (h.request_id == failed_request_)
                 return;
             if (h.length == h.payload_len)

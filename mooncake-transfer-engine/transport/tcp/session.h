@@ -111,6 +111,9 @@ public:
     void sweep();
     void close(const Status& why);
     bool hasDeadlines() const { return !authenticated_; }
+    // Fails the WRITE landing in the region at `region_addr`, if any: its
+    // remaining payload is drained unapplied and the peer gets an error.
+    void abortWriteInto(uint64_t region_addr, const std::string& segment_name);
 
     void onConnected(Connection* conn) override { (void)conn; }
     PayloadSink onHeader(Connection* conn, const FrameHeader& h) override;
@@ -134,6 +137,11 @@ private:
     // drained unapplied. Its first slice checks the whole range, so an
     // out-of-range request writes nothing at all.
     uint64_t failed_request_ = 0;
+    // The WRITE frame whose payload is landing now (one at a time: frames
+    // are applied in order) holds its region until the frame is complete,
+    // so the region cannot be unregistered under the copy.
+    RegionUse write_use_;
+    uint64_t write_request_ = 0;
 };
 
 }  // namespace mooncake::te::tcp

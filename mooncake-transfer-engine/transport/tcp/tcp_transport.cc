@@ -54,6 +54,7 @@ public:
         return peer.tcp_port != 0 && region.location == "cpu";
     }
     void submit(const std::shared_ptr<TransferTask>& task) override;
+    void abortRemoteAccess(const LocalRegion& region) override;
     Status probe(const SegmentDesc& peer, Deadline deadline) override;
     void shutdown() override;
 
@@ -72,10 +73,11 @@ private:
     TransportHost* host_ = nullptr;
     std::unique_ptr<Listener> listener_;
 
-    std::mutex mu_;  // guards the three below
+    std::mutex mu_;  // guards the four below
     bool started_ = false;
     bool stopped_ = false;
     std::vector<Op> inbox_;
+    std::vector<uint64_t> aborted_regions_;  // by address, for the loop
 
     // Loop thread only (or the shutdown caller once the loop has stopped).
     std::map<std::string, std::unique_ptr<ClientSession>> clients_;
@@ -130,6 +132,17 @@ void TcpTransport::submit(const std::shared_ptr<TransferTask>& task) {
         task->complete(Aborted("tcp transport is not running"));
 }
 
+void TcpTransport::abortRemoteAccess(const LocalRegion& region) {
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        // Once stopped, every session is closed and holds no region.
+        if (!started_ || stopped_)
+            return;
+        aborted_regions_.push_back(region.addr);
+    }
+    loop_.wakeup();
+}
+
 Status TcpTransport::probe(const SegmentDesc& peer, Deadline deadline) {
     const std::string label =
         "segment '" + peer.name + "' at " + peer.tcp_host + ":" + std::to_string(peer.tcp_port);
@@ -149,9 +162,21 @@ Status TcpTransport::probe(const SegmentDesc& peer, Deadline deadline) {
 
 void TcpTransport::onWakeup() {
     std::vector<Op> ops;
+    std::vector<uint64_t> aborted;
     {
         std::lock_guard<std::mutex> lock(mu_);
         ops.swap(inbox_);
+        aborted.swap(aborted_regions_);
+    }
+    if (!aborted.empty()) {
+        // A snapshot: the error reply may close (and so retire) a session.
+        std::vector<ServerSession*> servers;
+        for (auto& [raw, s] : servers_)
+            servers.push_back(raw);
+        for (uint64_t region : aborted) {
+            for (ServerSession* s : servers)
+                s->abortWriteInto(region, host_->segmentName());
+        }
     }
     std::vector<ClientSession*> touched;
     for (auto& op : ops) {

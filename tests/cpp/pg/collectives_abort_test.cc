@@ -23,20 +23,20 @@ class GatedFabric : public testutil::ForwardingFabric {
 public:
     GatedFabric(std::shared_ptr<Fabric> inner, int gated_peer)
         : ForwardingFabric(std::move(inner)), gated_peer_(gated_peer) {}
-    Status putFlag(int peer, uint64_t offset, uint64_t value) override {
+    Status putFlag(int peer, uint64_t offset, uint64_t value, Deadline deadline) override {
         std::lock_guard<std::mutex> lock(mu_);
         if (peer == gated_peer_ && !open_) {
             held_.emplace_back(offset, value);
             return Status::OK();
         }
-        return inner().putFlag(peer, offset, value);
+        return inner().putFlag(peer, offset, value, deadline);
     }
 
     // Applies the held flags in order and lets later ones through.
     void open() {
         std::lock_guard<std::mutex> lock(mu_);
         for (const auto& [offset, value] : held_)
-            ASSERT_TRUE(inner().putFlag(gated_peer_, offset, value).ok());
+            ASSERT_TRUE(inner().putFlag(gated_peer_, offset, value, Deadline::never()).ok());
         held_.clear();
         open_ = true;
     }
@@ -185,8 +185,8 @@ class FirstFlagFabric : public testutil::ForwardingFabric {
 public:
     FirstFlagFabric(std::shared_ptr<Fabric> inner, int peer)
         : ForwardingFabric(std::move(inner)), peer_(peer) {}
-    Status putFlag(int peer, uint64_t offset, uint64_t value) override {
-        Status st = inner().putFlag(peer, offset, value);
+    Status putFlag(int peer, uint64_t offset, uint64_t value, Deadline deadline) override {
+        Status st = inner().putFlag(peer, offset, value, deadline);
         if (peer == peer_) {
             std::lock_guard<std::mutex> lock(mu_);
             sent_ = true;

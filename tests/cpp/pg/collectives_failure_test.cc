@@ -405,13 +405,13 @@ class DyingFabric : public testutil::ForwardingFabric {
 public:
     DyingFabric(ThreadFabricGroup& group, int rank, int kill_at)
         : ForwardingFabric(group.fabric(rank)), group_(group), kill_at_(kill_at) {}
-    Status put(int peer, uint64_t offset, const void* src, size_t len) override {
+    Status put(int peer, uint64_t offset, const void* src, size_t len, Deadline deadline) override {
         tick();
-        return inner().put(peer, offset, src, len);
+        return inner().put(peer, offset, src, len, deadline);
     }
-    Status putFlag(int peer, uint64_t offset, uint64_t value) override {
+    Status putFlag(int peer, uint64_t offset, uint64_t value, Deadline deadline) override {
         tick();
-        return inner().putFlag(peer, offset, value);
+        return inner().putFlag(peer, offset, value, deadline);
     }
 
 private:

@@ -82,8 +82,8 @@ TEST_F(SoloCollectives, RootedCallsNeedThisRankAsRoot) {
 TEST(SoloFabricTest, PutsToPeersFail) {
     SoloFabric fabric(1, 3, 256);
     const uint8_t byte = 7;
-    EXPECT_EQ(fabric.put(0, 0, &byte, 1).code(), StatusCode::kUnavailable);
-    EXPECT_EQ(fabric.putFlag(2, 0, 1).code(), StatusCode::kUnavailable);
+    EXPECT_EQ(fabric.put(0, 0, &byte, 1, Deadline::afterMs(1000)).code(), StatusCode::kUnavailable);
+    EXPECT_EQ(fabric.putFlag(2, 0, 1, Deadline::afterMs(1000)).code(), StatusCode::kUnavailable);
     EXPECT_EQ(fabric.peerWindow(0), nullptr);
     EXPECT_TRUE(fabric.peerFailed(0));
     EXPECT_FALSE(fabric.peerFailed(1));

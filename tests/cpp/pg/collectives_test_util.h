@@ -66,11 +66,11 @@ public:
     int size() const override { return inner_->size(); }
     size_t windowBytes() const override { return inner_->windowBytes(); }
     uint8_t* localWindow() override { return inner_->localWindow(); }
-    Status put(int peer, uint64_t offset, const void* src, size_t len) override {
-        return inner_->put(peer, offset, src, len);
+    Status put(int peer, uint64_t offset, const void* src, size_t len, Deadline deadline) override {
+        return inner_->put(peer, offset, src, len, deadline);
     }
-    Status putFlag(int peer, uint64_t offset, uint64_t value) override {
-        return inner_->putFlag(peer, offset, value);
+    Status putFlag(int peer, uint64_t offset, uint64_t value, Deadline deadline) override {
+        return inner_->putFlag(peer, offset, value, deadline);
     }
     uint8_t* peerWindow(int peer) override { return inner_->peerWindow(peer); }
     bool peerFailed(int peer) const override { return inner_->peerFailed(peer); }
@@ -144,8 +144,8 @@ class EntryGatedFabric : public ForwardingFabric {
 public:
     EntryGatedFabric(std::shared_ptr<Fabric> inner, std::shared_ptr<EntryGate> gate)
         : ForwardingFabric(std::move(inner)), gate_(std::move(gate)) {}
-    Status putFlag(int peer, uint64_t offset, uint64_t value) override {
-        Status st = inner().putFlag(peer, offset, value);
+    Status putFlag(int peer, uint64_t offset, uint64_t value, Deadline deadline) override {
+        Status st = inner().putFlag(peer, offset, value, deadline);
         gate_->wrote(rank(), peer);
         return st;
     }

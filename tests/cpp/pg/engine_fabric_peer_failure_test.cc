@@ -81,14 +81,14 @@ TEST(EngineFabricPeerFailure, AFailedWriteToOnePeerDoesNotFailPutsToAnother) {
     while (!f0.peerFailed(2)) {
         ASSERT_FALSE(deadline.expired()) << "no write to the dead rank 2 ever failed";
         ++round;
-        (void)f0.put(2, 0, data.data(), data.size());
+        (void)f0.put(2, 0, data.data(), data.size(), deadline);
         std::memset(data.data(), static_cast<int>(round & 0xff), data.size());
-        Status st = f0.put(1, 0, data.data(), data.size());
+        Status st = f0.put(1, 0, data.data(), data.size(), deadline);
         ASSERT_TRUE(st.ok()) << "a put to the healthy rank 1 failed: " << st.toString();
-        st = f0.putFlag(1, 8192, round);
+        st = f0.putFlag(1, 8192, round, deadline);
         ASSERT_TRUE(st.ok()) << "a flag to the healthy rank 1 failed: " << st.toString();
     }
-    EXPECT_EQ(f0.put(2, 0, data.data(), data.size()).code(), StatusCode::kPeerFailure);
+    EXPECT_EQ(f0.put(2, 0, data.data(), data.size(), deadline).code(), StatusCode::kPeerFailure);
     EXPECT_FALSE(f0.peerFailed(1));
 
     // The last round's bytes reach rank 1 whole: its flag lands after them.

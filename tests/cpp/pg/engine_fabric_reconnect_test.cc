@@ -26,6 +26,10 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kRanks = 3;
 constexpr size_t kWindow = 1 << 16;
+
+Deadline kPutDeadline() {
+    return Deadline::afterMs(10000);
+}
 constexpr int kSlots = 16;               // records per area, reused round-robin
 constexpr size_t kRecord = 64;           // 7 body words + a flag word
 constexpr uint64_t kAreaToSlot1 = 0;     // rank 0's puts to "rank 1"
@@ -104,9 +108,9 @@ TEST(EngineFabricReconnect, ConnectPeerWhilePutsRun) {
             Record rec;
             rec.body.fill(i);
             for (auto [peer, area] : {std::pair{1, kAreaToSlot1}, std::pair{2, kAreaToRank2}}) {
-                Status st = fab.put(peer, area + at, &rec, offsetof(Record, flag));
+                Status st = fab.put(peer, area + at, &rec, offsetof(Record, flag), kPutDeadline());
                 if (st.ok())
-                    st = fab.putFlag(peer, area + at + offsetof(Record, flag), i);
+                    st = fab.putFlag(peer, area + at + offsetof(Record, flag), i, kPutDeadline());
                 if (!st.ok()) {
                     writer_error = "put " + std::to_string(i) + " to rank " + std::to_string(peer) +
                                    ": " + st.toString();
@@ -174,7 +178,7 @@ TEST(EngineFabricReconnect, ConnectPeerWhilePutsRun) {
     // The last reconnect pointed slot 1 back at rank 1.
     Record rec;
     rec.body.fill(~uint64_t{0});
-    ASSERT_TRUE(f[0]->put(1, kAreaToSlot1, &rec, offsetof(Record, flag)).ok());
+    ASSERT_TRUE(f[0]->put(1, kAreaToSlot1, &rec, offsetof(Record, flag), kPutDeadline()).ok());
     EXPECT_EQ(readRecord(w1, kAreaToSlot1, 0).body[6], ~uint64_t{0});
 }
 

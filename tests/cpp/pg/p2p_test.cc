@@ -301,9 +301,12 @@ void forgeCredit(Group& g, uint32_t epoch, bool footer) {
     s.message_bytes = 1;
     auto f0 = g.fabrics.fabric(0);
     uint64_t at = layout.creditIn(0, 0);
-    ASSERT_TRUE(f0->put(1, at, &s, offsetof(p2p::CreditSlot, footer)).ok());
+    ASSERT_TRUE(
+        f0->put(1, at, &s, offsetof(p2p::CreditSlot, footer), Deadline::afterMs(10000)).ok());
     if (footer) {
-        ASSERT_TRUE(f0->putFlag(1, at + offsetof(p2p::CreditSlot, footer), s.footer).ok());
+        ASSERT_TRUE(f0->putFlag(1, at + offsetof(p2p::CreditSlot, footer), s.footer,
+                                Deadline::afterMs(10000))
+                        .ok());
     }
 }
 

@@ -61,7 +61,7 @@ void expectPutArrives(EngineFabric& from, EngineFabric& to, uint8_t seed) {
     std::vector<uint8_t> data(70001);
     for (size_t i = 0; i < data.size(); ++i)
         data[i] = static_cast<uint8_t>(seed + i * 7);
-    ASSERT_TRUE(from.put(to.rank(), 13, data.data(), data.size()).ok());
+    ASSERT_TRUE(from.put(to.rank(), 13, data.data(), data.size(), Deadline::afterMs(10000)).ok());
     ASSERT_EQ(std::memcmp(to.localWindow() + 13, data.data(), data.size()), 0);
 }
 

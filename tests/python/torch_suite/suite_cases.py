@@ -92,12 +92,7 @@ NEEDS_RECV_ANYSOURCE: list = []
 
 # Tests that pass with gloo but fail with mooncake-cpu for a known reason; also
 # expected failures (strict).
-UNSUPPORTED = {
-    "test_barrier_timeout_full_group":
-        "the barrier does time out after new_group(timeout=1 s), but the suite matches the "
-        "error against ' (Timed out|closed|timeout) ' and mooncake-cpu's reads "
-        "'TIMEOUT: barrier round 0: rank(s) ... never entered the call'",
-}
+UNSUPPORTED: dict = {}
 
 
 def expected_failures() -> dict:
