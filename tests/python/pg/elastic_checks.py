@@ -23,7 +23,11 @@ import torch.distributed as dist
 # Small timeouts keep the suite fast; both knobs are honoured by the backend.
 TIMEOUT_MS = 3000   # MC_PG_TIMEOUT_MS: per-op (collective) deadline
 WINDOW_MS = 4000    # MC_PG_RECONCILE_WINDOW_MS: reconciliation window
-ELASTIC_ENV = {"MC_PG_TIMEOUT_MS": str(TIMEOUT_MS), "MC_PG_RECONCILE_WINDOW_MS": str(WINDOW_MS)}
+# 256 KiB chunks: big_input's all_reduce takes 64 rounds, so a rank that looks
+# at its output after the first one and then dies is far from done (with 4
+# rounds it once finished its part in between under load, and nobody failed).
+ELASTIC_ENV = {"MC_PG_TIMEOUT_MS": str(TIMEOUT_MS), "MC_PG_RECONCILE_WINDOW_MS": str(WINDOW_MS),
+               "MC_PG_CHUNK_BYTES": str(256 << 10)}
 # Scheduling slack on a loaded 2-core machine, added to every time bound.
 SLACK_S = 6.0
 # How long a process waits for another one's step (file event, mask change).
@@ -348,6 +352,10 @@ def die_inside_all_reduce(ctx, slot, active, event):
     holds the sum, every rank is inside the call; the last element still holding
     this rank's own input shows that the call is not over. `event` records
     whether that held when the kill was sent (check_died_inside reads it)."""
+    # The event exists (empty) before the call; its text is one write() right
+    # before the kill, so little can happen between the look and the kill.
+    ctx.signal(event, "")
+    fd = os.open(ctx.event_path(event), os.O_WRONLY)
     t = big_input(slot)
     work = dist.all_reduce(t, async_op=True)
     total = sum(r + 1 for r in active)
@@ -355,8 +363,8 @@ def die_inside_all_reduce(ctx, slot, active, event):
     while int(t[0]) != total and not work.is_completed() and time.monotonic() < deadline:
         pass
     midway = int(t[0]) == total and int(t[-1]) == slot + 1 and not work.is_completed()
-    ctx.signal(event, "midway" if midway else
-               f"not midway: t[0]={int(t[0])} t[-1]={int(t[-1])} completed={work.is_completed()}")
+    os.write(fd, b"midway" if midway else
+             f"not midway: t[0]={int(t[0])} t[-1]={int(t[-1])}".encode())
     ctx.kill_self()
 
 
