@@ -42,7 +42,10 @@ struct P2POptions {
 
 // Counters for monitoring and tests.
 struct P2PStats {
-    uint64_t progress_passes = 0;   // passes of the progress thread
+    uint64_t progress_passes = 0;  // passes of the progress thread
+    // The progress thread waits, with no timeout, for an op to be posted:
+    // it makes no pass until then (an idle engine costs no CPU).
+    bool parked = false;
     uint64_t credits_received = 0;  // credit slots consumed (this rank sending)
     uint64_t acks_received = 0;     // ack slots consumed (this rank receiving)
 };

@@ -96,8 +96,15 @@ void MooncakeWork::waitHost(std::chrono::milliseconds timeout) {
                          " did not complete within ", timeout.count(),
                          " ms of wait(); it is still running");
     }
-    if (exception_)
-        std::rethrow_exception(exception_);
+    const std::exception_ptr error = exception_;
+    lock.unlock();
+    // The completing thread settles the future right after it releases
+    // mutex_ (its callbacks may call back into this Work); waiting for that
+    // here means a caller that returns from wait() finds get_future() done,
+    // as torch's own backends guarantee.
+    future_->wait();
+    if (error)
+        std::rethrow_exception(error);
 }
 
 void MooncakeWork::abort() {

@@ -275,6 +275,9 @@ class Ctx:
         os.replace(tmp, path)
         self.note(f"signal {name}")
 
+    def event_path(self, name: str) -> str:
+        return _event_path(self.tmpdir, name)
+
     def signalled(self, name: str) -> bool:
         return os.path.exists(_event_path(self.tmpdir, name))
 

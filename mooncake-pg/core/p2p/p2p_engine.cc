@@ -406,7 +406,9 @@ void P2PEngine::Impl::run() {
     auto last_progress = Clock::now();
     while (!stop_) {
         if (live_ == 0 || !init_status_.ok()) {
+            stats_.parked = true;
             cv_.wait(lock, [this] { return stop_ || (live_ > 0 && init_status_.ok()); });
+            stats_.parked = false;
             idle = 0;
             sleep = kMinSleep;
             last_progress = Clock::now();

@@ -408,12 +408,18 @@ TEST(P2P, IdleEngineDoesNotPoll) {
     auto s = postSend(g[1], want, 0, 0);
     ASSERT_TRUE(postRecv(g[0], got, 1, 0)->wait().ok());
     ASSERT_TRUE(s->wait().ok());
-    // Not synchronisation: an observation window in which an idle engine
-    // must not run (a polling one would make thousands of passes).
-    uint64_t before = g[0].stats().progress_passes + g[1].stats().progress_passes;
-    std::this_thread::sleep_for(50ms);
-    uint64_t after = g[0].stats().progress_passes + g[1].stats().progress_passes;
-    EXPECT_LE(after - before, 4u);
+    // With nothing pending, each progress thread must end up in its untimed
+    // wait (a polling engine never does); then it makes no pass at all.
+    for (int r = 0; r < 2; ++r) {
+        const Deadline deadline = Deadline::after(10s);
+        while (!g[r].stats().parked && !deadline.expired())
+            std::this_thread::yield();
+        const P2PStats first = g[r].stats();
+        ASSERT_TRUE(first.parked) << "rank " << r << "'s idle progress thread never parked";
+        const P2PStats second = g[r].stats();
+        EXPECT_TRUE(second.parked) << "rank " << r;
+        EXPECT_EQ(second.progress_passes, first.progress_passes) << "rank " << r;
+    }
 }
 
 }  // namespace

@@ -13,6 +13,7 @@ process sets the "abort" event, so the others stop waiting instead of hanging.
 from __future__ import annotations
 
 import os
+import re
 import time
 import traceback
 
@@ -22,7 +23,11 @@ import torch.distributed as dist
 # Small timeouts keep the suite fast; both knobs are honoured by the backend.
 TIMEOUT_MS = 3000   # MC_PG_TIMEOUT_MS: per-op (collective) deadline
 WINDOW_MS = 4000    # MC_PG_RECONCILE_WINDOW_MS: reconciliation window
-ELASTIC_ENV = {"MC_PG_TIMEOUT_MS": str(TIMEOUT_MS), "MC_PG_RECONCILE_WINDOW_MS": str(WINDOW_MS)}
+# 256 KiB chunks: big_input's all_reduce takes 64 rounds, so a rank that looks
+# at its output after the first one and then dies is far from done (with 4
+# rounds it once finished its part in between under load, and nobody failed).
+ELASTIC_ENV = {"MC_PG_TIMEOUT_MS": str(TIMEOUT_MS), "MC_PG_RECONCILE_WINDOW_MS": str(WINDOW_MS),
+               "MC_PG_CHUNK_BYTES": str(256 << 10)}
 # Scheduling slack on a loaded 2-core machine, added to every time bound.
 SLACK_S = 6.0
 # How long a process waits for another one's step (file event, mask change).
@@ -155,28 +160,88 @@ def _accessor(work, name):
     return v() if callable(v) else v
 
 
-def outcome(work, started):
-    """Waits for `work` (a failed op may raise) and reads local_success / failed_ranks_hint."""
+def _described(e):
+    """(type name, is a DistBackendError, message) of an exception, or None."""
+    if e is None:
+        return None
+    return (type(e).__name__, isinstance(e, dist.DistBackendError), str(e))
+
+
+def work_facts(work, error):
+    """Everything a caller can read from a completed Work whose wait() raised `error`
+    (None: wait() returned): the Work accessors, exception() and the future's outcome."""
+    facts = {"error": _described(error)}
+    facts["is_completed"] = bool(work.is_completed())
+    facts["is_success"] = bool(work.is_success())
+    facts["exception"] = _described(work.exception())
+    fut = work.get_future()
+    # wait() has returned or raised: the future must be complete already.
+    facts["future_done"] = bool(fut.done())
+    try:
+        fut.wait()
+        facts["future_error"] = None
+    except Exception as e:  # noqa: BLE001 - a failed Work's future holds its error
+        facts["future_error"] = _described(e)
+    facts["local_success"] = bool(_accessor(work, "local_success"))
+    facts["hint"] = _accessor(work, "failed_ranks_hint")
+    return facts
+
+
+def wait_facts(work):
+    """work.wait(), then work_facts(); the exception wait() raised is kept, not swallowed."""
     error = None
     try:
         work.wait()
-    except Exception as e:  # noqa: BLE001 - a failed op raises from wait()
-        error = f"{type(e).__name__}: {e}"
-    elapsed = time.monotonic() - started
-    ok = _accessor(work, "local_success")
-    hint = _accessor(work, "failed_ranks_hint")
-    return {"elapsed_s": elapsed, "error": error, "local_success": bool(ok), "hint": hint}
+    except Exception as e:  # noqa: BLE001 - a failed op raises from wait(); checked by the caller
+        error = e
+    return work_facts(work, error)
 
 
-def check_failed_op(res, bad, max_group_size, self_rank, bound_s):
+def outcome(work, started):
+    """Waits for `work` and reads what a failed Work offers (work_facts), plus the time."""
+    res = wait_facts(work)
+    res["elapsed_s"] = time.monotonic() - started
+    return res
+
+
+# "[failed ranks: 1 3]": the ranks the failure message names as the evidence.
+FAILED_RANKS_RE = re.compile(r"\[failed ranks:((?: \d+)+)\]")
+
+
+def check_failed_work(res, max_group_size, hint_ranks, message_re):
+    """The documented contract of a failed Work (pg-elastic.md, Failure modes):
+    wait() raises DistBackendError whose message matches `message_re`;
+    is_completed() True, is_success() False, exception() and the future's error
+    are that same DistBackendError; local_success() False; failed_ranks_hint()
+    an int32 tensor of max_group_size entries marking exactly `hint_ranks`."""
+    err = res["error"]
+    assert err is not None, "wait() returned normally; expected a DistBackendError"
+    name, is_backend_error, message = err
+    assert is_backend_error, f"wait() raised {name}: {message[:300]}; expected torch.distributed.DistBackendError"
+    assert re.search(message_re, message), f"wait()'s message does not match {message_re!r}: {message[:500]}"
+    assert res["is_completed"] is True, "is_completed() is False after wait() raised"
+    assert res["is_success"] is False, "is_success() is True for a failed Work"
+    assert res["exception"] == err, f"exception() is {res['exception']}, expected what wait() raised: {err}"
+    assert res["future_done"] is True, "get_future().done() is False after wait() raised"
+    assert res["future_error"] == err, (
+        f"get_future().wait() raised {res['future_error']}, expected what wait() raised: {err}")
+    assert res["local_success"] is False, f"local_success() is True for a failed Work ({message[:200]})"
     hint = res["hint"]
     assert isinstance(hint, torch.Tensor), f"failed_ranks_hint is {type(hint)}, expected a tensor"
     assert hint.dtype == torch.int32, f"failed_ranks_hint dtype {hint.dtype}, expected int32"
     assert hint.numel() == max_group_size, (
         f"failed_ranks_hint has {hint.numel()} entries, expected max_group_size={max_group_size}")
-    assert res["local_success"] is False, f"local_success is True after rank {bad} failed (error={res['error']})"
-    assert int(hint[bad]) == 1, f"failed_ranks_hint {hint.tolist()} does not mark rank {bad}"
-    assert int(hint[self_rank]) == 0, f"failed_ranks_hint {hint.tolist()} marks this rank ({self_rank})"
+    want = [1 if r in hint_ranks else 0 for r in range(max_group_size)]
+    assert hint.tolist() == want, f"failed_ranks_hint {hint.tolist()}, expected {want}"
+
+
+def check_failed_op(res, bad, max_group_size, self_rank, bound_s):
+    """A survivor's op failed because rank `bad` died or stalled: the failed-Work
+    contract, the message names exactly `bad` (and nothing else), in time."""
+    check_failed_work(res, max_group_size, {bad}, FAILED_RANKS_RE)
+    named = sorted(int(r) for r in FAILED_RANKS_RE.search(res["error"][2]).group(1).split())
+    assert named == [bad], f"the message names failed ranks {named}, expected [{bad}]: {res['error'][2][:400]}"
+    assert self_rank != bad
     assert res["elapsed_s"] <= bound_s, (
         f"the failed op took {res['elapsed_s']:.2f} s, bound {bound_s:.1f} s")
 
@@ -279,6 +344,34 @@ def check_p2p_pair(rank, a, b, tag, n=1031):
 def big_input(rank, numel=4 << 20):
     """16 MiB of int32 for the collective a rank is killed in the middle of."""
     return torch.full((numel,), rank + 1, dtype=torch.int32)
+
+
+def die_inside_all_reduce(ctx, slot, active, event):
+    """SIGKILLs this process in the middle of an all_reduce of big_input over
+    `active` (the others entered it already). Once the first chunk of the output
+    holds the sum, every rank is inside the call; the last element still holding
+    this rank's own input shows that the call is not over. `event` records
+    whether that held when the kill was sent (check_died_inside reads it)."""
+    # The event exists (empty) before the call; its text is one write() right
+    # before the kill, so little can happen between the look and the kill.
+    ctx.signal(event, "")
+    fd = os.open(ctx.event_path(event), os.O_WRONLY)
+    t = big_input(slot)
+    work = dist.all_reduce(t, async_op=True)
+    total = sum(r + 1 for r in active)
+    deadline = time.monotonic() + STEP_S
+    while int(t[0]) != total and not work.is_completed() and time.monotonic() < deadline:
+        pass
+    midway = int(t[0]) == total and int(t[-1]) == slot + 1 and not work.is_completed()
+    os.write(fd, b"midway" if midway else
+             f"not midway: t[0]={int(t[0])} t[-1]={int(t[-1])}".encode())
+    ctx.kill_self()
+
+
+def check_died_inside(ctx, victim, event):
+    wait_event(ctx, event)
+    at = ctx.event_payload(event)
+    assert at == "midway", f"rank {victim} was not killed in the middle of the all_reduce ({at})"
 
 
 def leave(ctx, checks, name="leave: destroy_process_group"):

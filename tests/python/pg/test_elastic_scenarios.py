@@ -38,7 +38,8 @@ import torch.distributed as dist
 
 import harness
 from elastic_checks import (ELASTIC_ENV, SLACK_S, STEP_S, TIMEOUT_MS, WINDOW_MS, Checks, big_input,
-                            check_all_reduce, check_failed_op, check_p2p_pair, expect_checks, init,
+                            check_all_reduce, check_died_inside, check_failed_op,
+                            die_inside_all_reduce, check_p2p_pair, expect_checks, init,
                             join_group, last_out, leave, mask, mask_of, options, outcome, pg,
                             run_guarded, wait_all, wait_event, wait_mask, wait_peers_ready)
 
@@ -64,14 +65,13 @@ def _phase_kill(ctx, checks, mode, slot, victim, active, max_group_size, salt):
     survivors = sorted(active - {victim})
     if slot == victim:
         wait_all(ctx, f"kill{salt}_entered", survivors)
-        dist.all_reduce(big_input(slot), async_op=True)  # its worker thread starts sending
-        time.sleep(0.002)
-        ctx.kill_self()
+        die_inside_all_reduce(ctx, slot, active, f"kill{salt}_at")
     with checks.step(f"{mode}/kill: survivors' op fails in time with local_success/hint", fatal=False):
         t0 = time.monotonic()
         work = dist.all_reduce(big_input(slot), async_op=True)
         ctx.signal(f"kill{salt}_entered_{slot}")
         res = outcome(work, t0)
+        check_died_inside(ctx, victim, f"kill{salt}_at")
         checks.numbers[f"{mode}/kill_fail_s"] = round(res["elapsed_s"], 3)
         check_failed_op(res, victim, max_group_size, slot, fail_bound(mode))
     _after_failure(ctx, checks, mode, "kill", slot, victim, active, survivors, max_group_size, salt)
