@@ -142,7 +142,7 @@ void makeGroup(const std::shared_ptr<KVStore>& store, StalledPeer& stalled, Stal
     desc.host_id = "another-host";
     desc.tcp_host = "127.0.0.1";
     desc.tcp_port = stalled.port();
-    desc.regions.push_back({kStalledWindowAddr, kWindow, "cpu", true, "", ""});
+    desc.regions.push_back({kStalledWindowAddr, kWindow, "cpu", true, "", "", ""});
     EXPECT_TRUE(store->set("stall/te/segment/" + std::string(kStalledName), desc.serialize()).ok());
     EXPECT_TRUE(store
                     ->set("stall/rank/2",
