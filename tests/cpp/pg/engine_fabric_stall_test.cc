@@ -24,6 +24,7 @@
 #include "mooncake-transfer-engine/engine/segment.h"
 #include "mooncake-transfer-engine/metadata/kv_store.h"
 #include "mooncake-transfer-engine/transport/tcp/frame.h"
+#include "tests/cpp/te/tcp_test_util.h"
 
 namespace mooncake::pg {
 namespace {
@@ -41,15 +42,7 @@ const char* const kStalledName = "stall/rank2";
 class StalledPeer {
 public:
     StalledPeer() {
-        fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        sockaddr_in addr{};
-        addr.sin_family = AF_INET;
-        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        socklen_t len = sizeof(addr);
-        if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), len) == 0 && ::listen(fd_, 8) == 0 &&
-            ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-            port_ = ntohs(addr.sin_port);
-        }
+        fd_ = te::test::listenOnLoopback(&port_);
         thread_ = std::thread([this] { serve(); });
     }
     ~StalledPeer() {

@@ -1,7 +1,9 @@
 // Helpers shared by the TCP transport tests.
 #pragma once
 
+#include <netinet/in.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -10,6 +12,22 @@
 #include "tests/cpp/te/transport_test_util.h"
 
 namespace mooncake::te::test {
+
+// A listening socket on 127.0.0.1 at a port the kernel picks, for peers the
+// tests write by hand. Returns the fd; *port stays 0 if binding failed.
+inline int listenOnLoopback(uint16_t* port) {
+    *port = 0;
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) == 0 && ::listen(fd, 8) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+        *port = ntohs(addr.sin_port);
+    }
+    return fd;
+}
 
 // The byte at index `i` of pattern `seed`. Cheap enough to fill and verify
 // 256 MiB quickly; `i` enters beyond its low byte so shifted data mismatches.
