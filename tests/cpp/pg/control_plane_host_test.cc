@@ -564,6 +564,8 @@ TEST(ControlPlaneHostTest, CrossProcessOverFileKVStore) {
     char tmpl[] = "/tmp/mc_cp_host_XXXXXX";
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     const std::string dir = tmpl;
+    // Set once rank 0 has seen all three members; rank 2 leaves only then.
+    constexpr char kFullGroupSeenKey[] = "test/full_group_seen";
     std::vector<pid_t> kids;
     // Fork before this process starts any thread of its own.
     for (uint32_t r : {1u, 2u}) {
@@ -585,7 +587,13 @@ TEST(ControlPlaneHostTest, CrossProcessOverFileKVStore) {
             } else if (host->groupSize() != 3) {
                 code = 12;
             } else if (r == 2) {
-                code = host->leave().ok() ? 0 : 13;
+                // Rank 0 applies only the newest view it finds, so a leave
+                // before it has seen the whole group would skip the state
+                // the test checks first.
+                if (!store.get(kFullGroupSeenKey, in(15s)).ok())
+                    code = 15;
+                else
+                    code = host->leave().ok() ? 0 : 13;
             } else if (!host->awaitView([](const GroupView& v) { return v.groupSize() == 2; },
                                         in(15s))
                             .ok()) {
@@ -603,6 +611,7 @@ TEST(ControlPlaneHostTest, CrossProcessOverFileKVStore) {
         Status st = g.host(0).start(endpointOf(0), in(15s));
         ASSERT_TRUE(st.ok()) << st.toString();
         EXPECT_TRUE(g.log(0).waitFor(maskOf(3, {0, 1, 2})));
+        ASSERT_TRUE(store.set(kFullGroupSeenKey, "1").ok());
         EXPECT_TRUE(g.log(0).waitFor(maskOf(3, {0, 1}), 15s));
         EXPECT_EQ(g.host(0).view().slots[2].member, GMS::kLeft);
     }
