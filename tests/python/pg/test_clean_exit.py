@@ -53,18 +53,24 @@ def _run_once(mode, timeout_s=300):
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    return [p.returncode for p in procs], outs
+    victim_event = os.path.join(events, "victim")
+    victim = "no report"
+    if os.path.exists(victim_event):
+        with open(victim_event) as f:
+            victim = f.read()
+    return [p.returncode for p in procs], outs, victim
 
 
 @pytest.mark.parametrize("mode", ["return", "destroy"])
 def test_survivors_exit_zero_and_quietly_after_a_sigkill(mode):
     for run in range(RUNS[mode]):
-        codes, outs = _run_once(mode)
+        codes, outs, victim = _run_once(mode)
         report = "\n".join(f"--- rank {r} exit {codes[r]}, {len(o.splitlines())} lines\n{o[-3000:]}"
                            for r, o in enumerate(outs))
         print(f"{mode} run {run}: exit codes {codes}, lines "
               f"{[len(o.splitlines()) for o in outs]}")
         assert codes[WORLD - 1] == -signal.SIGKILL, report
+        assert victim == "midway", f"rank {WORLD - 1} was not killed inside the all_reduce ({victim})"
         assert codes[:WORLD - 1] == [0] * (WORLD - 1), report
         for r, out in enumerate(outs[:WORLD - 1]):
             lines = out.splitlines()
