@@ -10,9 +10,13 @@ import harness
 
 
 def _misbehave(ctx):
+    # Ranks 1 and 2 fail only once rank 0 is hanging, so the 3 s grace never
+    # has to cover a slow start of rank 0 on a loaded machine.
     if ctx.rank == 0:
         ctx.note("about to hang")
+        ctx.signal("hanging")
         time.sleep(1000)
+    ctx.wait_for("hanging", 60)
     if ctx.rank == 1:
         raise ValueError("boom from rank 1")
     if ctx.rank == 2:
