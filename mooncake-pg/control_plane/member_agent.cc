@@ -424,11 +424,15 @@ void MemberAgent::probe(uint64_t reconcile_id) {
 }
 
 void MemberAgent::send(MessageBody body) {
+    send(std::move(body), view_.epoch);
+}
+
+void MemberAgent::send(MessageBody body, uint64_t view_epoch) {
     ControlMessage m;
     m.header.group_id = config_.group_id;
     m.header.sender_rank = config_.rank;
     m.header.sender_incarnation = incarnation_;
-    m.header.view_epoch = view_.epoch;
+    m.header.view_epoch = view_epoch;
     m.header.secret = config_.secret;
     m.body = std::move(body);
     out_.push_back(SendToCoordinator{std::move(m)});

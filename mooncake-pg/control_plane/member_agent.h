@@ -82,6 +82,11 @@ struct SyncAfterFailureCmd {
     uint64_t request_id = 0;
     bool local_success = false;
     std::vector<uint8_t> failed_ranks_hint;  // empty or max_group_size entries
+    // The epoch whose data plane failed (0: the applied view's). Evidence of
+    // an older epoch is stamped with it, so a Coordinator that already
+    // restarted the data plane after that failure reads it as stale instead
+    // of opening another reconciliation for it.
+    uint64_t observed_epoch = 0;
 };
 // The host's answer to ProbeLinks: reached[r] = incarnation of the process in
 // slot r that answered, 0 if unreachable (max_group_size entries).
@@ -208,6 +213,7 @@ private:
     bool reject(uint64_t request_id, OpKind kind, Status status);
     void probe(uint64_t reconcile_id);
     void send(MessageBody body);
+    void send(MessageBody body, uint64_t view_epoch);
     void log(LogLevel level, std::string text) { out_.push_back(Log{level, std::move(text)}); }
 
     MemberAgentConfig config_;

@@ -1,5 +1,6 @@
 // MemberAgent: the torch layer's calls, turned into messages and pending
 // operations.
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -159,7 +160,10 @@ void MemberAgent::doSync(const SyncAfterFailureCmd& c) {
     for (uint8_t b : c.failed_ranks_hint)
         ev.failed_ranks_hint.push_back(b ? 1 : 0);
     ops_[c.request_id] = PendingOp{OpKind::kSync, now_ + config_.reply_grace};
-    send(std::move(ev));
+    // The data plane never runs ahead of the applied view.
+    const uint64_t epoch =
+        c.observed_epoch != 0 ? std::min(c.observed_epoch, view_.epoch) : view_.epoch;
+    send(std::move(ev), epoch);
     // "Report my observations": fresh links follow the evidence.
     probe(open_reconcile_);
 }

@@ -297,9 +297,12 @@ void MemberHost::finishRound(Millis now) {
     execute(agent_->handle(LinksProbedCmd{now, std::move(reached)}));
 }
 
-void MemberHost::noteEvidenceLocked(const std::vector<uint8_t>& hint) {
+void MemberHost::noteEvidenceLocked(const std::vector<uint8_t>& hint, uint64_t observed_epoch) {
     if (hint.size() != suspects_.size())
         return;  // the agent rejects the call and says why
+    const uint64_t failed_in = observed_epoch != 0 ? observed_epoch : agent_->epoch();
+    if (unreported_failure_epoch_ == 0 || failed_in < unreported_failure_epoch_)
+        unreported_failure_epoch_ = failed_in;
     if (suspects_epoch_ != agent_->epoch()) {
         std::fill(suspects_.begin(), suspects_.end(), false);
         suspects_epoch_ = agent_->epoch();
@@ -472,13 +475,18 @@ Status MemberHost::deactivateRanks(const std::vector<uint32_t>& ranks, Deadline 
 
 Status MemberHost::syncAfterFailure(bool local_success,
                                     const std::vector<uint8_t>& failed_ranks_hint,
-                                    Deadline deadline) {
+                                    Deadline deadline, uint64_t observed_epoch) {
     return issueAndAwait(
         [&](uint64_t id) {
             // Before the command: the probe round it starts must already
             // leave the named ranks out.
-            noteEvidenceLocked(failed_ranks_hint);
-            return SyncAfterFailureCmd{hostNow(), id, local_success, failed_ranks_hint};
+            noteEvidenceLocked(failed_ranks_hint, observed_epoch);
+            uint64_t failed_in = observed_epoch;
+            if (!local_success && unreported_failure_epoch_ != 0)
+                failed_in = failed_in != 0 ? std::min(failed_in, unreported_failure_epoch_)
+                                           : unreported_failure_epoch_;
+            unreported_failure_epoch_ = 0;
+            return SyncAfterFailureCmd{hostNow(), id, local_success, failed_ranks_hint, failed_in};
         },
         deadline,
         [] {
@@ -487,9 +495,10 @@ Status MemberHost::syncAfterFailure(bool local_success,
         });
 }
 
-void MemberHost::noteEvidence(const std::vector<uint8_t>& failed_ranks_hint) {
+void MemberHost::noteEvidence(const std::vector<uint8_t>& failed_ranks_hint,
+                              uint64_t observed_epoch) {
     std::lock_guard<std::mutex> lock(mu_);
-    noteEvidenceLocked(failed_ranks_hint);
+    noteEvidenceLocked(failed_ranks_hint, observed_epoch);
 }
 
 Status MemberHost::leave() {

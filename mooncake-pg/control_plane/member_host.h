@@ -110,12 +110,18 @@ public:
     Status deactivateRanks(const std::vector<uint32_t>& ranks, Deadline deadline);
     // Reports the evidence (failed_ranks_hint: empty or one 0/1 entry per
     // slot) and this process's links, waits for the reconciliation it joined
-    // (if any) and returns with the latest view applied.
+    // (if any) and returns with the latest view applied. `observed_epoch`:
+    // the epoch whose op failed (0: the current one); a failure noted
+    // earlier (noteEvidence) and not yet reported counts with its own epoch.
+    // Evidence older than the Coordinator's epoch is stale: the sync then
+    // returns at once with the newer view, and no reconciliation reopens.
     Status syncAfterFailure(bool local_success, const std::vector<uint8_t>& failed_ranks_hint,
-                            Deadline deadline);
+                            Deadline deadline, uint64_t observed_epoch = 0);
     // Records data-plane evidence without reporting it (deferred sync): the
-    // named ranks count as unreachable in this epoch's probe reports.
-    void noteEvidence(const std::vector<uint8_t>& failed_ranks_hint);
+    // named ranks count as unreachable in this epoch's probe reports, and the
+    // next syncAfterFailure reports the failure as one of `observed_epoch`
+    // (0: the current one).
+    void noteEvidence(const std::vector<uint8_t>& failed_ranks_hint, uint64_t observed_epoch = 0);
     // Gives the slot up (pending calls fail with kAborted) and stops the host.
     Status leave();
     // Stops the host thread without leaving (to the group this process just
@@ -161,7 +167,7 @@ private:
     void finishRound(Millis now);
     void runTimers(Millis now);
     Millis nextWake(Millis now) const;
-    void noteEvidenceLocked(const std::vector<uint8_t>& hint);
+    void noteEvidenceLocked(const std::vector<uint8_t>& hint, uint64_t observed_epoch);
     bool suspected(uint32_t slot) const;
     ControlMessage peerMessage(MessageBody body) const;
     void push(const std::string& inbox, const std::string& bytes, const char* what);
@@ -202,6 +208,8 @@ private:
     uint64_t next_probe_id_ = 0;
     std::vector<bool> suspects_;
     uint64_t suspects_epoch_ = 0;
+    // The oldest epoch of a failure noted and not yet reported (0: none).
+    uint64_t unreported_failure_epoch_ = 0;
     std::deque<ViewApplied> views_to_deliver_;
     bool stopping_ = false;
     bool store_error_logged_ = false;  // host thread only

@@ -245,7 +245,10 @@ void MooncakeBackend::reportFailure(const std::vector<int>& failed, Deadline op_
         (void)op_deadline;
         const Deadline d =
             Deadline::after(reconcile_window_ * 2 + std::chrono::milliseconds(timeout_ms_.load()));
-        Status st = host_->syncAfterFailure(false, hint, d);
+        // Stamped with the epoch the op ran in: if the reconciliation of
+        // this failure already ended (the others reported first), the
+        // Coordinator takes it as stale instead of opening another one.
+        Status st = host_->syncAfterFailure(false, hint, d, applied_epoch_);
         if (!st.ok())
             MC_LOG(kWarn, "pg") << "automatic sync_after_failure: " << st.toString();
         Status applied = applyLatestView(d);
@@ -254,7 +257,7 @@ void MooncakeBackend::reportFailure(const std::vector<int>& failed, Deadline op_
         return;
     }
     if (o.auto_deactivate_on_failure) {
-        host_->noteEvidence(hint);
+        host_->noteEvidence(hint, applied_epoch_);
         std::lock_guard<std::mutex> lock(evidence_mu_);
         unsynced_failure_ = true;
         if (unsynced_hint_.size() != hint.size())

@@ -445,6 +445,30 @@ TEST(ControlPlaneHostTest, FrameworkManagedModeOnlyReports) {
     g.expectAllSee({0, 1, 2, 3}, maskOf(4, {0, 1, 2}));
 }
 
+TEST(ControlPlaneHostTest, LateReportOfAFailureAlreadyReconciledOpensNoOtherReconciliation) {
+    HostGroup g(4, 4, FailureMode{false, false});
+    ASSERT_NO_FATAL_FAILURE(g.bootstrap());
+    const uint64_t failed_in = g.host(0).view().epoch;
+    for (uint32_t r = 0; r < 3; ++r)
+        g.host(r).noteEvidence(hint(4, {3}));
+    // Ranks 1 and 2 report. Rank 0 only answers the probe round, which is
+    // all the window needs from it, so it closes with a fresh epoch.
+    auto results = onThreads(
+        {1, 2}, [&](uint32_t r) { return g.host(r).syncAfterFailure(false, {}, in(10s)); });
+    for (size_t i = 0; i < results.size(); ++i)
+        EXPECT_TRUE(results[i].ok()) << "rank " << i + 1 << ": " << results[i].toString();
+    Status resynced =
+        g.host(0).awaitView([&](const GroupView& v) { return v.epoch == failed_in + 1; }, in(5s));
+    ASSERT_TRUE(resynced.ok()) << resynced.toString();
+    // Rank 0 reports the same failure only now (its worker was late): the
+    // evidence is of the epoch the reconciliation already ended.
+    Status late = g.host(0).syncAfterFailure(false, {}, in(10s));
+    EXPECT_TRUE(late.ok()) << late.toString();
+    EXPECT_EQ(g.host(0).view().epoch, failed_in + 1)
+        << "the late report opened another reconciliation and restarted the data plane again";
+    EXPECT_EQ(g.coord().view().epoch, failed_in + 1);
+}
+
 TEST(ControlPlaneHostTest, ReplacementRejoinsDeadSlotWithHigherIncarnation) {
     HostGroup g(4, 4);
     ASSERT_NO_FATAL_FAILURE(g.bootstrap());
