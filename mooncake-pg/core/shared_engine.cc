@@ -159,6 +159,20 @@ Status agreeOnEngine(KVStore& store, const std::string& group_key, int rank, int
     }
     if (mismatch.empty())
         return Status::OK();
+    if (compare_ranks > 1) {
+        // Every founder fails here, and the one hosting the store (rank 0
+        // under torchrun) takes the store with it when it exits: a rank still
+        // reading the choices would report a dead store instead of this
+        // reason. So each says it has read them, and returns once all have
+        // (or at the deadline; a rank that never reads is stuck anyway).
+        const std::string read = base + "read/";
+        if (store.set(read + std::to_string(rank), "1").ok()) {
+            for (int r = 0; r < compare_ranks; ++r) {
+                if (r != rank && !store.get(read + std::to_string(r), deadline).ok())
+                    break;
+            }
+        }
+    }
     return InvalidArgument("the ranks disagree on the transfer engine: rank " +
                            std::to_string(rank) + " uses " + describeChoice(mine) + mismatch +
                            ". Every rank of a group must call pg.set_transfer_engine with engines "

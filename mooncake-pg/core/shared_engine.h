@@ -79,7 +79,9 @@ std::string engineChoice(const SharedEngine* shared);
 // other's segments through their engine's store. Publishes `mine` under
 // `group_key` and compares it with ranks [0, compare_ranks) (every founder;
 // 1 for a joining process, which matches rank 0). kInvalidArgument naming
-// the ranks and their choices on a mismatch, kTimeout at `deadline`.
+// the ranks and their choices on a mismatch (returned by each founder only
+// once every founder has read the choices, so the store's host exiting on
+// the error cannot cut another rank off from it), kTimeout at `deadline`.
 Status agreeOnEngine(KVStore& store, const std::string& group_key, int rank, int compare_ranks,
                      const std::string& mine, Deadline deadline);
 

@@ -4,9 +4,12 @@
 // exactly the memory they took, and the ranks must agree on the choice.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -189,6 +192,105 @@ TEST(AgreeOnEngine, MismatchFailsOnEveryRankNamingTheChoices) {
             << st.toString();
         EXPECT_NE(st.message().find("rank 2 uses its own per-group engine"), std::string::npos)
             << st.toString();
+    }
+}
+
+// One rank's view of a store shared by the group: `closed` stands for the
+// store's host process having exited; a gated rank's reads wait for `open`;
+// a watched rank says which key it last had to wait for.
+struct GroupStore {
+    InProcessKVStore kv;
+    std::mutex mu;
+    std::condition_variable cv;
+    bool closed = false;
+    bool gate_open = false;
+    std::string awaited_by_watched;
+};
+
+class RankView final : public KVStore {
+public:
+    RankView(GroupStore& g, bool gated, bool watched) : g_(g), gated_(gated), watched_(watched) {}
+    Status set(const std::string& key, const std::string& value) override {
+        if (isClosed())
+            return Unavailable("the store's host exited");
+        return g_.kv.set(key, value);
+    }
+    Result<std::string> get(const std::string& key, Deadline deadline) override {
+        if (gated_) {
+            std::unique_lock<std::mutex> lock(g_.mu);
+            g_.cv.wait(lock, [&] { return g_.gate_open; });
+        }
+        if (isClosed())
+            return Unavailable("the store's host exited");
+        if (watched_) {
+            auto now = g_.kv.get(key, Deadline::afterMs(0));
+            if (now.ok())
+                return now;
+            std::lock_guard<std::mutex> lock(g_.mu);
+            g_.awaited_by_watched = key;
+            g_.cv.notify_all();
+        }
+        return g_.kv.get(key, deadline);
+    }
+    Result<int64_t> add(const std::string& key, int64_t delta) override {
+        if (isClosed())
+            return Unavailable("the store's host exited");
+        return g_.kv.add(key, delta);
+    }
+    Status remove(const std::string& key) override { return g_.kv.remove(key); }
+
+private:
+    bool isClosed() {
+        std::lock_guard<std::mutex> lock(g_.mu);
+        return g_.closed;
+    }
+    GroupStore& g_;
+    bool gated_;
+    bool watched_;
+};
+
+TEST(AgreeOnEngine, TheStoreHostFailsOnlyAfterEveryRankReadTheChoices) {
+    // Rank 0 hosts the store (as with a TCPStore under torchrun) and exits
+    // once its init failed; rank 2 published its choice but is slow to read
+    // the others'. Rank 0 must not return before rank 2 has read them, or
+    // rank 2 meets a dead store instead of the reason.
+    GroupStore g;
+    RankView views[3] = {{g, false, true}, {g, false, false}, {g, true, false}};
+    const std::vector<std::string> choices{engineChoice(nullptr), engineChoice(nullptr),
+                                           "shared:elsewhere/x"};
+    // Rank 2's own choice is in place before anyone compares.
+    ASSERT_TRUE(g.kv.set("slow/engine/2", choices[2]).ok());
+    std::vector<std::future<Status>> futures;
+    for (int r = 0; r < 3; ++r) {
+        futures.push_back(std::async(std::launch::async, [&, r] {
+            Status st = agreeOnEngine(views[r], "slow", r, 3, choices[r], Deadline::afterMs(10000));
+            if (r == 0) {
+                std::lock_guard<std::mutex> lock(g.mu);
+                g.closed = true;  // the store's host process exits
+                g.cv.notify_all();
+            }
+            return st;
+        }));
+    }
+    {
+        // Rank 2 reads on once rank 0 has either returned (and closed the
+        // store) or is waiting on a key only rank 2 can write.
+        std::unique_lock<std::mutex> lock(g.mu);
+        const auto waits_on_rank_2 = [&] {
+            const std::string& k = g.awaited_by_watched;
+            return k.size() > 2 && k.compare(k.size() - 2, 2, "/2") == 0;
+        };
+        EXPECT_TRUE(g.cv.wait_for(lock, std::chrono::seconds(10), [&] {
+            return g.closed || waits_on_rank_2();
+        })) << "rank 0 neither returned nor waited for rank 2";
+        g.gate_open = true;
+        g.cv.notify_all();
+    }
+    for (int r = 0; r < 3; ++r) {
+        Status st = futures[r].get();
+        EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << "rank " << r << ": " << st.toString();
+        EXPECT_NE(st.message().find("the ranks disagree on the transfer engine"), std::string::npos)
+            << "rank " << r << ": " << st.toString();
     }
 }
 
