@@ -61,10 +61,11 @@ def requested_transport(transport, environ=None):
     return mode, "argument"
 
 
-def infer_topology(hosts, devices):
+def infer_topology(hosts, devices, shapes=NCCL_SHAPES):
     """(num_rdma_ranks, num_nvlink_ranks, reason): reason is None when NCCL can use it.
 
-    `hosts[r]` and `devices[r]` are rank r's host id and CUDA device (-1: none).
+    `hosts[r]` and `devices[r]` are rank r's host id and CUDA device (-1: none);
+    `shapes` are the (num_rdma_ranks, num_nvlink_ranks) with compiled kernels.
     """
     num_ranks = len(hosts)
     no_gpu = [r for r, d in enumerate(devices) if d < 0]
@@ -91,8 +92,8 @@ def infer_topology(hosts, devices):
         return 0, 0, f"the hosts hold {sizes} ranks; NCCL LSA teams must be of equal size"
     shape = (len(runs), sizes[0])
     assert shape[0] * shape[1] == num_ranks
-    if shape not in NCCL_SHAPES:
-        supported = ", ".join(f"{a}x{b}" for a, b in NCCL_SHAPES)
+    if shape not in shapes:
+        supported = ", ".join(f"{a}x{b}" for a, b in shapes)
         return shape[0], shape[1], (f"topology {shape[0]}x{shape[1]} (num_rdma_ranks x "
                                     f"num_nvlink_ranks) has no compiled NCCL kernel; "
                                     f"supported: {supported}")
@@ -131,7 +132,7 @@ class Resolution:
                 f"reason={self.reason!r}, shape={self.shape})")
 
 
-def resolve(requests, hosts, devices, built_versions, runtime_versions):
+def resolve(requests, hosts, devices, built_versions, runtime_versions, shapes=NCCL_SHAPES):
     """The transport of the group, from every rank's report (rank order).
 
     `requests[r]` is rank r's (mode, source) from requested_transport(). The
@@ -153,7 +154,7 @@ def resolve(requests, hosts, devices, built_versions, runtime_versions):
         if why is not None:
             reason = f"rank {r}: {why}"
             break
-    rdma, nvlink, topo_reason = infer_topology(hosts, devices)
+    rdma, nvlink, topo_reason = infer_topology(hosts, devices, shapes)
     if reason is None:
         reason = topo_reason
     if reason is None:

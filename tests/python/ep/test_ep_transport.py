@@ -161,3 +161,14 @@ def test_version_strings():
     assert tr.nccl_version_string(22809) == "2.28.9"
     assert tr.nccl_version_string(23004) == "2.30.4"
     assert tr.nccl_version_string(0) == "none"
+
+
+def test_a_build_with_fewer_compiled_shapes():
+    # A build whose kernels cover only single-team shapes: 2x4 goes to IPC/IBGDA.
+    only = ((1, 2), (1, 8))
+    n = 8
+    res = tr.resolve([("auto", "argument")] * n, *_hosts(2, 4), [V] * n, [V] * n, shapes=only)
+    assert res.transport == "ibgda"
+    assert res.reason.endswith("has no compiled NCCL kernel; supported: 1x2, 1x8")
+    res = tr.resolve([("auto", "argument")] * n, *_hosts(1, 8), [V] * n, [V] * n, shapes=only)
+    assert res.transport == "nccl"
