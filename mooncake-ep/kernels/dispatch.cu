@@ -18,6 +18,7 @@
 #include "mooncake-ep/core/handle.h"
 #include "mooncake-ep/kernels/device_sync.cuh"
 #include "mooncake-ep/kernels/ep_kernels.h"
+#include "mooncake-ep/kernels/message.cuh"
 #include "mooncake-transfer-engine/common/cuda_launch.h"
 
 namespace mooncake::ep {
@@ -33,45 +34,6 @@ struct DispatchParams {
     EpGroupArgs g;
     DispatchArgs a;
 };
-
-// One warp writes one token's message: header, then BF16 or FP8 + scales.
-__device__ void writeMessage(const DispatchParams& p, const EpLayout& L, int token, char* msg,
-                             int lane) {
-    if (lane == 0)
-        *reinterpret_cast<int4*>(msg) = make_int4(token, 0, 0, 0);
-    const int64_t hidden = p.g.hidden;
-    const char* row = static_cast<const char*>(p.a.x) + static_cast<int64_t>(token) * hidden * 2;
-    char* payload = msg + kEpMessageHeaderBytes;
-    if (!p.a.use_fp8) {
-        const int4* src = reinterpret_cast<const int4*>(row);
-        int4* dst = reinterpret_cast<int4*>(payload);
-        for (int64_t i = lane; i < hidden / 8; i += 32)
-            dst[i] = src[i];
-        return;
-    }
-    float* scales = reinterpret_cast<float*>(msg + L.fp8ScaleOffset());
-    for (int64_t group = 0; group < hidden / kEpFp8GroupSize; ++group) {
-        // Each lane holds 4 of the group's 128 channels.
-        const int64_t c = group * kEpFp8GroupSize + lane * 4;
-        const uint2 raw = *reinterpret_cast<const uint2*>(row + c * 2);
-        const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
-        const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
-        const float v[4] = {__low2float(lo), __high2float(lo), __low2float(hi), __high2float(hi)};
-        float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-        for (int off = 16; off > 0; off >>= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-        amax = fmaxf(amax, kEpFp8AmaxFloor);
-        const float inv = kEpFp8Max / amax;
-        const __nv_fp8x2_storage_t q01 = __nv_cvt_float2_to_fp8x2(
-            make_float2(v[0] * inv, v[1] * inv), __NV_SATFINITE, __NV_E4M3);
-        const __nv_fp8x2_storage_t q23 = __nv_cvt_float2_to_fp8x2(
-            make_float2(v[2] * inv, v[3] * inv), __NV_SATFINITE, __NV_E4M3);
-        *reinterpret_cast<uint32_t*>(payload + c) =
-            static_cast<uint32_t>(q01) | (static_cast<uint32_t>(q23) << 16);
-        if (lane == 0)
-            scales[group] = amax / kEpFp8Max;
-    }
-}
 
 __global__ void __launch_bounds__(kSendThreads) dispatchSend(DispatchParams p) {
     const EpLayout L = epLayoutOf(p.g);
@@ -124,7 +86,7 @@ __global__ void __launch_bounds__(kSendThreads) dispatchSend(DispatchParams p) {
         __syncthreads();
         for (int i = warp; i < chunk; i += kSendWarps) {
             char* msg = remote + L.dispatchMessageOffset(phase, local_expert, p.g.rank, sent + i);
-            writeMessage(p, L, chosen[i], msg, lane);
+            epWriteMessage(p.g, p.a, L, chosen[i], msg, lane);
         }
         sent += chunk;
         __syncthreads();  // `chosen` and `warp_counts` are reused
@@ -133,26 +95,6 @@ __global__ void __launch_bounds__(kSendThreads) dispatchSend(DispatchParams p) {
         epSignal(reinterpret_cast<uint64_t*>(remote +
                                              L.dispatchCountOffset(phase, local_expert, p.g.rank)),
                  seq, static_cast<uint32_t>(sent));
-    }
-}
-
-// Copies one received message (one warp) into packed row `row` of its expert.
-__device__ void unpackMessage(const DispatchParams& p, const EpLayout& L, const char* msg,
-                              int64_t row, int lane) {
-    const int64_t hidden = p.g.hidden;
-    if (lane == 0)
-        p.a.src_info[row] = __ldcg(reinterpret_cast<const int*>(msg));
-    const char* payload = msg + kEpMessageHeaderBytes;
-    const int64_t data_bytes = p.a.use_fp8 ? hidden : 2 * hidden;
-    const int4* src = reinterpret_cast<const int4*>(payload);
-    int4* dst = reinterpret_cast<int4*>(static_cast<char*>(p.a.packed_recv_x) + row * data_bytes);
-    for (int64_t i = lane; i < data_bytes / 16; i += 32)
-        dst[i] = __ldcg(src + i);
-    if (p.a.use_fp8) {
-        const int64_t groups = hidden / kEpFp8GroupSize;
-        const float* scales = reinterpret_cast<const float*>(msg + L.fp8ScaleOffset());
-        for (int64_t i = lane; i < groups; i += 32)
-            p.a.packed_recv_scales[row * groups + i] = __ldcg(scales + i);
     }
 }
 
@@ -199,7 +141,7 @@ __global__ void __launch_bounds__(kRecvThreads) dispatchReceive(DispatchParams p
     for (int src = 0; src < num_ranks; ++src) {
         for (int i = warp; i < counts[src]; i += kRecvWarps) {
             const char* msg = local + L.dispatchMessageOffset(phase, local_expert, src, i);
-            unpackMessage(p, L, msg, local_expert * capacity + begins[src] + i, lane);
+            epUnpackMessage(p.g, p.a, L, msg, local_expert * capacity + begins[src] + i, lane);
         }
     }
     __syncthreads();

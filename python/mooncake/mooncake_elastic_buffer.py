@@ -118,7 +118,8 @@ class ElasticBuffer:
                                               self.group_size, num_experts)
         if self.transport == "nccl":
             from mooncake import _ep_nccl
-            return _ep_nccl.NcclBuffer(self.group, size, self.topology)
+            return _ep_nccl.NcclBuffer(self.group, size, self.topology, num_experts,
+                                       self.num_max_tokens_per_rank, self.hidden)
         return Buffer(self.group, size)
 
     def update_ep_member(self):
@@ -148,7 +149,7 @@ class ElasticBuffer:
             raise
         if old is not None:
             self._stale_ids.add(old._id)
-            _release(old)
+            _release(old, collective=False)
         self._stale_views += self._views
         self._views = []
 
@@ -168,7 +169,7 @@ class ElasticBuffer:
         self._views = []
         self._stale_views = []
         if inner is not None:
-            _release(inner)
+            _release(inner, collective=True)
 
     def __del__(self):
         if getattr(self, "explicitly_destroy", False) and not getattr(self, "_destroyed", True):
@@ -267,10 +268,10 @@ class ElasticBuffer:
         return view
 
 
-def _release(inner):
-    """Drops a generation's resources now (the NCCL transport frees them explicitly)."""
+def _release(inner, collective):
+    """Drops a generation's resources now (see _ep_nccl.NcclBuffer.release)."""
     release = getattr(inner, "release", None)
     if release is not None:
-        release()
+        release(collective)
     inner._fast = None
     inner._combine_buffers = {}

@@ -9,6 +9,7 @@ update_ep_member() while the replacement constructs an ElasticBuffer.
 """
 
 import os
+import re
 import sys
 import time
 
@@ -27,6 +28,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import elastic_checks as ec  # noqa: E402
 
 FALLBACK_ENV = {FORCE_FALLBACK_ENV: "1"}
+# Why NCCL is not used on a CPU machine, or with ranks sharing a GPU.
+NO_NCCL = r"no NCCL device-API transport|have no CUDA device|share CUDA device"
 M, H, K, EPR = 8, 256, 4, 3  # max tokens, hidden, top-k, experts per rank
 
 
@@ -47,9 +50,9 @@ def _parity_worker(ctx):
     world, rank = ctx.world_size, ctx.rank
     E = EPR * world
     eb = ElasticBuffer(dist.group.WORLD, M, H, K)
-    # No NCCL device-API build here: auto resolves to IPC/IBGDA and says why.
+    # No NCCL here (no such build, no GPU, or ranks sharing one): IPC/IBGDA, and why.
     assert eb.transport == "ibgda", eb.transport
-    assert "no NCCL device-API transport" in eb.transport_reason, eb.transport_reason
+    assert re.search(NO_NCCL, eb.transport_reason), eb.transport_reason
     assert eb.num_experts is None and "not built yet" in eb.fast_path_reason
     ref = new_buffer(dist.group.WORLD, M, H, world, E)
     diffs = []
@@ -166,7 +169,7 @@ def _transport_worker(ctx, expect):
     world = ctx.world_size
     if expect == "nccl-error":
         with pytest.raises(RuntimeError, match=r"transport 'nccl' was requested \(argument\) but "
-                           r"NCCL cannot be used: rank 0: this Mooncake EP build has no NCCL"):
+                           r"NCCL cannot be used: .*(" + NO_NCCL + ")"):
             ElasticBuffer(dist.group.WORLD, M, H, K, transport="nccl")
         # Every rank raised, so the group is still in step.
         t = torch.ones(1)
@@ -218,21 +221,26 @@ VICTIM, REPLACEMENT = 2, 3  # processes; the replacement takes the victim's slot
 SEED = 31
 
 
-def _round(eb, slot, world, seed, label):
+def _round(eb, slot, world, seed, label, device="cpu"):
     """One exact dispatch/combine round without a reference group (inputs are rebuilt)."""
     E = EPR * world
     x, idx, w = make_inputs(slot, M, H, E, K, seed)
-    act = torch.ones(world, dtype=torch.int32)
     all_topk = torch.stack([make_inputs(r, M, H, E, K, seed)[1] for r in range(world)])
-    recv, count, handle, _, _ = eb.dispatch(x, idx, act, M, E, 30_000_000, use_fp8=False)
-    data = check_dispatch(slot, world, recv, count, handle, all_topk, [1] * world, E, M, H,
-                          False, label)
-    out, _, _ = eb.combine(data, idx, w, act, 30_000_000, handle)
-    check_combine(out, combine_reference(slot, x, idx, w, [1] * world, EPR), False, label)
-    return recv, idx, w, act, handle
+    xd, idxd, wd = x.to(device), idx.to(device), w.to(device)
+    act = torch.ones(world, dtype=torch.int32, device=device)
+    recv, count, handle, event, _ = eb.dispatch(xd, idxd, act, M, E, 30_000_000, use_fp8=False)
+    event.current_stream_wait()
+    data = check_dispatch(slot, world, recv.cpu(), count.cpu(), (handle[0].cpu(), handle[1].cpu()),
+                          all_topk, [1] * world, E, M, H, False, label)
+    out, event, _ = eb.combine(data.to(device), idxd, wd, act, 30_000_000, handle)
+    event.current_stream_wait()
+    check_combine(out.cpu(), combine_reference(slot, x, idx, w, [1] * world, EPR), False, label)
+    return recv, idxd, wd, act, handle
 
 
-def _replace_job(ctx):
+def _replace_job(ctx, device="cpu"):
+    if device == "cuda":
+        torch.cuda.set_device(0)  # every process on the one GPU: cuda_ipc, never NCCL
     checks = ec.Checks(ctx)
     proc = ctx.rank
     slot = VICTIM if proc == REPLACEMENT else proc
@@ -245,7 +253,8 @@ def _replace_job(ctx):
                 ec.init(ctx, slot, 3, ec.options(3))
                 eb = ElasticBuffer(dist.group.WORLD, M, H, K)
                 assert eb.transport == "ibgda"
-                state["old"] = _round(eb, slot, 3, SEED, "before the failure")
+                state["old"] = _round(eb, slot, 3, SEED, "before the failure", device)
+                assert eb.use_fast_path == (device == "cuda"), eb.fast_path_reason
             if proc == VICTIM:
                 ec.wait_all(ctx, "round0_done", [0, 1])
                 ctx.kill_self()
@@ -287,7 +296,8 @@ def _replace_job(ctx):
                 # It learns num_experts from the survivors' workspace.
                 assert eb.num_experts == EPR * 3 and eb.generation == 0
         with checks.step("all: an exact round after the recovery"):
-            _round(eb, slot, 3, SEED + 1, "after the recovery")
+            _round(eb, slot, 3, SEED + 1, "after the recovery", device)
+            assert eb.use_fast_path == (device == "cuda"), eb.fast_path_reason
         with checks.step("all: destroy"):
             eb.destroy()
 
@@ -302,13 +312,14 @@ def _replace_job(ctx):
     return ec.run_guarded(checks, body, final)
 
 
-def test_update_ep_member_after_a_replacement_through_pg():
+def run_replacement(device="cpu"):
+    """The replacement job; returns nothing, asserts every check of every process."""
     err = harness.backend_import_error("mooncake-cpu")
     if err is not None:
         pytest.fail(f"mooncake-cpu is not available: {err}", pytrace=False)
-    env = dict(ec.ELASTIC_ENV, **FALLBACK_ENV)
+    env = dict(ec.ELASTIC_ENV, **(FALLBACK_ENV if device == "cpu" else {}))
     res = harness.run_ranks(_replace_job, 4, "mooncake-cpu", timeout_s=240, env=env, init=False,
-                            ref_group=False, expect_killed=[VICTIM],
+                            ref_group=False, expect_killed=[VICTIM], args=(device,),
                             late={REPLACEMENT: "launch_replacement"})
     failures = []
     for proc in (0, 1, REPLACEMENT):
@@ -317,3 +328,7 @@ def test_update_ep_member_after_a_replacement_through_pg():
                      if err is not None]
         assert "all: an exact round after the recovery" in res[proc]["checks"], res[proc]
     assert not failures, "\n".join(failures)
+
+
+def test_update_ep_member_after_a_replacement_through_pg():
+    run_replacement("cpu")
