@@ -14,11 +14,7 @@
 // the data. The SignalAdd raises the signal to exactly `seq` (the sender
 // remembers what it last signalled), because a rank may skip an operation
 // for an inactive peer: signals then still read as "the last sequence sent".
-#include <cuda_bf16.h>
-
-#include "mooncake-ep/core/handle.h"
-#include "mooncake-ep/kernels/device_sync.cuh"
-#include "mooncake-ep/kernels/message.cuh"
+#include "mooncake-ep/kernels/ep_blocks.cuh"
 #include "mooncake-ep/nccl/nccl_device_args.h"
 #include "mooncake-transfer-engine/common/cuda_launch.h"
 
@@ -28,7 +24,6 @@ namespace {
 constexpr int kSendThreads = 512;
 constexpr int kSendWarps = kSendThreads / 32;
 constexpr int kRecvThreads = 512;
-constexpr int kRecvWarps = kRecvThreads / 32;
 constexpr int kCombineRecvThreads = 256;
 
 struct DispatchParams {
@@ -56,7 +51,9 @@ __device__ int signalId(const EpLayout& L, int phase, int64_t word_offset) {
 __device__ void ginSignalWord(const NcclEpDevice& d, const EpLayout& L, int phase, int dst,
                               int64_t word_offset, uint64_t seq, uint32_t payload,
                               uint64_t* last_sent) {
-    ncclGin gin(d.comm, dst);  // contexts spread over destinations
+    // Contexts are spread over destinations; data and signal to one peer use
+    // the same context, which NCCL's signal ordering needs.
+    ncclGin gin(d.comm, dst);
     const uint64_t delta = seq - *last_sent;
     *last_sent = seq;
     gin.putValue(
@@ -70,30 +67,36 @@ __device__ void ginSignalWord(const NcclEpDevice& d, const EpLayout& L, int phas
 // Waits until the GIN signal of a word reaches `seq`, then reads the word.
 // Same contract as epWaitSignal (deadline, active_ranks).
 __device__ EpWait waitGinWord(const NcclEpDevice& d, const EpLayout& L, int phase,
-                              int64_t word_offset, const char* local, uint64_t seq, int src,
+                              int64_t word_offset, const char* local, uint64_t seq, int self,
                               int32_t* peer_active, int64_t timeout_ns, uint32_t* payload) {
-    ncclGin gin(d.comm, src);
+    // The sender picked the context from the destination's rank (this rank):
+    // the signal lives in that context.
+    ncclGin gin(d.comm, self);
     const ncclGinSignal_t id = static_cast<ncclGinSignal_t>(signalId(L, phase, word_offset));
-    const uint64_t start = globalTimerNs();
-    for (uint32_t spins = 0;; ++spins) {
+    return epWaitFor(peer_active, timeout_ns, payload, [&](uint32_t* out) {
         // Rolling comparison: the signal is at `seq` or one operation ahead.
-        if (static_cast<int64_t>(gin.readSignal(id) - seq) >= 0) {
-            const uint64_t v =
-                loadAcquireSys(reinterpret_cast<const uint64_t*>(local + word_offset));
-            if (epSignalMatches(v, seq)) {
-                *payload = epSignalPayload(v);
-                return EpWait::kArrived;
-            }
-        }
-        if ((spins & 63) == 63) {
-            if (epLoadVolatile(peer_active) == 0)
-                return EpWait::kPeerInactive;
-            if (timeout_ns >= 0 && globalTimerNs() - start > static_cast<uint64_t>(timeout_ns)) {
-                atomicExch(peer_active, 0);
-                return EpWait::kTimedOut;
-            }
-        }
-    }
+        if (static_cast<int64_t>(gin.readSignal(id) - seq) < 0)
+            return false;
+        const uint64_t v = loadAcquireSys(reinterpret_cast<const uint64_t*>(local + word_offset));
+        if (!epSignalMatches(v, seq))
+            return false;
+        *out = epSignalPayload(v);
+        return true;
+    });
+}
+
+// Waits for the signal word at `word` from `src`: a store over NVLink (LSA
+// peer) or a GIN putValue.
+__device__ EpWait waitWord(const NcclEpDevice& d, const EpGroupArgs& g, int src, int64_t word,
+                           uint64_t seq, uint32_t* payload) {
+    const char* local = static_cast<const char*>(g.local_buffer);
+    if (g.peer_buffers[src] != nullptr)
+        return epWaitSignal(reinterpret_cast<const uint64_t*>(local + word), seq,
+                            &g.active_ranks[src], g.timeout_ns, payload);
+    const EpLayout L = epLayoutOf(g);
+    const int phase = static_cast<int>(seq & 1);
+    return waitGinWord(d, L, phase, word, local, seq, g.rank, &g.active_ranks[src], g.timeout_ns,
+                       payload);
 }
 
 __global__ void __launch_bounds__(kSendThreads) ncclDispatchSend(DispatchParams p) {
@@ -105,17 +108,9 @@ __global__ void __launch_bounds__(kSendThreads) ncclDispatchSend(DispatchParams 
     EpState* state = epState(p.g.local_buffer);
     const uint64_t seq = state->dispatch_seq + 1;
     const int phase = static_cast<int>(seq & 1);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int top_k = p.a.top_k;
 
-    if (expert == 0) {
-        for (int i = threadIdx.x; i < p.a.num_tokens * top_k; i += blockDim.x) {
-            const int64_t id = p.a.topk_idx[i];
-            if (id < -1 || id >= p.g.num_experts)
-                epReportError(&state->error_code, &state->error_info, kEpErrorBadExpertId,
-                              static_cast<int32_t>(id));
-        }
-    }
+    if (expert == 0)
+        epCheckExpertIds(p.g, p.a, state);
     if (epLoadVolatile(&p.g.active_ranks[dst]) == 0 ||
         epLoadVolatile(&p.g.active_ranks[p.g.rank]) == 0)
         return;
@@ -123,39 +118,13 @@ __global__ void __launch_bounds__(kSendThreads) ncclDispatchSend(DispatchParams 
     // Over GIN the messages of this expert are staged contiguously, as their
     // slots are at the receiver, so one put moves them all.
     const int64_t first_slot = L.dispatchMessageOffset(phase, local_expert, p.g.rank, 0);
-    char* staged =
-        stagingPtr(p.d, static_cast<int64_t>(expert) * p.g.max_tokens * L.messageBytes());
-
-    __shared__ int warp_counts[kSendWarps];
-    __shared__ int chosen[kSendThreads];
-    int sent = 0;
-    for (int first = 0; first < p.a.num_tokens; first += kSendThreads) {
-        const int token = first + threadIdx.x;
-        bool selected = false;
-        if (token < p.a.num_tokens) {
-            for (int k = 0; k < top_k && !selected; ++k)
-                selected = p.a.topk_idx[static_cast<int64_t>(token) * top_k + k] == expert;
-        }
-        const unsigned ballot = __ballot_sync(0xffffffffu, selected);
-        if (lane == 0)
-            warp_counts[warp] = __popc(ballot);
-        __syncthreads();
-        int before = 0, chunk = 0;
-        for (int w = 0; w < kSendWarps; ++w) {
-            before += w < warp ? warp_counts[w] : 0;
-            chunk += warp_counts[w];
-        }
-        if (selected)
-            chosen[before + __popc(ballot & ((1u << lane) - 1))] = token;
-        __syncthreads();
-        for (int i = warp; i < chunk; i += kSendWarps) {
-            char* msg = lsa ? lsa + first_slot + (sent + i) * L.messageBytes()
-                            : staged + (sent + i) * L.messageBytes();
-            epWriteMessage(p.g, p.a, L, chosen[i], msg, lane);
-        }
-        sent += chunk;
-        __syncthreads();
-    }
+    const int64_t staging = static_cast<int64_t>(expert) * p.g.max_tokens * L.messageBytes();
+    char* staged = stagingPtr(p.d, staging);
+    const int sent =
+        epForEachSelected<kSendThreads>(p.a, expert, [&](int slot, int token, int lane) {
+            char* msg = (lsa ? lsa + first_slot : staged) + slot * L.messageBytes();
+            epWriteMessage(p.g, p.a, L, token, msg, lane);
+        });
     const int64_t word = L.dispatchCountOffset(phase, local_expert, p.g.rank);
     if (threadIdx.x != 0)
         return;
@@ -167,9 +136,7 @@ __global__ void __launch_bounds__(kSendThreads) ncclDispatchSend(DispatchParams 
         __threadfence_system();  // the block's staged messages, before the NIC reads them
         ncclGin gin(p.d.comm, dst);
         gin.put(ncclTeamWorld(p.d.comm), dst, p.d.window, static_cast<size_t>(first_slot),
-                p.d.window,
-                static_cast<size_t>(p.d.staging_offset + static_cast<int64_t>(expert) *
-                                                             p.g.max_tokens * L.messageBytes()),
+                p.d.window, static_cast<size_t>(p.d.staging_offset + staging),
                 static_cast<size_t>(sent) * L.messageBytes());
     }
     ginSignalWord(p.d, L, phase, dst, word, seq, static_cast<uint32_t>(sent),
@@ -178,54 +145,10 @@ __global__ void __launch_bounds__(kSendThreads) ncclDispatchSend(DispatchParams 
 
 __global__ void __launch_bounds__(kRecvThreads) ncclDispatchReceive(DispatchParams p) {
     extern __shared__ int shared[];  // counts[num_ranks], begins[num_ranks]
-    const EpLayout L = epLayoutOf(p.g);
-    const int num_ranks = p.g.num_ranks;
-    int* counts = shared;
-    int* begins = shared + num_ranks;
-    const int local_expert = blockIdx.x;
-    EpState* state = epState(p.g.local_buffer);
-    const uint64_t seq = state->dispatch_seq + 1;
-    const int phase = static_cast<int>(seq & 1);
-    char* local = static_cast<char*>(p.g.local_buffer);
-
-    const bool self_active = epLoadVolatile(&p.g.active_ranks[p.g.rank]) != 0;
-    for (int src = threadIdx.x; src < num_ranks; src += blockDim.x) {
-        uint32_t count = 0;
-        if (self_active && epLoadVolatile(&p.g.active_ranks[src]) != 0) {
-            const int64_t word = L.dispatchCountOffset(phase, local_expert, src);
-            const EpWait w = p.g.peer_buffers[src] != nullptr
-                                 ? epWaitSignal(reinterpret_cast<const uint64_t*>(local + word),
-                                                seq, &p.g.active_ranks[src], p.g.timeout_ns, &count)
-                                 : waitGinWord(p.d, L, phase, word, local, seq, src,
-                                               &p.g.active_ranks[src], p.g.timeout_ns, &count);
-            if (w != EpWait::kArrived)
-                count = 0;
-        }
-        counts[src] = static_cast<int>(min(count, static_cast<uint32_t>(p.g.max_tokens)));
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int total = 0;
-        for (int src = 0; src < num_ranks; ++src) {
-            begins[src] = total;
-            p.a.layout_range[static_cast<int64_t>(local_expert) * num_ranks + src] =
-                epEncodeRange(total, counts[src]);
-            total += counts[src];
-        }
-        p.a.packed_recv_count[local_expert] = total;
-    }
-    __syncthreads();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t capacity = static_cast<int64_t>(num_ranks) * p.g.max_tokens;
-    for (int src = 0; src < num_ranks; ++src) {
-        for (int i = warp; i < counts[src]; i += kRecvWarps) {
-            const char* msg = local + L.dispatchMessageOffset(phase, local_expert, src, i);
-            epUnpackMessage(p.g, p.a, L, msg, local_expert * capacity + begins[src] + i, lane);
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0)
-        epFinishOperation(&state->dispatch_done, &state->dispatch_seq, seq);
+    epDispatchReceiveBlock<kRecvThreads>(p.g, p.a, shared,
+                                         [&](int src, int64_t word, uint64_t seq, uint32_t* count) {
+                                             return waitWord(p.d, p.g, src, word, seq, count);
+                                         });
 }
 
 __global__ void __launch_bounds__(kSendThreads) ncclCombineSend(CombineParams p) {
@@ -244,12 +167,8 @@ __global__ void __launch_bounds__(kSendThreads) ncclCombineSend(CombineParams p)
     char* lsa = static_cast<char*>(p.g.peer_buffers[dst]);
 
     const int64_t capacity = static_cast<int64_t>(num_ranks) * p.g.max_tokens;
-    const int64_t range = p.a.layout_range[static_cast<int64_t>(local_expert) * num_ranks + dst];
-    const int64_t begin = epRangeBegin(range);
-    int64_t count = epRangeCount(range);
-    if (begin > capacity)
-        count = 0;
-    count = min(count, min(static_cast<int64_t>(p.g.max_tokens), capacity - begin));
+    int64_t begin = 0;
+    const int64_t count = epCombineRowCount(p.g, p.a, local_expert, dst, &begin);
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t hidden = p.g.hidden;
@@ -297,71 +216,10 @@ __global__ void __launch_bounds__(kSendThreads) ncclCombineSend(CombineParams p)
 
 __global__ void __launch_bounds__(kCombineRecvThreads) ncclCombineReceive(CombineParams p) {
     extern __shared__ int shared[];  // experts[top_k], included[top_k]
-    const EpLayout L = epLayoutOf(p.g);
-    const int top_k = p.a.top_k;
-    int* experts = shared;
-    int* included = shared + top_k;
-    const int token = blockIdx.x;
-    const int nle = static_cast<int>(L.numLocalExperts());
-    EpState* state = epState(p.g.local_buffer);
-    const uint64_t seq = state->combine_seq + 1;
-    const int phase = static_cast<int>(seq & 1);
-    const char* local = static_cast<const char*>(p.g.local_buffer);
-
-    const bool self_active = epLoadVolatile(&p.g.active_ranks[p.g.rank]) != 0;
-    for (int k = threadIdx.x; k < top_k && token < p.a.num_tokens; k += blockDim.x) {
-        const int64_t id = p.a.topk_idx[static_cast<int64_t>(token) * top_k + k];
-        int use = 0;
-        if (id < -1 || id >= p.g.num_experts) {
-            epReportError(&state->error_code, &state->error_info, kEpErrorBadExpertId,
-                          static_cast<int32_t>(id));
-        } else if (id >= 0 && self_active) {
-            const int owner = static_cast<int>(id / nle);
-            int32_t* active = &p.g.active_ranks[owner];
-            uint32_t unused = 0;
-            if (epLoadVolatile(active) != 0) {
-                const int64_t word = L.combineFlagOffset(phase, id);
-                const EpWait w = p.g.peer_buffers[owner] != nullptr
-                                     ? epWaitSignal(reinterpret_cast<const uint64_t*>(local + word),
-                                                    seq, active, p.g.timeout_ns, &unused)
-                                     : waitGinWord(p.d, L, phase, word, local, seq, owner, active,
-                                                   p.g.timeout_ns, &unused);
-                use = w == EpWait::kArrived;
-            }
-        }
-        experts[k] = static_cast<int>(id);
-        included[k] = use;
-    }
-    __syncthreads();
-    if (token < p.a.num_tokens) {
-        const int64_t hidden = p.g.hidden;
-        const float* weights = p.a.topk_weights + static_cast<int64_t>(token) * top_k;
-        int4* out = reinterpret_cast<int4*>(static_cast<char*>(p.a.out) + token * hidden * 2);
-        for (int64_t c = threadIdx.x; c < hidden / 8; c += blockDim.x) {
-            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int k = 0; k < top_k; ++k) {
-                if (!included[k])
-                    continue;
-                const float w = weights[k];
-                const int4 raw = __ldcg(reinterpret_cast<const int4*>(
-                                            local + L.combineRowOffset(phase, experts[k], token)) +
-                                        c);
-                const __nv_bfloat162* y = reinterpret_cast<const __nv_bfloat162*>(&raw);
-                for (int j = 0; j < 4; ++j) {
-                    acc[2 * j] = fmaf(w, __low2float(y[j]), acc[2 * j]);
-                    acc[2 * j + 1] = fmaf(w, __high2float(y[j]), acc[2 * j + 1]);
-                }
-            }
-            int4 packed;
-            __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&packed);
-            for (int j = 0; j < 4; ++j)
-                o[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
-            out[c] = packed;
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0)
-        epFinishOperation(&state->combine_done, &state->combine_seq, seq);
+    epCombineReceiveBlock(p.g, p.a, shared, [&](int owner, int64_t word, uint64_t seq) {
+        uint32_t unused = 0;
+        return waitWord(p.d, p.g, owner, word, seq, &unused);
+    });
 }
 
 __global__ void ncclPeerTable(NcclEpDevice d, int num_ranks, void** peers) {
