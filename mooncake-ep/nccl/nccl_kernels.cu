@@ -178,6 +178,7 @@ __global__ void __launch_bounds__(kSendThreads) ncclCombineSend(CombineParams p)
     const int64_t staging_base =
         static_cast<int64_t>(p.g.num_experts) * p.g.max_tokens * L.messageBytes() +
         (static_cast<int64_t>(local_expert) * num_ranks + dst) * p.g.max_tokens * row_bytes;
+    bool posted = false;
     for (int64_t i = warp; i < count; i += kSendWarps) {
         const int64_t row = local_expert * capacity + begin + i;
         const int token = p.a.src_info[row];
@@ -199,8 +200,15 @@ __global__ void __launch_bounds__(kSendThreads) ncclCombineSend(CombineParams p)
                         p.d.window,
                         static_cast<size_t>(p.d.staging_offset + staging_base + i * row_bytes),
                         static_cast<size_t>(row_bytes));
+                posted = true;
             }
         }
+    }
+    if (posted) {
+        // A flush covers the calling thread's puts only: each poster makes
+        // its staged rows reusable by the next operation itself.
+        ncclGin gin(p.d.comm, dst);
+        gin.flush(ncclCoopThread());
     }
     __syncthreads();  // every row's put is posted before the signal's
     if (threadIdx.x != 0)
