@@ -86,3 +86,61 @@ def _setup_worker(ctx, fail_on):
 def test_setup_failure_on_one_rank_raises_on_every_rank(backend):
     harness.run_ranks(_setup_worker, 2, backend, timeout_s=120, args=((1,),))
     assert harness.run_ranks(_setup_worker, 2, backend, timeout_s=120, args=((),)) == ["ok"] * 2
+
+
+def _elastic_nccl_worker(ctx):
+    """ElasticBuffer selecting NCCL (a stand-in runtime): build, update, destroy order."""
+    from ep_checks import check_combine, combine_reference, make_inputs
+    from mooncake import _ep_transport
+    from mooncake.mooncake_elastic_buffer import ElasticBuffer
+    from mooncake._ep_fast import size_hint_python
+
+    events = []
+
+    class Fake(_FakeNcclBuffer):
+        generation = 0
+
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.gen = Fake.generation
+            Fake.generation += 1
+            events.append(f"create {self.gen}")
+
+        def destroy(self):
+            events.append(f"destroy {self.gen}")
+
+        def __del__(self):
+            events.append(f"drop {self.gen}")
+
+    module = types.SimpleNamespace(
+        nccl_unique_id=lambda: b"\x07" * 128, NcclBuffer=Fake,
+        NCCL_DEVICE_VERSION=_ep_transport.NCCL_MIN_VERSION,
+        nccl_runtime_version=lambda: _ep_transport.NCCL_MIN_VERSION,
+        NCCL_SHAPES=((1, 2),), buffer_size_hint=size_hint_python)
+    _ep_runtime._state = (module, None)
+    # One GPU per rank, as far as the selection can tell.
+    torch.cuda.is_available = lambda: True
+    torch.cuda.current_device = lambda: ctx.rank
+    world, rank, E = ctx.world_size, ctx.rank, 4
+    eb = ElasticBuffer(dist.group.WORLD, 8, 256, 2, num_experts=E)
+    assert (eb.transport, eb.transport_reason, eb.topology) == ("nccl", None, (1, 2))
+    assert events == ["create 0"], events
+    # CPU data on the NCCL generation runs Buffer's fallback: still exact.
+    x, idx, w = make_inputs(rank, 8, 256, E, 2, 3)
+    act = torch.ones(world, dtype=torch.int32)
+    recv, _, handle, _, _ = eb.dispatch(x, idx, act, 8, E, -1, use_fp8=False)
+    out, _, _ = eb.combine(recv, idx, w, act, -1, handle)
+    check_combine(out, combine_reference(rank, x, idx, w, [1] * world, E // world), False, "nccl")
+    # The new generation exists before the old one goes (local teardown: a
+    # rank of the old one may be dead, so no collective destroy there).
+    eb.update_ep_member()
+    assert events == ["create 0", "create 1", "drop 0"], events
+    with pytest.raises(ValueError, match=r"predates update_ep_member\(\)"):
+        eb.combine(recv, idx, w, act, -1, handle)
+    eb.destroy()
+    assert events == ["create 0", "create 1", "drop 0", "destroy 1", "drop 1"], events
+    return "ok"
+
+
+def test_elastic_buffer_on_the_nccl_transport_builds_updates_and_destroys(backend):
+    assert harness.run_ranks(_elastic_nccl_worker, 2, backend, timeout_s=120) == ["ok"] * 2
