@@ -125,7 +125,8 @@ class Resolution:
     __slots__ = ("transport", "requested", "reason", "shape")
 
     def __init__(self, transport, requested, reason, shape):
-        self.transport, self.requested, self.reason, self.shape = transport, requested, reason, shape
+        self.transport, self.requested = transport, requested
+        self.reason, self.shape = reason, shape
 
     def __repr__(self):
         return (f"Resolution(transport={self.transport!r}, requested={self.requested!r}, "

@@ -71,7 +71,8 @@ def _parity_worker(ctx):
             data = fp8_dequantize(*recv) if use_fp8 else recv
             out, _, _ = buf.combine(data, idx, w, act, -1, handle)
             outs.append(_valid(recv, count, handle[0]) + [count, handle[1], out, act])
-        assert all(torch.equal(a, b) for a, b in zip(*outs)), f"seed {seed}: ElasticBuffer != Buffer"
+        same = all(torch.equal(a, b) for a, b in zip(*outs))
+        assert same, f"seed {seed}: ElasticBuffer != Buffer"
     assert eb.num_experts == E
     # A handle from the reference Buffer is foreign here.
     x, idx, w = make_inputs(rank, M, H, E, K, 9)

@@ -64,7 +64,8 @@ def _shared_gpu_worker(ctx):
             rows = recv[0] if use_fp8 else recv
             valid = [rows[le, :k].cpu().view(torch.uint8) for le, k in enumerate(n)]
             outs.append(valid + [count.cpu(), handle[1].cpu(), out.cpu(), act.cpu()])
-        assert all(torch.equal(a, b) for a, b in zip(*outs)), f"seed {seed}: ElasticBuffer != Buffer"
+        same = all(torch.equal(a, b) for a, b in zip(*outs))
+        assert same, f"seed {seed}: ElasticBuffer != Buffer"
     # Views and handles do not survive update_ep_member().
     x, idx, w = make_inputs(rank, M, H, E, K, 700)
     x, idx, w = x.cuda(), idx.cuda(), w.cuda()

@@ -58,7 +58,8 @@ def test_several_ranks_on_one_gpu_auto_falls_back_and_nccl_refuses():
     hosts, devices = [3] * 8, [0] * 8  # 8 processes on one GPU (the one-GPU machine)
     res = _resolve("auto", hosts, devices)
     assert res.transport == "ibgda"
-    assert res.reason == "ranks 0 and 1 share CUDA device 0 on one host; NCCL needs one GPU per rank"
+    assert res.reason == ("ranks 0 and 1 share CUDA device 0 on one host; NCCL needs one GPU "
+                          "per rank")
     with pytest.raises(RuntimeError, match="ranks 0 and 1 share CUDA device 0"):
         _resolve("nccl", hosts, devices)
     # Two GPUs, two ranks each: still shared.
@@ -115,8 +116,9 @@ def test_one_rank_without_nccl_decides_for_all():
 def test_env_overrides_auto_only():
     assert tr.requested_transport("auto", {}) == ("auto", "argument")
     assert tr.requested_transport("auto", {tr.TRANSPORT_ENV: ""}) == ("auto", "argument")
-    assert tr.requested_transport("auto", {tr.TRANSPORT_ENV: "ibgda"}) == ("ibgda", tr.TRANSPORT_ENV)
-    assert tr.requested_transport("auto", {tr.TRANSPORT_ENV: " NCCL "}) == ("nccl", tr.TRANSPORT_ENV)
+    env = tr.TRANSPORT_ENV
+    assert tr.requested_transport("auto", {env: "ibgda"}) == ("ibgda", env)
+    assert tr.requested_transport("auto", {env: " NCCL "}) == ("nccl", env)
     assert tr.requested_transport("auto", {tr.TRANSPORT_ENV: "auto"}) == ("auto", tr.TRANSPORT_ENV)
     # An explicit argument is the caller's decision.
     assert tr.requested_transport("nccl", {tr.TRANSPORT_ENV: "ibgda"}) == ("nccl", "argument")
