@@ -54,8 +54,9 @@ class ElasticBuffer:
         checks.check_hidden(hidden, "hidden")
         checks.check_int("num_topk", num_topk, 1)
         checks.check_bool("explicitly_destroy", explicitly_destroy)
-        # Bad strings fail here, before the group is touched.
-        transports.requested_transport(transport)
+        # A bad argument fails here, before the group is touched (the
+        # environment variable is checked with the other ranks in _setup).
+        transports.parse_transport(transport)
         self.group = group
         self.rank = dist.get_rank(group)
         self.group_size = dist.get_world_size(group)
@@ -83,11 +84,17 @@ class ElasticBuffer:
         The constructor and update_ep_member() run exactly these collectives,
         so survivors and a replacement meet here.
         """
-        mode, source = transports.requested_transport(self._requested)
+        # A bad MOONCAKE_EP_TRANSPORT on one rank is reported by every rank
+        # after the exchange, instead of leaving the others in it.
+        try:
+            mode, source = transports.requested_transport(self._requested)
+            mode_code = transports.TRANSPORTS.index(mode)
+        except ValueError as e:
+            mode_code, source, bad_env = -1, transports.TRANSPORT_ENV, str(e)
         built, loaded = _ep_runtime.nccl_versions()
         device = torch.cuda.current_device() if torch.cuda.is_available() else -1
         mine = [_META_VERSION, self.num_max_tokens_per_rank, self.hidden, self.num_topk,
-                transports.TRANSPORTS.index(mode), int(source != "argument"), fast.host_id(),
+                mode_code, int(source != "argument"), fast.host_id(),
                 device, built, loaded, self.num_experts or 0]
         comm = fallback.comm_device(self.group, torch.device("cpu"))
         table = fast._all_gather_ints(mine, self.group, comm)
@@ -97,6 +104,11 @@ class ElasticBuffer:
             if len(set(values)) != 1:
                 raise ValueError(f"{name} differs across ranks: {values} (rank order); every "
                                  f"rank must construct the ElasticBuffer with the same value")
+        bad = torch.nonzero(table[:, 4] < 0).flatten().tolist()
+        if bad:
+            mine = f" (this rank: {bad_env})" if mode_code < 0 else ""
+            raise ValueError(f"ranks {bad} have an invalid {transports.TRANSPORT_ENV}{mine}; "
+                             f"expected one of {', '.join(map(repr, transports.TRANSPORTS))}")
         known = sorted(set(v for v in table[:, 10].tolist() if v))
         if len(known) > 1:
             raise ValueError(f"num_experts differs across ranks: {table[:, 10].tolist()} (rank "

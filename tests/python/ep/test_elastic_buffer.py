@@ -177,6 +177,14 @@ def _transport_worker(ctx, expect):
         dist.all_reduce(t)
         assert t.item() == world
         return "ok"
+    if expect == "bad-env":
+        with pytest.raises(ValueError) as err:
+            ElasticBuffer(dist.group.WORLD, M, H, K)
+        text = str(err.value)
+        assert text.startswith(f"ranks [1] have an invalid {_ep_transport.TRANSPORT_ENV}"), text
+        assert ("(this rank: " in text) == (ctx.rank == 1), text
+        assert text.endswith("expected one of 'auto', 'ibgda', 'nccl'"), text
+        return "ok"
     if expect == "mixed":
         with pytest.raises(ValueError, match=r"the ranks ask for different EP transports"):
             ElasticBuffer(dist.group.WORLD, M, H, K)
@@ -193,6 +201,9 @@ def test_transport_selection_over_a_group(backend):
     assert reasons == [f"transport 'ibgda' was requested ({_ep_transport.TRANSPORT_ENV})"] * 2
     harness.run_ranks(_transport_worker, 2, backend, timeout_s=120, args=("mixed",),
                       rank_env={1: {_ep_transport.TRANSPORT_ENV: "ibgda"}})
+    # A bad value on one rank: every rank raises (none is left in the exchange).
+    harness.run_ranks(_transport_worker, 2, backend, timeout_s=120, args=("bad-env",),
+                      rank_env={1: {_ep_transport.TRANSPORT_ENV: "rdma"}})
 
 
 def _update_worker(ctx):
