@@ -52,7 +52,8 @@ if [ -n "${MC_GPU_TARGETS:-}" ]; then
     build_targets() {
         cmake -S . -B "$MOONCAKE_BUILD_DIR" -G Ninja -DPython3_EXECUTABLE="$(command -v python3)" \
             -DWITH_TORCH=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DBUILD_FUZZERS=OFF \
-            -DCMAKE_CUDA_ARCHITECTURES="$CMAKE_CUDA_ARCHITECTURES" &&
+            -DCMAKE_CUDA_ARCHITECTURES="$CMAKE_CUDA_ARCHITECTURES" \
+            ${USE_NCCL_DEVICE:+-DUSE_NCCL_DEVICE="$USE_NCCL_DEVICE"} &&
             cmake --build "$MOONCAKE_BUILD_DIR" -j "$MOONCAKE_BUILD_JOBS" --target $MC_GPU_TARGETS &&
             { cp "$MOONCAKE_BUILD_DIR"/python/mooncake/*.so python/mooncake/ 2>/dev/null || true; }
     }

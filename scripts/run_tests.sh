@@ -8,6 +8,12 @@ bash scripts/install_deps.sh
 # missing header is then a build error, not a silently skipped transport.
 export WITH_RDMA=${WITH_RDMA:-ON}
 bash scripts/build.sh
+# The opt-in NCCL device-API EP transport must keep compiling and linking
+# (its runs need 2+ GPUs): its library and the EP module, in build-nccl.
+if [ "${WITH_NCCL_DEVICE:-ON}" = "ON" ]; then
+    echo "== build: USE_NCCL_DEVICE=ON (build-nccl) =="
+    bash scripts/build_nccl_device.sh
+fi
 PY=${PYTHON:-python3}
 
 echo "== ctest =="

@@ -13,9 +13,7 @@
 
 #include <string>
 
-#include "mooncake-ep/core/handle.h"
-#include "mooncake-ep/kernels/device_sync.cuh"
-#include "mooncake-ep/kernels/ep_kernels.h"
+#include "mooncake-ep/kernels/ep_blocks.cuh"
 #include "mooncake-transfer-engine/common/cuda_launch.h"
 
 namespace mooncake::ep {
@@ -46,12 +44,8 @@ __global__ void __launch_bounds__(kSendThreads) combineSend(CombineParams p) {
     char* remote = static_cast<char*>(p.g.peer_buffers[dst]);
 
     const int64_t capacity = static_cast<int64_t>(num_ranks) * p.g.max_tokens;
-    const int64_t range = p.a.layout_range[static_cast<int64_t>(local_expert) * num_ranks + dst];
-    const int64_t begin = epRangeBegin(range);
-    int64_t count = epRangeCount(range);
-    if (begin > capacity)
-        count = 0;
-    count = min(count, min(static_cast<int64_t>(p.g.max_tokens), capacity - begin));
+    int64_t begin = 0;
+    const int64_t count = epCombineRowCount(p.g, p.a, local_expert, dst, &begin);
 
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t hidden = p.g.hidden;
@@ -75,67 +69,12 @@ __global__ void __launch_bounds__(kSendThreads) combineSend(CombineParams p) {
 
 __global__ void __launch_bounds__(kRecvThreads) combineReceive(CombineParams p) {
     extern __shared__ int shared[];  // experts[top_k], included[top_k]
-    const EpLayout L = epLayoutOf(p.g);
-    const int top_k = p.a.top_k;
-    int* experts = shared;
-    int* included = shared + top_k;
-    const int token = blockIdx.x;  // the grid has one block even with no tokens
-    const int nle = static_cast<int>(L.numLocalExperts());
-    EpState* state = epState(p.g.local_buffer);
-    const uint64_t seq = state->combine_seq + 1;
-    const int phase = static_cast<int>(seq & 1);
     const char* local = static_cast<const char*>(p.g.local_buffer);
-
-    // A rank inactive in its own view sent nothing, so nothing comes back.
-    const bool self_active = epLoadVolatile(&p.g.active_ranks[p.g.rank]) != 0;
-    for (int k = threadIdx.x; k < top_k && token < p.a.num_tokens; k += blockDim.x) {
-        const int64_t id = p.a.topk_idx[static_cast<int64_t>(token) * top_k + k];
-        int use = 0;
-        if (id < -1 || id >= p.g.num_experts) {
-            epReportError(&state->error_code, &state->error_info, kEpErrorBadExpertId,
-                          static_cast<int32_t>(id));
-        } else if (id >= 0 && self_active) {
-            int32_t* active = &p.g.active_ranks[id / nle];
-            uint32_t unused = 0;
-            if (epLoadVolatile(active) != 0) {
-                const uint64_t* word =
-                    reinterpret_cast<const uint64_t*>(local + L.combineFlagOffset(phase, id));
-                use = epWaitSignal(word, seq, active, p.g.timeout_ns, &unused) == EpWait::kArrived;
-            }
-        }
-        experts[k] = static_cast<int>(id);
-        included[k] = use;
-    }
-    __syncthreads();
-    if (token < p.a.num_tokens) {
-        const int64_t hidden = p.g.hidden;
-        const float* weights = p.a.topk_weights + static_cast<int64_t>(token) * top_k;
-        int4* out = reinterpret_cast<int4*>(static_cast<char*>(p.a.out) + token * hidden * 2);
-        for (int64_t c = threadIdx.x; c < hidden / 8; c += blockDim.x) {
-            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int k = 0; k < top_k; ++k) {
-                if (!included[k])
-                    continue;
-                const float w = weights[k];
-                const int4 raw = __ldcg(reinterpret_cast<const int4*>(
-                                            local + L.combineRowOffset(phase, experts[k], token)) +
-                                        c);
-                const __nv_bfloat162* y = reinterpret_cast<const __nv_bfloat162*>(&raw);
-                for (int j = 0; j < 4; ++j) {
-                    acc[2 * j] = fmaf(w, __low2float(y[j]), acc[2 * j]);
-                    acc[2 * j + 1] = fmaf(w, __high2float(y[j]), acc[2 * j + 1]);
-                }
-            }
-            int4 packed;
-            __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&packed);
-            for (int j = 0; j < 4; ++j)
-                o[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
-            out[c] = packed;
-        }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0)
-        epFinishOperation(&state->combine_done, &state->combine_seq, seq);
+    epCombineReceiveBlock(p.g, p.a, shared, [&](int owner, int64_t word, uint64_t seq) {
+        uint32_t unused = 0;
+        return epWaitSignal(reinterpret_cast<const uint64_t*>(local + word), seq,
+                            &p.g.active_ranks[owner], p.g.timeout_ns, &unused);
+    });
 }
 
 }  // namespace

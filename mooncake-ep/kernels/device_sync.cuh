@@ -25,18 +25,16 @@ __device__ __forceinline__ void epSignal(uint64_t* word, uint64_t seq, uint32_t 
 
 enum class EpWait { kArrived, kTimedOut, kPeerInactive };
 
-// Spins until `word` carries `seq`. Gives up when another block marked the
+// Spins until poll(&payload) is true. Gives up when another block marked the
 // peer inactive, or after timeout_ns (< 0: never), and then marks it
 // inactive itself. Never traps.
-__device__ inline EpWait epWaitSignal(const uint64_t* word, uint64_t seq, int32_t* peer_active,
-                                      int64_t timeout_ns, uint32_t* payload) {
+template <typename Poll>
+__device__ inline EpWait epWaitFor(int32_t* peer_active, int64_t timeout_ns, uint32_t* payload,
+                                   Poll poll) {
     const uint64_t start = globalTimerNs();
     for (uint32_t spins = 0;; ++spins) {
-        const uint64_t v = loadAcquireSys(word);
-        if (epSignalMatches(v, seq)) {
-            *payload = epSignalPayload(v);
+        if (poll(payload))
             return EpWait::kArrived;
-        }
         // Checked every few spins: the timer read and the flag load are not free.
         if ((spins & 63) == 63) {
             if (epLoadVolatile(peer_active) == 0)
@@ -47,6 +45,18 @@ __device__ inline EpWait epWaitSignal(const uint64_t* word, uint64_t seq, int32_
             }
         }
     }
+}
+
+// Waits (as epWaitFor) until `word` carries `seq`; its payload goes to `payload`.
+__device__ inline EpWait epWaitSignal(const uint64_t* word, uint64_t seq, int32_t* peer_active,
+                                      int64_t timeout_ns, uint32_t* payload) {
+    return epWaitFor(peer_active, timeout_ns, payload, [&](uint32_t* out) {
+        const uint64_t v = loadAcquireSys(word);
+        if (!epSignalMatches(v, seq))
+            return false;
+        *out = epSignalPayload(v);
+        return true;
+    });
 }
 
 // The last block of a grid to call this (once per block, thread 0) stores

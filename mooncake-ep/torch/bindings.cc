@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "mooncake-ep/torch/fast_buffer.h"
+#ifdef MOONCAKE_EP_NCCL_DEVICE
+#include "mooncake-ep/torch/nccl/nccl_buffer.h"
+#endif
 
 namespace py = pybind11;
 
@@ -18,6 +21,67 @@ py::tuple dispatchResult(const DispatchResult& r) {
     py::object scales = r.recv_scales.defined() ? py::cast(r.recv_scales) : py::none();
     return py::make_tuple(r.recv_x, scales, r.recv_count, r.src_info, r.layout_range);
 }
+
+#ifdef MOONCAKE_EP_NCCL_DEVICE
+// The NCCL device-API transport (USE_NCCL_DEVICE=ON builds only).
+void bindNccl(py::module_& m) {
+    m.attr("NCCL_DEVICE_VERSION") = ncclEpBuiltVersion();
+    // (num_rdma_ranks, num_nvlink_ranks) the kernels are built for: the hybrid
+    // kernels take any shape; these are the ones ElasticBuffer selects NCCL for.
+    m.attr("NCCL_SHAPES") =
+        py::make_tuple(py::make_tuple(1, 2), py::make_tuple(1, 8), py::make_tuple(2, 4),
+                       py::make_tuple(2, 8), py::make_tuple(4, 4));
+    m.def("nccl_runtime_version", &ncclEpRuntimeVersion);
+    m.def("nccl_unique_id", [] {
+        std::array<char, kNcclUniqueIdBytes> id{};
+        Status st = ncclEpUniqueId(&id);
+        if (!st.ok())
+            raiseStatus(st, "ncclGetUniqueId");
+        return py::bytes(id.data(), id.size());
+    });
+    py::class_<NcclBuffer>(m, "NcclBuffer")
+        .def(py::init([](py::bytes unique_id, int rank, int num_ranks, int device, int num_experts,
+                         int max_tokens, int hidden, int64_t timeout_ms) {
+                 NcclEpOptions o;
+                 o.rank = rank;
+                 o.num_ranks = num_ranks;
+                 o.device = device;
+                 o.num_experts = num_experts;
+                 o.max_tokens = max_tokens;
+                 o.hidden = hidden;
+                 o.timeout_ms = timeout_ms;
+                 std::string id = unique_id;
+                 py::gil_scoped_release no_gil;
+                 return std::make_unique<NcclBuffer>(id, o);
+             }),
+             py::arg("unique_id"), py::arg("rank"), py::arg("num_ranks"), py::arg("device"),
+             py::arg("num_experts"), py::arg("max_tokens"), py::arg("hidden"),
+             py::arg("timeout_ms"))
+        .def("window_bytes", &NcclBuffer::windowBytes)
+        .def("lsa_size", &NcclBuffer::lsaSize)
+        .def("destroy", &NcclBuffer::destroy, py::call_guard<py::gil_scoped_release>())
+        .def(
+            "dispatch",
+            [](NcclBuffer& b, const at::Tensor& x, const at::Tensor& topk_idx,
+               const at::Tensor& active_ranks, int64_t max_tokens, int64_t num_experts,
+               int64_t timeout_us, bool use_fp8) {
+                return dispatchResult(b.dispatch(x, topk_idx, active_ranks, max_tokens, num_experts,
+                                                 timeout_us, use_fp8));
+            },
+            py::arg("x"), py::arg("topk_idx"), py::arg("active_ranks"), py::arg("max_tokens"),
+            py::arg("num_experts"), py::arg("timeout_us"), py::arg("use_fp8"))
+        .def("combine", &NcclBuffer::combine, py::arg("x"), py::arg("src_info"),
+             py::arg("layout_range"), py::arg("topk_idx"), py::arg("topk_weights"),
+             py::arg("active_ranks"), py::arg("max_tokens"), py::arg("num_experts"),
+             py::arg("timeout_us"), py::arg("out"))
+        .def("take_error", &NcclBuffer::takeError, py::arg("wait") = false);
+}
+#else
+void bindNccl(py::module_& m) {
+    m.attr("NCCL_DEVICE_VERSION") = 0;  // built without USE_NCCL_DEVICE
+    m.attr("NCCL_SHAPES") = py::tuple();
+}
+#endif
 
 }  // namespace
 }  // namespace mooncake::ep
@@ -69,4 +133,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              py::arg("active_ranks"), py::arg("max_tokens"), py::arg("num_experts"),
              py::arg("timeout_us"), py::arg("out"))
         .def("take_error", &FastBuffer::takeError, py::arg("wait") = false);
+    mooncake::ep::bindNccl(m);
 }

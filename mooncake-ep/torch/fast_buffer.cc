@@ -11,31 +11,6 @@
 #include "mooncake-transfer-engine/engine/transfer_engine.h"
 
 namespace mooncake::ep {
-namespace {
-
-[[noreturn]] void raise(const Status& st, const std::string& what) {
-    const std::string msg = "Mooncake EP fast path: " + what + ": " + st.message();
-    if (st.code() == StatusCode::kInvalidArgument)
-        throw std::invalid_argument(msg);
-    throw std::runtime_error(msg);
-}
-
-void cudaCheck(cudaError_t e, const std::string& what) {
-    if (e != cudaSuccess)
-        throw std::runtime_error("Mooncake EP fast path: " + what + ": " + cudaGetErrorString(e));
-}
-
-bool capturing(cudaStream_t stream) {
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    cudaCheck(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
-    return status != cudaStreamCaptureStatusNone;
-}
-
-void* dataPtr(const at::Tensor& t) {
-    return t.numel() > 0 ? t.data_ptr() : nullptr;
-}
-
-}  // namespace
 
 FastBuffer::FastBuffer(const c10::intrusive_ptr<c10d::Store>& store, FastBufferOptions options)
     : options_(std::move(options)) {
@@ -58,33 +33,26 @@ FastBuffer::FastBuffer(const c10::intrusive_ptr<c10d::Store>& store, FastBufferO
     engine_ = std::make_unique<te::TransferEngine>(eo);
     Status st = engine_->init("127.0.0.1", {});
     if (!st.ok())
-        raise(st, "starting the transfer engine");
+        raiseStatus(st, "starting the transfer engine");
     auto mem =
         engine_->allocateDeviceMemory(static_cast<size_t>(options_.num_bytes), options_.device);
     if (!mem.ok())
-        raise(mem.status(),
-              "allocating " + std::to_string(options_.num_bytes) +
-                  " bytes of device memory on cuda:" + std::to_string(options_.device));
+        raiseStatus(mem.status(),
+                    "allocating " + std::to_string(options_.num_bytes) +
+                        " bytes of device memory on cuda:" + std::to_string(options_.device));
     buffer_ = mem.value();
     // Sequence numbers and signals start at zero; peers write here only after
     // the caller's meeting that follows connect().
     cudaCheck(cudaMemset(buffer_, 0, static_cast<size_t>(options_.num_bytes)),
               "zeroing the buffer");
     cudaCheck(cudaDeviceSynchronize(), "zeroing the buffer");
-    void* host = nullptr;
-    cudaCheck(cudaHostAlloc(&host, 2 * sizeof(int32_t), cudaHostAllocDefault), "cudaHostAlloc");
-    error_host_ = static_cast<int32_t*>(host);
-    error_host_[0] = error_host_[1] = 0;
-    cudaCheck(cudaEventCreateWithFlags(&error_event_, cudaEventDisableTiming), "cudaEventCreate");
+    error_ = std::make_unique<ErrorWord>();
 }
 
 FastBuffer::~FastBuffer() {
     // Our kernels may still be reading peers' mappings the engine unmaps.
     (void)cudaDeviceSynchronize();
-    if (error_event_)
-        (void)cudaEventDestroy(error_event_);
-    if (error_host_)
-        (void)cudaFreeHost(error_host_);
+    error_.reset();
     peer_table_ = at::Tensor();
     if (store_)
         store_->skipRemoves();
@@ -115,11 +83,11 @@ void FastBuffer::connect(const std::vector<int64_t>& peer_addresses) {
         const std::string name = "ep" + std::to_string(p);
         auto id = engine_->openSegment(name, deadline);
         if (!id.ok())
-            raise(id.status(), "opening rank " + std::to_string(p) + "'s segment");
+            raiseStatus(id.status(), "opening rank " + std::to_string(p) + "'s segment");
         auto mapped = engine_->mapRemote(id.value(), static_cast<uint64_t>(peer_addresses[p]),
                                          static_cast<uint64_t>(options_.num_bytes));
         if (!mapped.ok())
-            raise(mapped.status(), "mapping rank " + std::to_string(p) + "'s EP buffer");
+            raiseStatus(mapped.status(), "mapping rank " + std::to_string(p) + "'s EP buffer");
         table[p] = static_cast<int64_t>(reinterpret_cast<uintptr_t>(mapped.value()));
     }
     peer_table_ = at::tensor(table, at::TensorOptions().dtype(at::kLong))
@@ -152,34 +120,14 @@ DispatchResult FastBuffer::dispatch(const at::Tensor& x, const at::Tensor& topk_
     c10::cuda::CUDAGuard guard(x.device());
     const int64_t hidden = x.size(1);
     const EpGroupArgs g = groupArgs(active_ranks, max_tokens, num_experts, hidden, timeout_us);
-    const int64_t nle = num_experts / options_.num_ranks;
-    const int64_t cap = options_.num_ranks * max_tokens;
-    const auto on = x.options();
-    DispatchResult r;
-    r.recv_x =
-        at::empty({nle, cap, hidden}, on.dtype(use_fp8 ? at::kFloat8_e4m3fn : at::kBFloat16));
-    if (use_fp8)
-        r.recv_scales = at::empty({nle, cap, hidden / kEpHiddenAlign}, on.dtype(at::kFloat));
-    r.recv_count = at::empty({nle}, on.dtype(at::kInt));
-    r.src_info = at::empty({nle, cap}, on.dtype(at::kInt));
-    r.layout_range = at::empty({nle, options_.num_ranks}, on.dtype(at::kLong));
-
     DispatchArgs a;
-    a.x = dataPtr(x);
-    a.topk_idx = static_cast<const int64_t*>(dataPtr(topk_idx));
-    a.num_tokens = static_cast<int>(x.size(0));
-    a.top_k = static_cast<int>(topk_idx.size(1));
-    a.use_fp8 = use_fp8;
-    a.packed_recv_x = r.recv_x.data_ptr();
-    a.packed_recv_scales = use_fp8 ? r.recv_scales.data_ptr<float>() : nullptr;
-    a.packed_recv_count = r.recv_count.data_ptr<int32_t>();
-    a.src_info = r.src_info.data_ptr<int32_t>();
-    a.layout_range = r.layout_range.data_ptr<int64_t>();
+    DispatchResult r =
+        prepareDispatch(x, topk_idx, options_.num_ranks, max_tokens, num_experts, use_fp8, &a);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.device().index()).stream();
     Status st = launchDispatch(g, a, stream);
     if (!st.ok())
-        raise(st, "dispatch");
-    recordErrorCopy(stream);
+        raiseStatus(st, "dispatch");
+    error_->record(epState(buffer_), stream);
     return r;
 }
 
@@ -191,63 +139,18 @@ at::Tensor FastBuffer::combine(const at::Tensor& x, const at::Tensor& src_info,
     c10::cuda::CUDAGuard guard(x.device());
     const int64_t hidden = x.size(2);
     const EpGroupArgs g = groupArgs(active_ranks, max_tokens, num_experts, hidden, timeout_us);
-    at::Tensor result =
-        out.has_value() ? *out
-                        : at::empty({topk_idx.size(0), hidden}, x.options().dtype(at::kBFloat16));
     CombineArgs a;
-    a.x = x.data_ptr();
-    a.src_info = src_info.data_ptr<int32_t>();
-    a.layout_range = layout_range.data_ptr<int64_t>();
-    a.topk_idx = static_cast<const int64_t*>(dataPtr(topk_idx));
-    a.topk_weights = static_cast<const float*>(dataPtr(topk_weights));
-    a.num_tokens = static_cast<int>(topk_idx.size(0));
-    a.top_k = static_cast<int>(topk_idx.size(1));
-    a.out = dataPtr(result);
+    at::Tensor result = prepareCombine(x, src_info, layout_range, topk_idx, topk_weights, out, &a);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.device().index()).stream();
     Status st = launchCombine(g, a, stream);
     if (!st.ok())
-        raise(st, "combine");
-    recordErrorCopy(stream);
+        raiseStatus(st, "combine");
+    error_->record(epState(buffer_), stream);
     return result;
 }
 
-void FastBuffer::recordErrorCopy(cudaStream_t stream) {
-    if (capturing(stream))
-        return;  // a replayed graph's error shows at the next eager op's copy
-    EpState* state = epState(buffer_);
-    cudaCheck(cudaMemcpyAsync(error_host_, &state->error_code, 2 * sizeof(int32_t),
-                              cudaMemcpyDeviceToHost, stream),
-              "copying the error word");
-    cudaCheck(cudaEventRecord(error_event_, stream), "recording the error word's event");
-    error_copy_pending_ = true;
-}
-
 std::optional<std::pair<int32_t, int32_t>> FastBuffer::takeError(bool wait) {
-    if (!error_copy_pending_)
-        return std::nullopt;
-    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(options_.device));
-    const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
-    if (capturing(stream))
-        return std::nullopt;  // no queries inside a capture
-    if (wait) {
-        cudaCheck(cudaEventSynchronize(error_event_), "waiting for the error word");
-    } else {
-        const cudaError_t e = cudaEventQuery(error_event_);
-        if (e == cudaErrorNotReady)
-            return std::nullopt;
-        cudaCheck(e, "querying the error word");
-    }
-    error_copy_pending_ = false;
-    if (error_host_[0] == kEpErrorNone)
-        return std::nullopt;
-    const std::pair<int32_t, int32_t> err{error_host_[0], error_host_[1]};
-    error_host_[0] = error_host_[1] = 0;
-    // Ops already enqueued may set it again: they are reported by the next copy.
-    EpState* state = epState(buffer_);
-    cudaCheck(cudaMemsetAsync(&state->error_code, 0, 2 * sizeof(int32_t), stream),
-              "clearing the error word");
-    recordErrorCopy(stream);
-    return err;
+    return error_->take(epState(buffer_), options_.device, wait);
 }
 
 }  // namespace mooncake::ep

@@ -18,6 +18,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "mooncake-ep/kernels/ep_kernels.h"
+#include "mooncake-ep/torch/ep_ops.h"
 
 namespace mooncake::te {
 class TransferEngine;
@@ -36,11 +37,6 @@ struct FastBufferOptions {
     std::string key_prefix;  // unique per Buffer connection, agreed by the ranks
     std::string secret;      // shared by the ranks, from rank 0
     int64_t timeout_ms = 30000;
-};
-
-// The outputs of one dispatch (scales undefined without FP8).
-struct DispatchResult {
-    at::Tensor recv_x, recv_scales, recv_count, src_info, layout_range;
 };
 
 class FastBuffer {
@@ -77,9 +73,6 @@ public:
 private:
     EpGroupArgs groupArgs(const at::Tensor& active_ranks, int64_t max_tokens, int64_t num_experts,
                           int64_t hidden, int64_t timeout_us) const;
-    // After a launch: snapshot the error word into pinned memory (skipped
-    // while the stream is being captured into a graph).
-    void recordErrorCopy(cudaStream_t stream);
 
     FastBufferOptions options_;
     // Kept to skip the store removals at shutdown: the keys live under this
@@ -89,10 +82,8 @@ private:
     std::unique_ptr<te::TransferEngine> engine_;
     void* buffer_ = nullptr;
     bool connected_ = false;
-    at::Tensor peer_table_;          // int64 [num_ranks] on the device
-    int32_t* error_host_ = nullptr;  // pinned [2]: error_code, error_info
-    cudaEvent_t error_event_ = nullptr;
-    bool error_copy_pending_ = false;
+    at::Tensor peer_table_;  // int64 [num_ranks] on the device
+    std::unique_ptr<ErrorWord> error_;
 };
 
 }  // namespace mooncake::ep

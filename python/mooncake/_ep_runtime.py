@@ -50,3 +50,21 @@ def unavailable_reason(device=None):
     if not torch.cuda.is_available():
         return "the fast path needs CUDA and torch.cuda.is_available() is False"
     return None
+
+
+def nccl_versions():
+    """(built, loaded): the NCCL_VERSION_CODE of the headers the NCCL device-API
+    transport was built with and of the libnccl loaded now; (0, 0) in builds
+    without it (USE_NCCL_DEVICE=OFF, or no runtime at all)."""
+    module = runtime()
+    built = int(getattr(module, "NCCL_DEVICE_VERSION", 0)) if module is not None else 0
+    if built <= 0:
+        return 0, 0
+    return built, int(module.nccl_runtime_version())
+
+
+def nccl_shapes():
+    """The (num_rdma_ranks, num_nvlink_ranks) shapes the built NCCL kernels cover."""
+    module = runtime()
+    shapes = getattr(module, "NCCL_SHAPES", ()) if module is not None else ()
+    return tuple(tuple(int(v) for v in s) for s in shapes)

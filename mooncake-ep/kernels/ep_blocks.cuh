@@ -1,0 +1,199 @@
+// The parts of the dispatch/combine kernels that do not depend on how bytes
+// reach a peer: finding the tokens of an expert, packing what arrived, and
+// the weighted reduction. The cuda_ipc kernels (dispatch.cu, combine.cu) and
+// the NCCL device-API kernels (mooncake-ep/nccl) differ only in how they
+// write to a peer and how they wait for a signal word, which they pass in.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "mooncake-ep/core/handle.h"
+#include "mooncake-ep/kernels/device_sync.cuh"
+#include "mooncake-ep/kernels/ep_kernels.h"
+#include "mooncake-ep/kernels/message.cuh"
+
+namespace mooncake::ep {
+
+// Block 0 of a dispatch reports ids outside [-1, num_experts).
+__device__ inline void epCheckExpertIds(const EpGroupArgs& g, const DispatchArgs& a,
+                                        EpState* state) {
+    for (int i = threadIdx.x; i < a.num_tokens * a.top_k; i += blockDim.x) {
+        const int64_t id = a.topk_idx[i];
+        if (id < -1 || id >= g.num_experts)
+            epReportError(&state->error_code, &state->error_info, kEpErrorBadExpertId,
+                          static_cast<int32_t>(id));
+    }
+}
+
+// Calls write(slot, token, lane) once per token that selected `expert`, one
+// warp per token, slots in token order (so they are deterministic). Returns
+// how many; every thread of the block must call it.
+template <int kThreads, typename Write>
+__device__ int epForEachSelected(const DispatchArgs& a, int expert, Write write) {
+    constexpr int kWarps = kThreads / 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __shared__ int warp_counts[kWarps];
+    __shared__ int chosen[kThreads];
+    int sent = 0;
+    for (int first = 0; first < a.num_tokens; first += kThreads) {
+        const int token = first + threadIdx.x;
+        bool selected = false;
+        if (token < a.num_tokens) {
+            for (int k = 0; k < a.top_k && !selected; ++k)
+                selected = a.topk_idx[static_cast<int64_t>(token) * a.top_k + k] == expert;
+        }
+        const unsigned ballot = __ballot_sync(0xffffffffu, selected);
+        if (lane == 0)
+            warp_counts[warp] = __popc(ballot);
+        __syncthreads();
+        int before = 0, chunk = 0;
+        for (int w = 0; w < kWarps; ++w) {
+            before += w < warp ? warp_counts[w] : 0;
+            chunk += warp_counts[w];
+        }
+        if (selected)
+            chosen[before + __popc(ballot & ((1u << lane) - 1))] = token;
+        __syncthreads();
+        for (int i = warp; i < chunk; i += kWarps)
+            write(sent + i, chosen[i], lane);
+        sent += chunk;
+        __syncthreads();  // `chosen` and `warp_counts` are reused
+    }
+    return sent;
+}
+
+// The receive block of local expert blockIdx.x: waits for every source's
+// count with wait(src, word_offset, &count) -> EpWait, then packs in
+// source-rank order, writes the handle and finishes the operation.
+// `shared` holds 2 * num_ranks ints.
+template <int kThreads, typename Wait>
+__device__ void epDispatchReceiveBlock(const EpGroupArgs& g, const DispatchArgs& a, int* shared,
+                                       Wait wait) {
+    constexpr int kWarps = kThreads / 32;
+    const EpLayout L = epLayoutOf(g);
+    const int num_ranks = g.num_ranks;
+    int* counts = shared;
+    int* begins = shared + num_ranks;
+    const int local_expert = blockIdx.x;
+    EpState* state = epState(g.local_buffer);
+    const uint64_t seq = state->dispatch_seq + 1;
+    const int phase = static_cast<int>(seq & 1);
+    const char* local = static_cast<const char*>(g.local_buffer);
+
+    // A rank inactive in its own view receives nothing (no peer sends to it).
+    const bool self_active = epLoadVolatile(&g.active_ranks[g.rank]) != 0;
+    for (int src = threadIdx.x; src < num_ranks; src += blockDim.x) {
+        uint32_t count = 0;
+        if (self_active && epLoadVolatile(&g.active_ranks[src]) != 0) {
+            if (wait(src, L.dispatchCountOffset(phase, local_expert, src), seq, &count) !=
+                EpWait::kArrived)
+                count = 0;  // the rank is out: its messages, if any, are ignored
+        }
+        // A count is the peer's word: never trust it past the region.
+        counts[src] = static_cast<int>(min(count, static_cast<uint32_t>(g.max_tokens)));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int total = 0;
+        for (int src = 0; src < num_ranks; ++src) {
+            begins[src] = total;
+            a.layout_range[static_cast<int64_t>(local_expert) * num_ranks + src] =
+                epEncodeRange(total, counts[src]);
+            total += counts[src];
+        }
+        a.packed_recv_count[local_expert] = total;
+    }
+    __syncthreads();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int64_t capacity = static_cast<int64_t>(num_ranks) * g.max_tokens;
+    for (int src = 0; src < num_ranks; ++src) {
+        for (int i = warp; i < counts[src]; i += kWarps) {
+            const char* msg = local + L.dispatchMessageOffset(phase, local_expert, src, i);
+            epUnpackMessage(g, a, L, msg, local_expert * capacity + begins[src] + i, lane);
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        epFinishOperation(&state->dispatch_done, &state->dispatch_seq, seq);
+}
+
+// The rows a combine send block returns to `dst`: count, clamped to what the
+// handle can describe (begin and count are the receiver's words).
+__device__ inline int64_t epCombineRowCount(const EpGroupArgs& g, const CombineArgs& a,
+                                            int local_expert, int dst, int64_t* begin) {
+    const int64_t capacity = static_cast<int64_t>(g.num_ranks) * g.max_tokens;
+    const int64_t range = a.layout_range[static_cast<int64_t>(local_expert) * g.num_ranks + dst];
+    *begin = epRangeBegin(range);
+    int64_t count = epRangeCount(range);
+    if (*begin > capacity)
+        count = 0;
+    return min(count, min(static_cast<int64_t>(g.max_tokens), capacity - *begin));
+}
+
+// The receive block of token blockIdx.x: waits for the flags of the experts
+// the token selected with wait(owner, word_offset, seq, active) -> EpWait,
+// then reduces in FP32 and finishes the operation. Experts whose flag did not
+// arrive and -1 entries add nothing. `shared` holds 2 * top_k ints.
+template <typename Wait>
+__device__ void epCombineReceiveBlock(const EpGroupArgs& g, const CombineArgs& a, int* shared,
+                                      Wait wait) {
+    const EpLayout L = epLayoutOf(g);
+    const int top_k = a.top_k;
+    int* experts = shared;
+    int* included = shared + top_k;
+    const int token = blockIdx.x;  // the grid has one block even with no tokens
+    const int nle = static_cast<int>(L.numLocalExperts());
+    EpState* state = epState(g.local_buffer);
+    const uint64_t seq = state->combine_seq + 1;
+    const int phase = static_cast<int>(seq & 1);
+    const char* local = static_cast<const char*>(g.local_buffer);
+
+    // A rank inactive in its own view sent nothing, so nothing comes back.
+    const bool self_active = epLoadVolatile(&g.active_ranks[g.rank]) != 0;
+    for (int k = threadIdx.x; k < top_k && token < a.num_tokens; k += blockDim.x) {
+        const int64_t id = a.topk_idx[static_cast<int64_t>(token) * top_k + k];
+        int use = 0;
+        if (id < -1 || id >= g.num_experts) {
+            epReportError(&state->error_code, &state->error_info, kEpErrorBadExpertId,
+                          static_cast<int32_t>(id));
+        } else if (id >= 0 && self_active) {
+            const int owner = static_cast<int>(id / nle);
+            if (epLoadVolatile(&g.active_ranks[owner]) != 0)
+                use = wait(owner, L.combineFlagOffset(phase, id), seq) == EpWait::kArrived;
+        }
+        experts[k] = static_cast<int>(id);
+        included[k] = use;
+    }
+    __syncthreads();
+    if (token < a.num_tokens) {
+        const int64_t hidden = g.hidden;
+        const float* weights = a.topk_weights + static_cast<int64_t>(token) * top_k;
+        int4* out = reinterpret_cast<int4*>(static_cast<char*>(a.out) + token * hidden * 2);
+        for (int64_t c = threadIdx.x; c < hidden / 8; c += blockDim.x) {
+            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (int k = 0; k < top_k; ++k) {
+                if (!included[k])
+                    continue;
+                const float w = weights[k];
+                const int4 raw = __ldcg(reinterpret_cast<const int4*>(
+                                            local + L.combineRowOffset(phase, experts[k], token)) +
+                                        c);
+                const __nv_bfloat162* y = reinterpret_cast<const __nv_bfloat162*>(&raw);
+                for (int j = 0; j < 4; ++j) {
+                    acc[2 * j] = fmaf(w, __low2float(y[j]), acc[2 * j]);
+                    acc[2 * j + 1] = fmaf(w, __high2float(y[j]), acc[2 * j + 1]);
+                }
+            }
+            int4 packed;
+            __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&packed);
+            for (int j = 0; j < 4; ++j)
+                o[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
+            out[c] = packed;
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        epFinishOperation(&state->combine_done, &state->combine_seq, seq);
+}
+
+}  // namespace mooncake::ep

@@ -1,0 +1,73 @@
+// One dispatch message, written by the sender and unpacked by the receiver
+// (one warp each). Shared by the cuda_ipc kernels (dispatch.cu) and the NCCL
+// device-API kernels (mooncake-ep/nccl): both move the same bytes.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include "mooncake-ep/core/fp8_rule.h"
+#include "mooncake-ep/kernels/ep_kernels.h"
+
+namespace mooncake::ep {
+
+// One warp writes one token's message: header, then BF16 or FP8 + scales.
+__device__ inline void epWriteMessage(const EpGroupArgs& g, const DispatchArgs& a,
+                                      const EpLayout& L, int token, char* msg, int lane) {
+    if (lane == 0)
+        *reinterpret_cast<int4*>(msg) = make_int4(token, 0, 0, 0);
+    const int64_t hidden = g.hidden;
+    const char* row = static_cast<const char*>(a.x) + static_cast<int64_t>(token) * hidden * 2;
+    char* payload = msg + kEpMessageHeaderBytes;
+    if (!a.use_fp8) {
+        const int4* src = reinterpret_cast<const int4*>(row);
+        int4* dst = reinterpret_cast<int4*>(payload);
+        for (int64_t i = lane; i < hidden / 8; i += 32)
+            dst[i] = src[i];
+        return;
+    }
+    float* scales = reinterpret_cast<float*>(msg + L.fp8ScaleOffset());
+    for (int64_t group = 0; group < hidden / kEpFp8GroupSize; ++group) {
+        // Each lane holds 4 of the group's 128 channels.
+        const int64_t c = group * kEpFp8GroupSize + lane * 4;
+        const uint2 raw = *reinterpret_cast<const uint2*>(row + c * 2);
+        const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
+        const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+        const float v[4] = {__low2float(lo), __high2float(lo), __low2float(hi), __high2float(hi)};
+        float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+        for (int off = 16; off > 0; off >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+        amax = fmaxf(amax, kEpFp8AmaxFloor);
+        const float inv = kEpFp8Max / amax;
+        const __nv_fp8x2_storage_t q01 = __nv_cvt_float2_to_fp8x2(
+            make_float2(v[0] * inv, v[1] * inv), __NV_SATFINITE, __NV_E4M3);
+        const __nv_fp8x2_storage_t q23 = __nv_cvt_float2_to_fp8x2(
+            make_float2(v[2] * inv, v[3] * inv), __NV_SATFINITE, __NV_E4M3);
+        *reinterpret_cast<uint32_t*>(payload + c) =
+            static_cast<uint32_t>(q01) | (static_cast<uint32_t>(q23) << 16);
+        if (lane == 0)
+            scales[group] = amax / kEpFp8Max;
+    }
+}
+
+// Copies one received message (one warp) into packed row `row` of its expert.
+__device__ inline void epUnpackMessage(const EpGroupArgs& g, const DispatchArgs& a,
+                                       const EpLayout& L, const char* msg, int64_t row, int lane) {
+    const int64_t hidden = g.hidden;
+    if (lane == 0)
+        a.src_info[row] = __ldcg(reinterpret_cast<const int*>(msg));
+    const char* payload = msg + kEpMessageHeaderBytes;
+    const int64_t data_bytes = a.use_fp8 ? hidden : 2 * hidden;
+    const int4* src = reinterpret_cast<const int4*>(payload);
+    int4* dst = reinterpret_cast<int4*>(static_cast<char*>(a.packed_recv_x) + row * data_bytes);
+    for (int64_t i = lane; i < data_bytes / 16; i += 32)
+        dst[i] = __ldcg(src + i);
+    if (a.use_fp8) {
+        const int64_t groups = hidden / kEpFp8GroupSize;
+        const float* scales = reinterpret_cast<const float*>(msg + L.fp8ScaleOffset());
+        for (int64_t i = lane; i < groups; i += 32)
+            a.packed_recv_scales[row * groups + i] = __ldcg(scales + i);
+    }
+}
+
+}  // namespace mooncake::ep

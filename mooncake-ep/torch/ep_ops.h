@@ -1,0 +1,59 @@
+// What every EP transport's torch layer does around a kernel launch: allocate
+// the outputs with torch, fill the launch arguments, and watch the device
+// error word. Shared by FastBuffer (cuda_ipc) and NcclBuffer (NCCL device API).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "mooncake-ep/kernels/ep_kernels.h"
+
+namespace mooncake::ep {
+
+// The outputs of one dispatch (scales undefined without FP8).
+struct DispatchResult {
+    at::Tensor recv_x, recv_scales, recv_count, src_info, layout_range;
+};
+
+// Allocates the outputs of a dispatch of `x` and points `a` at them.
+DispatchResult prepareDispatch(const at::Tensor& x, const at::Tensor& topk_idx, int64_t num_ranks,
+                               int64_t max_tokens, int64_t num_experts, bool use_fp8,
+                               DispatchArgs* a);
+// The combine result (`out`, or a new tensor) with `a` pointing at it.
+at::Tensor prepareCombine(const at::Tensor& x, const at::Tensor& src_info,
+                          const at::Tensor& layout_range, const at::Tensor& topk_idx,
+                          const at::Tensor& topk_weights, const std::optional<at::Tensor>& out,
+                          CombineArgs* a);
+
+// Throws std::invalid_argument for kInvalidArgument, else std::runtime_error.
+[[noreturn]] void raiseStatus(const Status& st, const std::string& what);
+void cudaCheck(cudaError_t e, const std::string& what);
+bool streamCapturing(cudaStream_t stream);
+
+// The device error word of an EP buffer (EpState::error_code/info), copied
+// to pinned host memory after each launch and read without blocking.
+class ErrorWord {
+public:
+    ErrorWord();
+    ~ErrorWord();
+    ErrorWord(const ErrorWord&) = delete;
+    ErrorWord& operator=(const ErrorWord&) = delete;
+
+    // After a launch on `stream` (skipped while the stream is captured).
+    void record(EpState* state, cudaStream_t stream);
+    // (EpError, value) of the last completed copy, then cleared; nullopt when
+    // none or while the copy is in flight (unless `wait`).
+    std::optional<std::pair<int32_t, int32_t>> take(EpState* state, int device, bool wait);
+
+private:
+    int32_t* host_ = nullptr;  // pinned [2]: error_code, error_info
+    cudaEvent_t event_ = nullptr;
+    bool pending_ = false;
+};
+
+}  // namespace mooncake::ep

@@ -1,0 +1,146 @@
+"""The Python side of the NCCL transport's setup, without NCCL or a GPU.
+
+The unique id travels from group rank 0 over the group (here a subgroup, so
+"rank 0" is a group rank, not the global one), and a rank whose NCCL setup
+fails makes every rank raise, naming it. The compiled NcclBuffer is replaced
+by a stand-in that records its arguments; the real one runs on GPUs
+(test_elastic_buffer_gpu.py).
+"""
+
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import harness
+from mooncake import _ep_nccl, _ep_runtime
+
+
+def _uid_worker(ctx):
+    rank = ctx.rank
+    # Global ranks 1 and 2 form a group: its rank 0 is global rank 1.
+    sub = dist.new_group([1, 2])
+    if rank not in (1, 2):
+        return None
+    made = []
+
+    def make_id():
+        made.append(rank)
+        return bytes((rank * 7 + i) % 256 for i in range(_ep_nccl.UNIQUE_ID_BYTES))
+
+    uid = _ep_nccl.broadcast_unique_id(sub, dist.get_rank(sub), make_id, torch.device("cpu"))
+    return uid, made
+
+
+def test_unique_id_comes_from_group_rank_0(backend):
+    res = harness.run_ranks(_uid_worker, 3, backend, timeout_s=120)
+    want = bytes((1 * 7 + i) % 256 for i in range(_ep_nccl.UNIQUE_ID_BYTES))
+    assert res[1] == (want, [1]) and res[2] == (want, []), res
+
+
+class _FakeNcclBuffer:
+    """Stands in for the compiled NcclBuffer: fails on the ranks told to."""
+
+    def __init__(self, uid, rank, num_ranks, device, num_experts, max_tokens, hidden,
+                 timeout_ms, fail_on=()):
+        if rank in fail_on:
+            raise RuntimeError("ncclDevCommCreate failed: invalid usage (ncclResult_t 5)")
+        self.args = (uid, rank, num_ranks, device, num_experts, max_tokens, hidden)
+        self.destroyed = False
+
+    def destroy(self):
+        self.destroyed = True
+
+
+def _setup_worker(ctx, fail_on):
+    created = []
+
+    class Fake(_FakeNcclBuffer):
+        def __init__(self, *args):
+            super().__init__(*args, fail_on=fail_on)
+            created.append(self)
+
+    module = types.SimpleNamespace(nccl_unique_id=lambda: b"\x05" * 128, NcclBuffer=Fake)
+    _ep_runtime._state = (module, None)
+    torch.cuda.current_device = lambda: 0  # the stand-in needs no GPU
+    size = 1 << 20
+    if fail_on:
+        with pytest.raises(RuntimeError) as err:
+            _ep_nccl.NcclBuffer(dist.group.WORLD, size, (1, 2), 6, 8, 256)
+        text = str(err.value)
+        assert text.startswith(f"the NCCL device-API transport could not be set up on ranks "
+                               f"{list(fail_on)}"), text
+        assert ("ncclDevCommCreate failed" in text) == (ctx.rank in fail_on), text
+        assert text.endswith("set MOONCAKE_EP_TRANSPORT=ibgda or pass transport='ibgda' to use "
+                             "IPC/IBGDA"), text
+        return None
+    buf = _ep_nccl.NcclBuffer(dist.group.WORLD, size, (1, 2), 6, 8, 256)
+    assert buf.use_fast_path and buf.fast_path_reason is None
+    assert created[0].args == (b"\x05" * 128, ctx.rank, 2, 0, 6, 8, 256)
+    buf.release(collective=True)
+    assert created[0].destroyed and buf._fast is None
+    return "ok"
+
+
+def test_setup_failure_on_one_rank_raises_on_every_rank(backend):
+    harness.run_ranks(_setup_worker, 2, backend, timeout_s=120, args=((1,),))
+    assert harness.run_ranks(_setup_worker, 2, backend, timeout_s=120, args=((),)) == ["ok"] * 2
+
+
+def _elastic_nccl_worker(ctx):
+    """ElasticBuffer selecting NCCL (a stand-in runtime): build, update, destroy order."""
+    from ep_checks import check_combine, combine_reference, make_inputs
+    from mooncake import _ep_transport
+    from mooncake.mooncake_elastic_buffer import ElasticBuffer
+    from mooncake._ep_fast import size_hint_python
+
+    events = []
+
+    class Fake(_FakeNcclBuffer):
+        generation = 0
+
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.gen = Fake.generation
+            Fake.generation += 1
+            events.append(f"create {self.gen}")
+
+        def destroy(self):
+            events.append(f"destroy {self.gen}")
+
+        def __del__(self):
+            events.append(f"drop {self.gen}")
+
+    module = types.SimpleNamespace(
+        nccl_unique_id=lambda: b"\x07" * 128, NcclBuffer=Fake,
+        NCCL_DEVICE_VERSION=_ep_transport.NCCL_MIN_VERSION,
+        nccl_runtime_version=lambda: _ep_transport.NCCL_MIN_VERSION,
+        NCCL_SHAPES=((1, 2),), buffer_size_hint=size_hint_python)
+    _ep_runtime._state = (module, None)
+    # One GPU per rank, as far as the selection can tell.
+    torch.cuda.is_available = lambda: True
+    torch.cuda.current_device = lambda: ctx.rank
+    world, rank, E = ctx.world_size, ctx.rank, 4
+    eb = ElasticBuffer(dist.group.WORLD, 8, 256, 2, num_experts=E)
+    assert (eb.transport, eb.transport_reason, eb.topology) == ("nccl", None, (1, 2))
+    assert events == ["create 0"], events
+    # CPU data on the NCCL generation runs Buffer's fallback: still exact.
+    x, idx, w = make_inputs(rank, 8, 256, E, 2, 3)
+    act = torch.ones(world, dtype=torch.int32)
+    recv, _, handle, _, _ = eb.dispatch(x, idx, act, 8, E, -1, use_fp8=False)
+    out, _, _ = eb.combine(recv, idx, w, act, -1, handle)
+    check_combine(out, combine_reference(rank, x, idx, w, [1] * world, E // world), False, "nccl")
+    # The new generation exists before the old one goes (local teardown: a
+    # rank of the old one may be dead, so no collective destroy there).
+    eb.update_ep_member()
+    assert events == ["create 0", "create 1", "drop 0"], events
+    with pytest.raises(ValueError, match=r"predates update_ep_member\(\)"):
+        eb.combine(recv, idx, w, act, -1, handle)
+    eb.destroy()
+    assert events == ["create 0", "create 1", "drop 0", "destroy 1", "drop 1"], events
+    return "ok"
+
+
+def test_elastic_buffer_on_the_nccl_transport_builds_updates_and_destroys(backend):
+    assert harness.run_ranks(_elastic_nccl_worker, 2, backend, timeout_s=120) == ["ok"] * 2
