@@ -128,6 +128,8 @@ MooncakeBackend::MooncakeBackend(const c10::intrusive_ptr<c10d::Store>& store, B
     // Seed 000: every reserved slot can be activated; extend_group_size_to
     // (seed 004) only checks a size against the reservation.
     usable_slots_.store(max_group_size_);
+    if (config_.is_cuda)
+        configureCuda();
 
     bootstrap(store);
     worker_ = std::thread([this] { workerLoop(); });
@@ -328,6 +330,8 @@ void MooncakeBackend::releaseCore(bool flush_p2p) {
     // The keys are generation-scoped, so leaving them behind is harmless.
     if (store_)
         store_->skipRemoves();
+    // The window is memory of the fabric's engine.
+    releaseDeviceWindow();
     fabric_.reset();
 }
 
