@@ -157,6 +157,9 @@ public:
     // active_ranks tensor when one was given).
     at::Tensor activeRanks() const { return active_ranks_; }
     bool isCuda() const { return config_.is_cuda; }
+    // How many collectives ran on the device kernels so far (tests tell the
+    // kernel path from the staged one by it).
+    uint64_t deviceCollectiveCalls() const { return device_calls_.load(); }
 
     // ---- elastic membership (backend_elastic.cc); each throws c10::Error
     // subclasses naming the call and the control plane's reason. Blocking
@@ -400,6 +403,7 @@ private:
     // failed ranks are kernel_failed_, not the Communicator's).
     bool kernel_ran_ = false;
     std::vector<int> kernel_failed_;
+    std::atomic<uint64_t> device_calls_{0};
 
     std::mutex coalesce_mu_;  // guards coalescing_ and coalesced_
     bool coalescing_ = false;

@@ -13,7 +13,10 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <mutex>
 
 #include "mooncake-pg/control_plane/member_host.h"
 #include "mooncake-pg/core/communicator.h"
@@ -38,6 +41,8 @@ namespace {
 // How long the kernels get past the op's deadline to notice it (their own
 // %globaltimer deadline is the op's) or the abort word, and return.
 constexpr auto kKernelGrace = std::chrono::seconds(2);
+// Bounds the deadline arithmetic (Deadline::never() has no end).
+constexpr std::chrono::nanoseconds kMaxKernelWait = std::chrono::hours(24 * 365);
 
 std::string segmentOf(const std::string& endpoint) {
     return endpoint.substr(0, endpoint.find('#'));
@@ -67,9 +72,8 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
                                                               std::chrono::milliseconds timeout) {
     if (!config_.is_cuda || cuda_path_ != device::CudaPath::kKernels || !call.output.is_cuda())
         return {};
-    // Windows hold a slot per reserved rank, and peers are mapped over
-    // cuda_ipc: one host, at most kMaxDeviceRanks slots.
-    if (max_group_size_ > device::kMaxDeviceRanks || !fabric_ || !fabric_->allPeersMapped())
+    // Windows hold a slot per reserved rank: at most kMaxDeviceRanks.
+    if (max_group_size_ > device::kMaxDeviceRanks || !fabric_)
         return {};
     device::RouteQuery q;
     q.collective = call.collective;
@@ -104,8 +108,11 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
             size = static_cast<int>(r) + 1;
     }
     bool suits = comm_ == group_comm_.get() && size >= 2 && size <= device::kMaxDeviceRanks;
+    // cuda_ipc maps peers on this host only: a member reached over the
+    // network (its host window is not mapped either) rules the kernels out,
+    // on every rank of a group that spans hosts.
     for (int r = 0; suits && r < size; ++r)
-        suits = active[r] != 0;
+        suits = active[r] != 0 && (r == config_.rank || fabric_->peerWindow(r) != nullptr);
     if (call.blocks > 0)
         suits = suits && size == call.blocks;
     if (call.collective == device::CudaCollective::kBroadcast)
@@ -119,8 +126,7 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
     at::Tensor dst = in_place ? inOutBuffer(call.output) : outBuffer(call.output);
     at::Tensor src = in_place ? dst : inBuffer(call.input, call.output);
     device::GroupWindow& w = *device_window_;
-    const int64_t timeout_ns =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.remaining()).count();
+    const int64_t timeout_ns = std::min(deadline.remaining(), kMaxKernelWait).count();
     uint64_t seq = 0;
     const device::DeviceGroupView view = w.nextCall(timeout_ns, &seq);
     w.clearResult();
@@ -158,6 +164,7 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
         return Internal("queuing the device " + std::string(call.op_name) + ": " +
                         launched.toString());
     kernel_ran_ = true;
+    device_calls_.fetch_add(1);
     MC_RETURN_IF_ERROR(awaitKernels(size, deadline));
     Status st = device::resultStatus(w.hostResult(), call.op_name, &kernel_failed_);
     if (st.code() == StatusCode::kTimeout && kernel_failed_.size() == 1 &&
@@ -177,15 +184,19 @@ Status MooncakeBackend::awaitKernels(int size, Deadline deadline) {
     device::GroupWindow& w = *device_window_;
     const uint64_t epoch_at_start = applied_epoch_.load();
     const std::function<void()> watch = [&] {
+        {
+            // abort(), not shutdown(): queued calls still run at shutdown.
+            std::lock_guard<std::mutex> lock(queue_mu_);
+            if (abort_pending_) {
+                w.setAbort(device::kAbortGroupAborted);
+                return;
+            }
+        }
         for (int p = 0; p < size; ++p) {
             if (p != config_.rank && fabric_->peerFailed(p)) {
                 w.setAbort(device::abortPeerDead(p));
                 return;
             }
-        }
-        if (closed_.load()) {
-            w.setAbort(device::kAbortGroupAborted);
-            return;
         }
         if (host_ && latest_epoch_.load() != epoch_at_start) {
             const control_plane::GroupView v = host_->view();
@@ -197,7 +208,8 @@ Status MooncakeBackend::awaitKernels(int size, Deadline deadline) {
             }
         }
     };
-    const Deadline with_grace = Deadline::after(deadline.remaining() + kKernelGrace);
+    const Deadline with_grace =
+        Deadline::after(std::min(deadline.remaining(), kMaxKernelWait) + kKernelGrace);
     Status st = exec->drain(with_grace, "the device collective's kernels", watch);
     if (st.code() != StatusCode::kTimeout)
         return st;
