@@ -399,8 +399,8 @@ private:
     std::unique_ptr<device::GroupWindow, GroupWindowDeleter> device_window_;  // worker
     // The same, for abortDeviceCalls on other threads.
     std::atomic<device::GroupWindow*> device_window_ptr_{nullptr};
-    // Worker thread: whether the running task's kernels ran (then its
-    // failed ranks are kernel_failed_, not the Communicator's).
+    // Worker thread: whether the running task took the kernel path (then
+    // its failed ranks are kernel_failed_, not the Communicator's).
     bool kernel_ran_ = false;
     std::vector<int> kernel_failed_;
     std::atomic<uint64_t> device_calls_{0};

@@ -119,6 +119,9 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
         suits = suits && call.root < size;
     if (!suits)
         return runOnHost(call, deadline);
+    // From here a failure's ranks are kernel_failed_, never the
+    // Communicator's last failure (an earlier call's).
+    kernel_ran_ = true;
     MC_RETURN_IF_ERROR(setUpDeviceWindow(size, deadline));
 
     // Contiguous stand-ins, made on the communication stream (current here).
@@ -163,7 +166,6 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
     if (!launched.ok())
         return Internal("queuing the device " + std::string(call.op_name) + ": " +
                         launched.toString());
-    kernel_ran_ = true;
     device_calls_.fetch_add(1);
     MC_RETURN_IF_ERROR(awaitKernels(size, deadline));
     Status st = device::resultStatus(w.hostResult(), call.op_name, &kernel_failed_);
