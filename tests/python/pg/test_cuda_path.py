@@ -49,6 +49,30 @@ def test_accepted_paths_keep_cpu_tensors_on_the_cpu_path(path):
     assert res == [[3.0] * 4, [3.0] * 4], res
 
 
+def _init_only(ctx):
+    try:
+        ctx.init()
+    except Exception as e:  # noqa: BLE001 - the text is the result
+        return f"{type(e).__name__}: {e}"
+    return "ok"
+
+
+@pytest.mark.parametrize("rank1_env", [{"MC_PG_CUDA_PATH": "kernels"},
+                                       {"MC_PG_CUDA_SLOT_BYTES": "4096"}])
+def test_ranks_with_different_settings_fail_init_naming_both(rank1_env):
+    # Rank 1 differs from rank 0 (the defaults): it learns so at init, with
+    # both ranks' settings named, instead of timing out at every CUDA op.
+    res = harness.run_ranks(_init_only, 2, BACKEND, timeout_s=JOB_TIMEOUT_S, init=False,
+                            ref_group=False, rank_env={1: rank1_env},
+                            env={"MC_PG_CUDA_PATH": "staged", "MC_PG_CUDA_SLOT_BYTES": None})
+    assert res[0] == "ok", res
+    text = res[1]
+    assert "MC_PG_CUDA_PATH=staged, MC_PG_CUDA_SLOT_BYTES=1048576" in text, text
+    var, value = next(iter(rank1_env.items()))
+    assert f"{var}={value}" in text and "rank 0 has" in text, text
+    assert "every rank must set the same" in text, text
+
+
 def test_mooncake_cpu_ignores_the_settings():
     # The settings concern CUDA tensors; `mooncake-cpu` never reads them.
     res = harness.run_ranks(_init_outcome, 2, "mooncake-cpu", timeout_s=JOB_TIMEOUT_S,
