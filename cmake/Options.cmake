@@ -16,6 +16,11 @@ if(USE_CUDA)
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
     set(CMAKE_CUDA_ARCHITECTURES 90)
   endif()
+  # One CUDA runtime per process: torch loads libcudart.so, so our CUDA
+  # objects must call that copy, not nvcc's default static one. A module
+  # holding its own static runtime next to torch's crashed in
+  # init_process_group (tests/python/test_module_linkage.py guards this).
+  set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
   enable_language(CUDA)
   find_package(CUDAToolkit REQUIRED)
 endif()

@@ -39,6 +39,35 @@
 
 namespace mooncake::pg {
 
+#ifdef MC_PG_WITH_CUDA
+namespace {
+
+// Every rank of a `mooncake` group must take the same CUDA data path with the
+// same window layout: a rank on the kernels and one on the host would both
+// wait out every op's deadline. Each rank checks its settings against rank
+// 0's when the group is created.
+void checkCudaSettingsAgree(KVStore& kv, const std::string& group_key, int rank,
+                            device::CudaPath path, uint64_t slot_bytes, const std::string& where,
+                            std::chrono::milliseconds timeout) {
+    const std::string mine = std::string(device::kCudaPathEnv) + "=" + device::cudaPathName(path) +
+                             ", " + device::kCudaSlotBytesEnv + "=" + std::to_string(slot_bytes);
+    const std::string key = group_key + "/cuda_settings/";
+    Status st = kv.set(key + std::to_string(rank), mine);
+    TORCH_CHECK_WITH(DistBackendError, st.ok(), "Mooncake PG: bootstrapping ", where,
+                     " failed: publishing its CUDA settings: ", st.toString());
+    if (rank == 0)
+        return;
+    auto theirs = kv.get(key + "0", Deadline::after(timeout));
+    TORCH_CHECK_WITH(DistBackendError, theirs.ok(), "Mooncake PG: bootstrapping ", where,
+                     " failed: reading rank 0's CUDA settings: ", theirs.status().toString());
+    TORCH_CHECK_VALUE(theirs.value() == mine, "Mooncake PG: ", where, " has ", mine,
+                      " but rank 0 has ", theirs.value(), "; every rank must set the same ",
+                      device::kCudaPathEnv, " and ", device::kCudaSlotBytesEnv);
+}
+
+}  // namespace
+#endif
+
 namespace {
 
 MC_ENV_INT(ChunkBytes, "MC_PG_CHUNK_BYTES", static_cast<int64_t>(CommOptions{}.chunk_bytes))
@@ -128,6 +157,8 @@ MooncakeBackend::MooncakeBackend(const c10::intrusive_ptr<c10d::Store>& store, B
     // Seed 000: every reserved slot can be activated; extend_group_size_to
     // (seed 004) only checks a size against the reservation.
     usable_slots_.store(max_group_size_);
+    if (config_.is_cuda)
+        configureCuda();
 
     bootstrap(store);
     worker_ = std::thread([this] { workerLoop(); });
@@ -257,6 +288,13 @@ void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
     }
     group_key_ = fabric_options.group_key;
     startControlPlane(group_key_, where);
+#ifdef MC_PG_WITH_CUDA
+    // Last: rank 0's creation, which waits for every rank's bootstrap and
+    // control plane, completes, and only the rank that differs fails.
+    if (config_.is_cuda)
+        checkCudaSettingsAgree(*kv, group_key_, config_.rank, cuda_path_, cuda_slot_bytes_, where,
+                               config_.timeout);
+#endif
 }
 
 Result<int64_t> MooncakeBackend::liveGeneration(KVStore& kv, Deadline deadline) {
@@ -328,6 +366,8 @@ void MooncakeBackend::releaseCore(bool flush_p2p) {
     // The keys are generation-scoped, so leaving them behind is harmless.
     if (store_)
         store_->skipRemoves();
+    // The window is memory of the fabric's engine.
+    releaseDeviceWindow();
     fabric_.reset();
 }
 

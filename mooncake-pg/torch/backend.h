@@ -29,7 +29,9 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "mooncake-pg/core/types.h"
+#include "mooncake-pg/device/routing.h"
 #include "mooncake-pg/torch/executor.h"
+#include "mooncake-pg/torch/kernel_call.h"
 #include "mooncake-pg/torch/options.h"
 #include "mooncake-pg/torch/staging.h"
 #include "mooncake-pg/torch/work.h"
@@ -45,6 +47,10 @@ class EngineFabric;
 class P2PEngine;
 class Fabric;
 class SharedEngine;
+
+namespace device {
+class GroupWindow;
+}  // namespace device
 
 namespace control_plane {
 class CoordinatorHost;
@@ -151,6 +157,9 @@ public:
     // active_ranks tensor when one was given).
     at::Tensor activeRanks() const { return active_ranks_; }
     bool isCuda() const { return config_.is_cuda; }
+    // How many collectives ran on the device kernels so far (tests tell the
+    // kernel path from the staged one by it).
+    uint64_t deviceCollectiveCalls() const { return device_calls_.load(); }
 
     // ---- elastic membership (backend_elastic.cc); each throws c10::Error
     // subclasses naming the call and the control plane's reason. Blocking
@@ -257,6 +266,30 @@ private:
     // group's CUDA executor, created on the first CUDA op; throws c10::Error
     // for a CUDA tensor on another device than the group's earlier CUDA ops.
     Executor* executorFor(const Staging& staging, const char* op);
+    // ---- device collectives on CUDA tensors (cuda_collectives.cc; without
+    // CUDA, maybeKernel returns null). maybeKernel: the op's Work when the
+    // CUDA executor's route() gives `call` to the kernels, else null (the
+    // entry point stages it).
+    c10::intrusive_ptr<MooncakeWork> maybeKernel(KernelCall call,
+                                                 std::chrono::milliseconds timeout);
+    // Reads MC_PG_CUDA_PATH and MC_PG_CUDA_SLOT_BYTES; throws c10::Error
+    // naming a bad value.
+    void configureCuda();
+    // Worker thread: runs `call` on the kernels against the applied view,
+    // or through the host core when the view does not suit them.
+    Status runKernelCall(const KernelCall& call, Deadline deadline);
+    Status runOnHost(const KernelCall& call, Deadline deadline);
+    // Worker thread: the group window set up for the applied view's `size`
+    // members (created at the first kernel call, re-mapped per epoch).
+    Status setUpDeviceWindow(int size, Deadline deadline);
+    // Worker thread: waits for the call's kernels, turning host evidence
+    // (dead peer, abort, deactivation) into the abort word meanwhile.
+    Status awaitKernels(int size, Deadline deadline);
+    // Any thread: makes running kernels return (the group is aborted).
+    void abortDeviceCalls();
+    // After the worker stopped, before the fabric (and its engine) goes.
+    void releaseDeviceWindow();
+
     // `peer` < 0 (recv only): from any source.
     c10::intrusive_ptr<MooncakeWork> pointToPoint(bool is_send, std::vector<at::Tensor>& tensors,
                                                   int peer, int tag);
@@ -376,6 +409,21 @@ private:
     std::unique_ptr<Executor> cuda_executor_;
     std::atomic<Executor*> cuda_executor_ptr_{nullptr};
     c10::Device cuda_device_{c10::kCPU};  // cuda_executor_mu_
+
+    // Device collectives (cuda_collectives.cc).
+    struct GroupWindowDeleter {
+        void operator()(device::GroupWindow* w) const;
+    };
+    device::CudaPath cuda_path_ = device::kDefaultCudaPath;
+    uint64_t cuda_slot_bytes_ = device::kDefaultSlotBytes;
+    std::unique_ptr<device::GroupWindow, GroupWindowDeleter> device_window_;  // worker
+    // The same, for abortDeviceCalls on other threads.
+    std::atomic<device::GroupWindow*> device_window_ptr_{nullptr};
+    // Worker thread: whether the running task took the kernel path (then
+    // its failed ranks are kernel_failed_, not the Communicator's).
+    bool kernel_ran_ = false;
+    std::vector<int> kernel_failed_;
+    std::atomic<uint64_t> device_calls_{0};
 
     std::mutex coalesce_mu_;  // guards coalescing_ and coalesced_
     bool coalescing_ = false;

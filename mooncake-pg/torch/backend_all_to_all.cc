@@ -59,12 +59,30 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall_base(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
     std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions& opts) {
     const char* op = "all_to_all_single";
-    checkInOut(input, output, op, "input tensor", "output tensor");
+    const DataType dtype = checkInOut(input, output, op, "input tensor", "output tensor");
     checkOutputDtype(output, input, op);
     const int n = groupSize();
     std::vector<size_t> send_bytes, send_offsets, recv_bytes, recv_offsets;
     splitBytes(input, input_split_sizes, n, op, "input", &send_bytes, &send_offsets);
     splitBytes(output, output_split_sizes, n, op, "output", &recv_bytes, &recv_offsets);
+    // The device kernel takes equal blocks only: the same split everywhere
+    // (every rank then passes the same sizes, as it must).
+    bool equal = input.numel() == output.numel() && input.numel() % n == 0;
+    for (int p = 0; equal && p < n; ++p)
+        equal = send_bytes[p] == send_bytes[0] && recv_bytes[p] == send_bytes[0];
+    if (equal) {
+        if (auto work = maybeKernel(
+                KernelCall{device::CudaCollective::kAllToAll, op, OpType::ALLTOALL_BASE, input,
+                           output, dtype, ReduceOp::kSum, 0,
+                           static_cast<uint64_t>(input.numel() / n), n,
+                           [this, send_bytes, send_offsets, recv_bytes, recv_offsets](
+                               void* in, void* out, Deadline dl) {
+                               return comm_->allToAllV(in, send_bytes, send_offsets, out,
+                                                       recv_bytes, recv_offsets, dl);
+                           }},
+                opts.timeout))
+            return work;
+    }
     Staging st(op);
     const at::Tensor staged_in = st.in(input, "input tensor");
     const at::Tensor out = st.inOut(output, "output tensor");

@@ -26,7 +26,7 @@ Executor* MooncakeBackend::executorFor(const Staging& staging, const char* op) {
     }
     std::lock_guard<std::mutex> lock(cuda_executor_mu_);
     if (!cuda_executor_) {
-        cuda_executor_ = std::make_unique<CudaExecutor>(device);
+        cuda_executor_ = std::make_unique<CudaExecutor>(device, cuda_path_);
         cuda_device_ = device;
         cuda_executor_ptr_.store(cuda_executor_.get(), std::memory_order_release);
     }
@@ -39,5 +39,17 @@ Executor* MooncakeBackend::executorFor(const Staging& staging, const char* op) {
                 device.str(), " tensor); rebuild with USE_CUDA=ON");
 #endif
 }
+
+#ifndef MC_PG_WITH_CUDA
+// Without CUDA no op reaches a device kernel (cuda_collectives.cc).
+c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall,
+                                                              std::chrono::milliseconds) {
+    return {};
+}
+void MooncakeBackend::configureCuda() {}
+void MooncakeBackend::abortDeviceCalls() {}
+void MooncakeBackend::releaseDeviceWindow() {}
+void MooncakeBackend::GroupWindowDeleter::operator()(device::GroupWindow*) const {}
+#endif
 
 }  // namespace mooncake::pg

@@ -26,11 +26,20 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::broadcast(Tensors& tensors,
                 " is out of range for a single-tensor call (expected 0)");
     const at::Tensor user = tensors[0];
     checkTensor(user, op, "tensor");
-    checkDtype(user, op, "tensor");
+    const DataType dtype = checkDtype(user, op, "tensor");
+    const int root = static_cast<int>(opts.rootRank);
+    if (auto work = maybeKernel(
+            KernelCall{device::CudaCollective::kBroadcast, op, OpType::BROADCAST, user, user, dtype,
+                       ReduceOp::kSum, root, static_cast<uint64_t>(user.numel()), 0,
+                       [this, user, root](void* in, void*, Deadline dl) {
+                           comm_->setNextCallSignature(shapeSignature(user));
+                           return comm_->broadcast(in, bytesOf(user), root, dl);
+                       }},
+            opts.timeout))
+        return work;
     Staging st(op);
     const at::Tensor t = st.inOut(user, "tensor");
     at::Tensor buf = inOutBuffer(t);
-    const int root = static_cast<int>(opts.rootRank);
     return enqueue(OpType::BROADCAST, op, {user}, issued(opts), GroupSized::kNo, std::move(st),
                    [this, t, buf, root](Deadline dl) {
                        comm_->setNextCallSignature(shapeSignature(buf));
@@ -72,9 +81,19 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather(std::vector<Tensors>& 
 c10::intrusive_ptr<c10d::Work> MooncakeBackend::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
     const char* op = "all_gather_into_tensor";
-    checkInOut(input, output, op, "input tensor", "output tensor");
+    const DataType dtype = checkInOut(input, output, op, "input tensor", "output tensor");
     checkOutputDtype(output, input, op);
     checkGroupMultiple(output, "output", input, "input", groupSize(), op);
+    if (auto work =
+            maybeKernel(KernelCall{device::CudaCollective::kAllGather, op, OpType::_ALLGATHER_BASE,
+                                   input, output, dtype, ReduceOp::kSum, 0,
+                                   static_cast<uint64_t>(input.numel()), groupSize(),
+                                   [this, input](void* in, void* out, Deadline dl) {
+                                       comm_->setNextCallSignature(shapeSignature(input));
+                                       return comm_->allGather(in, out, bytesOf(input), dl);
+                                   }},
+                        opts.timeout))
+        return work;
     Staging st(op);
     const at::Tensor staged_in = st.in(input, "input tensor");
     const at::Tensor out = st.inOut(output, "output tensor");

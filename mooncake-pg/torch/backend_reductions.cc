@@ -24,6 +24,15 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allreduce(Tensors& tensors,
     checkTensor(user, op, "tensor");
     const DataType dtype = checkDtype(user, op, "tensor");
     const ReduceOp rop = checkReduceOp(opts.reduceOp, dtype, op);
+    if (auto work = maybeKernel(
+            KernelCall{device::CudaCollective::kAllReduce, op, OpType::ALLREDUCE, user, user, dtype,
+                       rop, 0, static_cast<uint64_t>(user.numel()), 0,
+                       [this, user, dtype, rop](void* in, void* out, Deadline dl) {
+                           comm_->setNextCallSignature(shapeSignature(user));
+                           return comm_->allReduce(in, out, user.numel(), dtype, rop, dl);
+                       }},
+            opts.timeout))
+        return work;
     Staging st(op);
     const at::Tensor t = st.inOut(user, "tensor");
     at::Tensor buf = inOutBuffer(t);
@@ -123,6 +132,16 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::_reduce_scatter_base(
     const ReduceOp rop = checkReduceOp(opts.reduceOp, dtype, op);
     checkOutputDtype(output, input, op);
     checkGroupMultiple(input, "input", output, "output", groupSize(), op);
+    if (auto work = maybeKernel(
+            KernelCall{device::CudaCollective::kReduceScatter, op, OpType::_REDUCE_SCATTER_BASE,
+                       input, output, dtype, rop, 0, static_cast<uint64_t>(output.numel()),
+                       groupSize(),
+                       [this, output, dtype, rop](void* in, void* out, Deadline dl) {
+                           comm_->setNextCallSignature(shapeSignature(output));
+                           return comm_->reduceScatter(in, out, output.numel(), dtype, rop, dl);
+                       }},
+            opts.timeout))
+        return work;
     Staging st(op);
     const at::Tensor staged_in = st.in(input, "input tensor");
     const at::Tensor out = st.inOut(output, "output tensor");

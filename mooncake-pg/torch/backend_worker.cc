@@ -134,6 +134,8 @@ void MooncakeBackend::workerLoop() {
 void MooncakeBackend::runTask(Task& task) {
     const Deadline deadline = Deadline::after(task.timeout);
     bool from_core = true;
+    kernel_ran_ = false;
+    kernel_failed_.clear();
     Status status = task.executor->beforeCore(*task.device_op, deadline);
     if (status.ok()) {
         status = runElastic(task, deadline, &from_core);
@@ -155,7 +157,7 @@ void MooncakeBackend::runTask(Task& task) {
     }
     std::vector<int> failed;
     if (from_core)
-        failed = comm_->lastFailure().failed_ranks;
+        failed = kernel_ran_ ? kernel_failed_ : comm_->lastFailure().failed_ranks;
     std::string message = failureMessage(task.op_name, status, task.timeout);
     // Mismatched calls and ops refused because an earlier one broke the
     // epoch are not new evidence.
@@ -229,6 +231,8 @@ void MooncakeBackend::stopWorker(bool abort_pending) {
             }
         }
     }
+    if (abort_pending)
+        abortDeviceCalls();
     if (abort_pending && fabric_) {
         // The running collective waits on peers' flags; marking every peer
         // failed turns those waits into immediate errors instead of waits to

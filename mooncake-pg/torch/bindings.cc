@@ -277,6 +277,14 @@ Forms (seed API):
         "backend_of", [](const py::handle& group) { return backendOf(group, "backend_of"); },
         py::arg("group"), "The MooncakeBackend behind a Mooncake process group.");
     m.def(
+        "_device_collective_calls",
+        [](const py::handle& group) {
+            return backendOf(group, "_device_collective_calls")->deviceCollectiveCalls();
+        },
+        py::arg("group"),
+        "How many collectives of the group ran on the device kernels (MC_PG_CUDA_PATH=kernels); "
+        "for tests.");
+    m.def(
         "get_active_ranks",
         [](const py::handle& group) { return backendOf(group, "get_active_ranks")->activeRanks(); },
         py::arg("backend"),

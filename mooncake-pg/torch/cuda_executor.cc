@@ -1,5 +1,7 @@
 #include "mooncake-pg/torch/cuda_executor.h"
 
+#include <chrono>
+#include <functional>
 #include <thread>
 #include <utility>
 
@@ -32,12 +34,19 @@ cudaEvent_t createEvent(c10::Device device) {
     return e;
 }
 
-// Polls `event` until it has completed or `deadline` passes. The worker must
-// not block without a deadline: the caller's stream, which the copies wait
-// on, may never get there.
-Status pollEvent(cudaEvent_t event, Deadline deadline, const char* what) {
+// Polls `event` until it has completed or `deadline` passes, calling
+// `watch` (if any) about every millisecond. The worker must not block
+// without a deadline: the caller's stream, which the copies wait on, may
+// never get there.
+Status pollEvent(cudaEvent_t event, Deadline deadline, const char* what,
+                 const std::function<void()>* watch = nullptr) {
     int spins = 0;
+    auto next_watch = std::chrono::steady_clock::now();
     while (true) {
+        if (watch && std::chrono::steady_clock::now() >= next_watch) {
+            (*watch)();
+            next_watch = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
+        }
         const cudaError_t e = cudaEventQuery(event);
         if (e == cudaSuccess)
             return Status::OK();
@@ -103,36 +112,29 @@ private:
     const c10::Device device_;
 };
 
-CudaExecutor::CudaExecutor(c10::Device device)
+CudaExecutor::CudaExecutor(c10::Device device, CudaPath path)
     : device_(device),
+      path_(path),
       raw_stream_(createStream(device)),
       stream_(c10::cuda::getStreamFromExternal(raw_stream_, device.index())),
-      ready_(createEvent(device)) {}
+      ready_(createEvent(device)),
+      drained_(createEvent(device)) {}
 
 CudaExecutor::~CudaExecutor() {
     // Queued copies still read and write the held tensors.
     cudaStreamSynchronize(raw_stream_);
     retired_.clear();
+    cudaEventDestroy(drained_);
     cudaEventDestroy(ready_);
     cudaStreamDestroy(raw_stream_);
 }
 
-CudaRoute CudaExecutor::route(CudaCollective collective, size_t bytes) const {
-    (void)bytes;
-    switch (collective) {
-        // Each collective switches to kKernel here when its device kernel
-        // (mooncake-pg/device/) is wired in, for the sizes it covers.
-        case CudaCollective::kAllReduce:
-        case CudaCollective::kAllGather:
-        case CudaCollective::kReduceScatter:
-        case CudaCollective::kAllToAll:
-        case CudaCollective::kBroadcast:
-        case CudaCollective::kReduce:
-        case CudaCollective::kGather:
-        case CudaCollective::kScatter:
-            return CudaRoute::kHostStaging;
-    }
-    return CudaRoute::kHostStaging;
+Status CudaExecutor::drain(Deadline deadline, const char* what,
+                           const std::function<void()>& watch) {
+    const cudaError_t e = cudaEventRecord(drained_, raw_stream_);
+    if (e != cudaSuccess)
+        return Internal(std::string(what) + ": " + cudaGetErrorString(e));
+    return pollEvent(drained_, deadline, what, watch ? &watch : nullptr);
 }
 
 std::shared_ptr<DeviceOp> CudaExecutor::issue(Staging staging) {
@@ -150,8 +152,10 @@ std::shared_ptr<DeviceOp> CudaExecutor::issue(Staging staging) {
     {
         c10::cuda::CUDAStreamGuard on_stream(stream_);
         at::NoGradGuard no_grad;
-        for (const auto& e : op->staging.entries())
-            e.host.copy_(e.user, /*non_blocking=*/true);
+        for (const auto& e : op->staging.entries()) {
+            if (e.host.defined())
+                e.host.copy_(e.user, /*non_blocking=*/true);
+        }
     }
     checkCuda(cudaEventRecord(op->staged, raw_stream_), "recording the staged inputs");
     reap();
@@ -159,6 +163,9 @@ std::shared_ptr<DeviceOp> CudaExecutor::issue(Staging staging) {
 }
 
 Status CudaExecutor::awaitInputs(DeviceOp& op, Deadline deadline) {
+    // Kernel ops read the user's tensors in stream order: no host wait.
+    if (!static_cast<Op&>(op).staging.hasMirrors())
+        return Status::OK();
     return pollEvent(static_cast<Op&>(op).staged, deadline,
                      "copying the inputs from the device to the host staging buffers");
 }
@@ -179,7 +186,7 @@ Status CudaExecutor::finish(const std::shared_ptr<DeviceOp>& device_op, bool ok)
         if (ok) {
             at::NoGradGuard no_grad;
             for (const auto& e : op.staging.entries()) {
-                if (e.copy_out)
+                if (e.copy_out && e.host.defined())
                     e.user.copy_(e.host, /*non_blocking=*/true);
             }
         }

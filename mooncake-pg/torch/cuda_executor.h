@@ -10,54 +10,51 @@
 // the fence; the user's tensors and the mirrors are held until the fence
 // has completed.
 //
-// That host staging is the interim data path of every collective (see
-// docs/design/pg-cuda.md): route() is where device kernels over IPC-mapped
-// windows (mooncake-pg/device/) replace it, one decision per collective.
+// That host staging is the data path of every op route() does not give to
+// the device kernels over IPC-mapped windows (mooncake-pg/device/; chosen by
+// MC_PG_CUDA_PATH, docs/design/pg-cuda.md). A kernel op's tensors are only
+// held (Staging::onDevice): the worker queues the kernels on the stream
+// (cuda_collectives.cc), and its Work's fence follows them.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 
 #include <c10/cuda/CUDAStream.h>
 
+#include "mooncake-pg/device/routing.h"
 #include "mooncake-pg/torch/executor.h"
 
 namespace mooncake::pg {
 
-// How a collective's data moves on CUDA tensors.
-enum class CudaRoute {
-    kHostStaging,  // device -> pinned host, the host core, host -> device
-    kKernel,       // a device kernel over the members' mapped windows
-};
-
-// The collectives a route is chosen for.
-enum class CudaCollective {
-    kAllReduce,
-    kAllGather,
-    kReduceScatter,
-    kAllToAll,
-    kBroadcast,
-    kReduce,
-    kGather,
-    kScatter,
-};
+using device::CudaCollective;
+using device::CudaPath;
+using device::CudaRoute;
+using device::RouteQuery;
 
 class CudaExecutor final : public Executor {
 public:
     // Creates the communication stream on `device`; throws c10::Error when
-    // CUDA is unusable there.
-    explicit CudaExecutor(c10::Device device);
+    // CUDA is unusable there. `path`: the process's MC_PG_CUDA_PATH.
+    CudaExecutor(c10::Device device, CudaPath path);
     ~CudaExecutor() override;
 
     c10::Device device() const { return device_; }
     c10::cuda::CUDAStream stream() const { return stream_; }
 
-    // One function per collective: which path an op of `bytes` per rank
-    // takes. Every collective takes kHostStaging until its kernel lands.
-    CudaRoute route(CudaCollective collective, size_t bytes) const;
+    CudaPath path() const { return path_; }
+    // The path of one collective (device::routeFor under this executor's
+    // setting): the same on every rank of a call.
+    CudaRoute route(const RouteQuery& q) const { return device::routeFor(path_, q); }
+
+    // Worker thread: waits, until `deadline`, for the work queued on the
+    // communication stream so far (`what` names it in errors), calling
+    // `watch` about every millisecond meanwhile (evidence checks).
+    Status drain(Deadline deadline, const char* what, const std::function<void()>& watch = {});
 
     std::shared_ptr<DeviceOp> issue(Staging staging) override;
     Status beforeCore(DeviceOp& op, Deadline deadline) override;
@@ -72,10 +69,12 @@ private:
     void reapLocked();  // retired_mu_ held
 
     const c10::Device device_;
+    const CudaPath path_;
     cudaStream_t raw_stream_ = nullptr;
     c10::cuda::CUDAStream stream_;
     std::mutex ready_mu_;  // guards ready_'s record-then-wait
     cudaEvent_t ready_ = nullptr;
+    cudaEvent_t drained_ = nullptr;  // worker thread only (drain)
     std::mutex retired_mu_;
     // Finished ops whose device work may still be running, oldest first.
     std::deque<std::shared_ptr<DeviceOp>> retired_;

@@ -4,9 +4,7 @@
 
 namespace mooncake::pg {
 
-at::Tensor Staging::add(const at::Tensor& user, const std::string& what, bool copy_out) {
-    if (!user.defined())
-        return user;
+void Staging::checkDevice(const at::Tensor& user, const std::string& what) {
     if (!device_.has_value()) {
         device_ = user.device();
     } else {
@@ -14,6 +12,12 @@ at::Tensor Staging::add(const at::Tensor& user, const std::string& what, bool co
                     user.device().str(), " but the op's first tensor is on ", device_->str(),
                     "; every tensor of one op must be on the same device");
     }
+}
+
+at::Tensor Staging::add(const at::Tensor& user, const std::string& what, bool copy_out) {
+    if (!user.defined())
+        return user;
+    checkDevice(user, what);
     if (!user.is_cuda())
         return user;
     // Contiguous whatever the user's strides: the core sees flat bytes.
@@ -21,6 +25,21 @@ at::Tensor Staging::add(const at::Tensor& user, const std::string& what, bool co
                                 at::MemoryFormat::Contiguous);
     entries_.push_back(Entry{user, host, copy_out});
     return host;
+}
+
+void Staging::onDevice(const at::Tensor& user, const std::string& what) {
+    if (!user.defined())
+        return;
+    checkDevice(user, what);
+    entries_.push_back(Entry{user, at::Tensor(), false});
+}
+
+bool Staging::hasMirrors() const {
+    for (const auto& e : entries_) {
+        if (e.host.defined())
+            return true;
+    }
+    return false;
 }
 
 at::Tensor Staging::in(const at::Tensor& user, const std::string& what) {

@@ -25,7 +25,7 @@ public:
     using Tensors = std::vector<at::Tensor>;
     struct Entry {
         at::Tensor user;
-        at::Tensor host;
+        at::Tensor host;  // undefined for onDevice tensors
         // Copied back to `user` after the core op: the core wrote `host`.
         bool copy_out = false;
     };
@@ -40,14 +40,20 @@ public:
     at::Tensor inOut(const at::Tensor& user, const std::string& what);
     Tensors in(const Tensors& users, const std::string& what);
     Tensors inOut(const Tensors& users, const std::string& what);
+    // Read and written on the device by a kernel (route() chose kKernel):
+    // no mirror, only held, with the same device check as the others.
+    void onDevice(const at::Tensor& user, const std::string& what);
 
     // Whether the op's tensors are on a CUDA device (then entries() are the
     // mirrors to fill and drain).
     bool onCuda() const { return device_.has_value() && device_->is_cuda(); }
     c10::Device device() const { return device_.value_or(c10::Device(c10::kCPU)); }
     const std::vector<Entry>& entries() const { return entries_; }
+    // Whether any entry has a host mirror to fill before the core runs.
+    bool hasMirrors() const;
 
 private:
+    void checkDevice(const at::Tensor& user, const std::string& what);
     at::Tensor add(const at::Tensor& user, const std::string& what, bool copy_out);
 
     const char* op_;

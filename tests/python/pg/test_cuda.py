@@ -4,7 +4,11 @@ Every collective and P2P op on CUDA tensors against a reference computed in
 Python from the ranks' known inputs, at 2 and 4 processes; stream semantics (a
 producer kernel on the caller's current stream, then the op, then a consumer,
 with no explicit synchronization); bad input; a rank SIGKILLed during a CUDA
-all_reduce. Skipped, with the reason shown, on a machine without a GPU.
+all_reduce. Each runs under both data paths (MC_PG_CUDA_PATH): `staged`
+(through the host) and `kernels` (the device collectives, also with small
+window slots so every message runs in many chunks); on the kernel path the
+collectives it covers must have run on the device. Skipped, with the reason
+shown, on a machine without a GPU.
 """
 
 import time
@@ -21,6 +25,18 @@ if not torch.cuda.is_available():
 
 BACKEND = "mooncake"
 JOB_TIMEOUT_S = 300
+# MC_PG_CUDA_PATH (and slot size) per parametrized path.
+PATHS = {
+    "staged": {"MC_PG_CUDA_PATH": "staged"},
+    "kernels": {"MC_PG_CUDA_PATH": "kernels"},
+    # 4 KiB slots: a 24 MiB all_reduce runs thousands of chunks.
+    "kernels-small-slots": {"MC_PG_CUDA_PATH": "kernels", "MC_PG_CUDA_SLOT_BYTES": "4096"},
+}
+
+
+def _device_calls():
+    from mooncake import pg
+    return int(pg._lib._device_collective_calls(dist.group.WORLD))
 # Small values: sums, products and averages are exact in every dtype below.
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64,
           torch.int8, torch.uint8)
@@ -102,6 +118,29 @@ def _values(ctx):
         t = x_of(rank, torch.float32, m)
         dist.all_reduce(t)
         c.eq("all_reduce 24 MiB", t, _ref_reduce(ws, m, torch.float32, "SUM"))
+        # Around the kernels' one-shot/two-shot switch (1 MiB) and odd tails.
+        for m in ((1 << 18) - 1, 1 << 18, (1 << 18) + 5, 3 * (1 << 18) + 7):
+            t = x_of(rank, torch.float32, m)
+            dist.all_reduce(t)
+            c.eq(f"all_reduce {m} floats", t, _ref_reduce(ws, m, torch.float32, "SUM"))
+        m = (5 << 20) + 3  # bf16, 10 MiB and a tail: chunked movers
+        out = torch.zeros(ws * m, dtype=torch.bfloat16, device=dev)
+        dist.all_gather_into_tensor(out, x_of(rank, torch.bfloat16, m))
+        c.eq("all_gather_into_tensor 10 MiB", out,
+             torch.cat([_base(r, m, torch.bfloat16) for r in range(ws)]))
+        inp = torch.cat([x_of(rank + 10 * p, torch.float32, m) for p in range(ws)])
+        got = torch.zeros(m, device=dev)
+        dist.reduce_scatter_tensor(got, inp, op=dist.ReduceOp.MAX)
+        want = torch.stack([_base(r + 10 * rank, m, torch.float32) for r in range(ws)]).max(0).values
+        c.eq("reduce_scatter_tensor MAX 20 MiB", got, want)
+        inp = torch.cat([x_of(rank * 10 + p, torch.int32, m) for p in range(ws)])
+        got = torch.zeros(ws * m, dtype=torch.int32, device=dev)
+        dist.all_to_all_single(got, inp)
+        c.eq("all_to_all_single 20 MiB", got,
+             torch.cat([_base(p * 10 + rank, m, torch.int32) for p in range(ws)]))
+        t = x_of(rank, torch.float16, m)
+        dist.broadcast(t, src=ws - 1)
+        c.eq("broadcast 10 MiB", t, _base(ws - 1, m, torch.float16))
     c.run("large", large)
 
     for root in (0, ws - 1):
@@ -232,14 +271,24 @@ def _values(ctx):
         if objs != [{"rank": r} for r in range(ws)]:
             c.failures.append(f"rank {rank}: all_gather_object gave {objs}")
     c.run("cpu on mooncake", cpu_on_mooncake)
-    return c.failures
+    return {"failures": c.failures, "device_calls": _device_calls()}
 
 
+@pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_collective_values_on_cuda(world_size):
-    res = harness.run_ranks(_values, world_size, BACKEND, timeout_s=JOB_TIMEOUT_S, ref_group=False)
-    failures = [f for per_rank in res for f in per_rank]
+def test_collective_values_on_cuda(world_size, path):
+    res = harness.run_ranks(_values, world_size, BACKEND, timeout_s=JOB_TIMEOUT_S, ref_group=False,
+                            env=PATHS[path])
+    failures = [f for per_rank in res for f in per_rank["failures"]]
     assert not failures, "\n".join(failures[:40])
+    calls = [r["device_calls"] for r in res]
+    if path == "staged":
+        assert calls == [0] * world_size, f"staged path ran device kernels: {calls}"
+    else:
+        # all_reduce (every dtype and op, large, funcol, async), broadcast x2,
+        # all_gather_into_tensor x3, reduce_scatter_tensor x2, all_to_all_single x2
+        # at least; every rank the same.
+        assert len(set(calls)) == 1 and calls[0] >= 40, f"kernel path device calls: {calls}"
 
 
 # Long enough that an op which did not wait for the producer reads zeros.
@@ -283,10 +332,11 @@ def _stream_semantics(ctx):
     return failures
 
 
+@pytest.mark.parametrize("path", ["staged", "kernels"])
 @pytest.mark.parametrize("world_size", [2])
-def test_stream_semantics(world_size):
+def test_stream_semantics(world_size, path):
     res = harness.run_ranks(_stream_semantics, world_size, BACKEND, timeout_s=JOB_TIMEOUT_S,
-                            ref_group=False)
+                            ref_group=False, env=PATHS[path])
     failures = [f for per_rank in res for f in per_rank]
     assert not failures, "\n".join(failures)
 
@@ -330,7 +380,7 @@ def test_bad_input_on_cuda():
         assert r["after"] == [1.0, 1.0, 1.0], (rank, r)
 
 
-def _killed_during_all_reduce(ctx):
+def _killed_during_all_reduce(ctx, victim):
     from elastic_checks import ELASTIC_ENV, check_failed_op, outcome  # noqa: F401
     torch.cuda.set_device(0)
     dev = torch.device("cuda", 0)
@@ -341,34 +391,56 @@ def _killed_during_all_reduce(ctx):
     t = torch.ones(8, device=dev)
     dist.all_reduce(t)
     assert t.cpu().tolist() == [3.0] * 8, t
-    victim = 2
     big = torch.full((4 << 20,), ctx.rank + 1, dtype=torch.int32, device=dev)
     if ctx.rank == victim:
-        for r in (0, 1):
-            ctx.wait_for(f"entered_{r}", 60)
-        dist.all_reduce(big, async_op=True)
-        time.sleep(0.002)
+        # Dies while the survivors' all_reduce waits for it. Not after joining
+        # the call: a 16 MiB kernel all_reduce finishes in well under a
+        # millisecond, so a victim that joined would finish it first.
+        for r in range(3):
+            if r != victim:
+                ctx.wait_for(f"entered_{r}", 60)
         ctx.kill_self()
     t0 = time.monotonic()
     work = dist.all_reduce(big, async_op=True)
     ctx.signal(f"entered_{ctx.rank}")
     res = outcome(work, t0)
     check_failed_op(res, victim, 3, ctx.rank, bound_s=30.0)
+    calls_before = _device_calls()
     # The CUDA context and the group stay usable: the survivors take the
-    # victim out and the next CUDA all_reduce succeeds.
+    # victim out and the next CUDA all_reduce succeeds (victim 2: on the
+    # kernels, over the two survivors; victim 1: a hole in the view, which
+    # the kernel path runs through the host).
     if ctx.rank == 0:
         pg.deactivate_ranks(dist.group.WORLD, [victim])
     deadline = time.monotonic() + 30
     while pg.get_active_ranks(dist.group.WORLD).tolist()[victim] != 0:
-        assert time.monotonic() < deadline, "rank 2 still active 30 s after deactivate_ranks"
+        assert time.monotonic() < deadline, f"rank {victim} still active 30 s after deactivate_ranks"
         time.sleep(0.01)
     t = torch.full((8,), float(ctx.rank + 1), device=dev)
     dist.all_reduce(t)
-    return t.cpu().tolist()
+    big = torch.full((3 << 20,), ctx.rank + 1, dtype=torch.int32, device=dev)
+    dist.all_reduce(big)
+    return {"small": t.cpu().tolist(), "big": sorted(set(big.cpu().tolist())),
+            "device_calls": [calls_before, _device_calls()]}
 
 
-def test_sigkilled_rank_during_cuda_all_reduce():
+@pytest.mark.parametrize("path", ["staged", "kernels"])
+@pytest.mark.parametrize("victim", [1, 2])
+def test_sigkilled_rank_during_cuda_all_reduce(victim, path):
     from elastic_checks import ELASTIC_ENV
     res = harness.run_ranks(_killed_during_all_reduce, 3, BACKEND, timeout_s=JOB_TIMEOUT_S,
-                            env=ELASTIC_ENV, init=False, ref_group=False, expect_killed=[2])
-    assert res[0] == [3.0] * 8 and res[1] == [3.0] * 8, res
+                            env={**ELASTIC_ENV, **PATHS[path]}, args=(victim,), init=False,
+                            ref_group=False, expect_killed=[victim])
+    want = float(sum(r + 1 for r in range(3) if r != victim))
+    for r in range(3):
+        if r == victim:
+            continue
+        assert res[r]["small"] == [want] * 8 and res[r]["big"] == [int(want)], (r, res[r])
+        before, after = res[r]["device_calls"]
+        if path == "staged":
+            assert after == 0, res[r]
+        else:
+            # The failed call and the one before it ran on the kernels; after a
+            # hole (victim 1) the host path, else the kernels again.
+            assert before >= 2, res[r]
+            assert after == (before if victim == 1 else before + 2), res[r]

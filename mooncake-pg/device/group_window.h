@@ -1,0 +1,104 @@
+// GroupWindow: one process's device state for a group's device collectives
+// (device_group.h), torch-free.
+//
+//   * its window: exportable device memory from the group's transfer engine
+//     (cuda_ipc), sized once for every size the group may grow to
+//     (routing.h groupWindowBytes), zeroed, its address published in the
+//     group's store under the engine's segment name;
+//   * the peers' windows, mapped through the same engine, so the group
+//     secret guards the exchange; one mapping per peer process (segment),
+//     kept until destruction, so a view change re-maps only newcomers;
+//   * host-mapped words the kernels read: the abort word, the group's
+//     current epoch and the result of the call in flight.
+//
+// The torch layer creates it at the group's first kernel collective (every
+// member reaches that call, so the exchange is collective) and calls
+// applyView before each call whose membership epoch differs from the one
+// the window was last set up for. Not thread-safe, except setAbort.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mooncake-pg/device/device_group.h"
+#include "mooncake-transfer-engine/common/deadline.h"
+#include "mooncake-transfer-engine/common/status.h"
+#include "mooncake-transfer-engine/engine/transfer_engine.h"
+#include "mooncake-transfer-engine/metadata/kv_store.h"
+
+namespace mooncake::pg::device {
+
+struct GroupWindowOptions {
+    int rank = 0;
+    // The group's reserved slots: the window holds that many sources.
+    int max_group_size = 0;
+    int cuda_device = 0;
+    uint64_t slot_bytes = 0;
+    // Store key prefix unique to the group instance.
+    std::string key_prefix;
+    // This process's engine segment (peers map the window through it).
+    std::string segment;
+};
+
+class GroupWindow {
+public:
+    // Allocates and publishes this rank's window; the engine and store must
+    // outlive the window.
+    static Result<std::unique_ptr<GroupWindow>> create(te::TransferEngine& engine, KVStore& store,
+                                                       GroupWindowOptions options);
+    ~GroupWindow();
+    GroupWindow(const GroupWindow&) = delete;
+    GroupWindow& operator=(const GroupWindow&) = delete;
+
+    // Sets the group up for the members `segments` (rank order, size =
+    // segments.size(), this rank's own entry ignored) in membership epoch
+    // `epoch` (>= 1): maps every member's window not mapped yet (waiting
+    // for its address until `deadline`), publishes `epoch` as the current
+    // one and restarts the call sequence.
+    Status applyView(const std::vector<std::string>& segments, uint64_t epoch, Deadline deadline);
+    bool hasView() const { return view_.size > 0; }
+    uint64_t epoch() const { return view_.epoch; }
+    int size() const { return view_.size; }
+
+    // The view of the next call, with the kernels' deadline; takes a call
+    // sequence number (the same on every member for the same call).
+    DeviceGroupView nextCall(int64_t timeout_ns, uint64_t* seq);
+
+    // The result of the call in flight, as the host reads it (once its
+    // stream work has completed) and as the kernels write it.
+    DeviceOpResult hostResult() const;
+    DeviceOpResult* deviceResult() const { return device_result_; }
+    void clearResult();
+
+    // Any thread: evidence of a failure (routing.h kAbort*); the first
+    // nonzero reason stays until clearAbort.
+    void setAbort(uint64_t reason);
+    uint64_t abortReason() const;
+    void clearAbort();
+
+    uint64_t windowBytes() const { return window_bytes_; }
+    static std::string addressKey(const std::string& prefix, const std::string& segment);
+
+private:
+    GroupWindow(te::TransferEngine& engine, KVStore& store, GroupWindowOptions options);
+    Status init();
+    Result<char*> mapPeer(const std::string& segment, Deadline deadline);
+
+    te::TransferEngine& engine_;
+    KVStore& store_;
+    const GroupWindowOptions options_;
+    uint64_t window_bytes_ = 0;
+    char* window_ = nullptr;
+    // Host-mapped: [0] abort word, [1] current epoch, [2..3] the result.
+    uint64_t* host_words_ = nullptr;
+    const volatile uint64_t* device_words_ = nullptr;
+    DeviceOpResult* device_result_ = nullptr;
+    std::map<std::string, char*> mapped_;  // by peer segment
+    DeviceGroupView view_;
+    uint64_t next_seq_ = 0;
+};
+
+}  // namespace mooncake::pg::device

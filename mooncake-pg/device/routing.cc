@@ -1,0 +1,209 @@
+#include "mooncake-pg/device/routing.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "mooncake-pg/device/all_gather.h"
+#include "mooncake-pg/device/all_reduce.h"
+#include "mooncake-pg/device/all_to_all.h"
+#include "mooncake-pg/device/broadcast.h"
+#include "mooncake-pg/device/reduce_scatter.h"
+
+namespace mooncake::pg::device {
+
+Result<CudaPath> parseCudaPath(const char* value) {
+    if (value == nullptr || *value == '\0')
+        return kDefaultCudaPath;
+    if (std::strcmp(value, "staged") == 0)
+        return CudaPath::kStaged;
+    if (std::strcmp(value, "kernels") == 0)
+        return CudaPath::kKernels;
+    return InvalidArgument(std::string(kCudaPathEnv) + "='" + value +
+                           "' is not a CUDA data path; expected 'staged' (device -> host -> "
+                           "device through the host core) or 'kernels' (the device kernels)");
+}
+
+const char* cudaPathName(CudaPath path) {
+    return path == CudaPath::kKernels ? "kernels" : "staged";
+}
+
+Result<uint64_t> parseSlotBytes(const char* value) {
+    if (value == nullptr || *value == '\0')
+        return kDefaultSlotBytes;
+    errno = 0;
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(value, &end, 10);
+    const bool digits = *value >= '0' && *value <= '9';
+    if (!digits || errno != 0 || end == value || *end != '\0' || v == 0 || v % 16 != 0 ||
+        v > kMaxSlotBytes) {
+        return InvalidArgument(std::string(kCudaSlotBytesEnv) + "='" + value +
+                               "' is not a slot size; expected a positive multiple of 16 bytes "
+                               "up to " +
+                               std::to_string(kMaxSlotBytes));
+    }
+    return static_cast<uint64_t>(v);
+}
+
+Result<uint64_t> groupWindowBytes(int max_group_size, uint64_t slot_bytes) {
+    if (max_group_size < 1 || max_group_size > kMaxDeviceRanks) {
+        return InvalidArgument(
+            "device window for max_group_size=" + std::to_string(max_group_size) +
+            "; expected 1 to " + std::to_string(kMaxDeviceRanks) + " ranks");
+    }
+    if (slot_bytes == 0 || slot_bytes % 16 != 0 || slot_bytes > kMaxSlotBytes) {
+        return InvalidArgument("device window slot of " + std::to_string(slot_bytes) +
+                               " bytes; expected a positive multiple of 16 up to " +
+                               std::to_string(kMaxSlotBytes));
+    }
+    return windowBytes(max_group_size, slot_bytes);
+}
+
+const char* cudaCollectiveName(CudaCollective c) {
+    switch (c) {
+        case CudaCollective::kAllReduce:
+            return "all_reduce";
+        case CudaCollective::kAllGather:
+            return "all_gather";
+        case CudaCollective::kReduceScatter:
+            return "reduce_scatter";
+        case CudaCollective::kAllToAll:
+            return "all_to_all";
+        case CudaCollective::kBroadcast:
+            return "broadcast";
+        case CudaCollective::kReduce:
+            return "reduce";
+        case CudaCollective::kGather:
+            return "gather";
+        case CudaCollective::kScatter:
+            return "scatter";
+    }
+    return "collective";
+}
+
+namespace {
+
+CudaRoute staged(std::string* why, const std::string& reason) {
+    if (why)
+        *why = reason;
+    return CudaRoute::kHostStaging;
+}
+
+// A peer's callSignature (device_group.h), in words.
+std::string describeSignature(uint64_t sig) {
+    const auto collective = static_cast<uint8_t>(sig >> 56);
+    const auto dtype = static_cast<uint8_t>((sig >> 48) & 0xff);
+    const auto op = static_cast<uint8_t>((sig >> 40) & 0xff);
+    std::string text;
+    switch (collective) {
+        case kAllReduceCollective:
+            text = "all_reduce";
+            break;
+        case kAllGatherCollective:
+            text = "all_gather";
+            break;
+        case kReduceScatterCollective:
+            text = "reduce_scatter";
+            break;
+        case kAllToAllCollective:
+            text = "all_to_all";
+            break;
+        case kBroadcastCollective:
+            text = "broadcast";
+            break;
+        default:
+            text = "device collective " + std::to_string(collective);
+    }
+    text += " of dtype ";
+    text += dtype <= static_cast<uint8_t>(DataType::kBool)
+                ? dataTypeName(static_cast<DataType>(dtype))
+                : std::to_string(dtype);
+    if (collective == kAllReduceCollective || collective == kReduceScatterCollective) {
+        text += ", op ";
+        text += op <= static_cast<uint8_t>(ReduceOp::kBxor)
+                    ? reduceOpName(static_cast<ReduceOp>(op))
+                    : std::to_string(op);
+    } else if (collective == kBroadcastCollective) {
+        text += ", root " + std::to_string(op);
+    }
+    text += ", count " + std::to_string(sig & ((uint64_t{1} << 40) - 1));
+    return text + ", unlike this rank's call";
+}
+
+bool isReduction(CudaCollective c) {
+    return c == CudaCollective::kAllReduce || c == CudaCollective::kReduceScatter;
+}
+
+}  // namespace
+
+CudaRoute routeFor(CudaPath path, const RouteQuery& q, std::string* why) {
+    if (path != CudaPath::kKernels)
+        return staged(why, std::string(kCudaPathEnv) + " is 'staged'");
+    switch (q.collective) {
+        case CudaCollective::kAllReduce:
+        case CudaCollective::kAllGather:
+        case CudaCollective::kReduceScatter:
+        case CudaCollective::kAllToAll:
+        case CudaCollective::kBroadcast:
+            break;
+        case CudaCollective::kReduce:
+        case CudaCollective::kGather:
+        case CudaCollective::kScatter:
+            return staged(why,
+                          std::string("no device kernel for ") + cudaCollectiveName(q.collective));
+    }
+    if (q.group_size < 2 || q.group_size > kMaxDeviceRanks) {
+        return staged(why, "group of " + std::to_string(q.group_size) +
+                               " ranks; the kernels take 2 to " + std::to_string(kMaxDeviceRanks));
+    }
+    // An empty message moves nothing: the core's path costs no copies either.
+    if (q.count == 0)
+        return staged(why, "empty message");
+    // The call signature carries the count in 40 bits.
+    if (q.count >= (uint64_t{1} << 40))
+        return staged(why, "count " + std::to_string(q.count) + " exceeds the kernels' 2^40");
+    if (isReduction(q.collective)) {
+        if (q.premul_sum)
+            return staged(why, "PREMUL_SUM has no device kernel");
+        std::string reason;
+        if (!reduceOpSupported(q.op, q.dtype, &reason))
+            return staged(why, reason);
+    }
+    if (why)
+        why->clear();
+    return CudaRoute::kKernel;
+}
+
+Status resultStatus(const DeviceOpResult& r, const char* what, std::vector<int>* failed) {
+    failed->clear();
+    const std::string op(what);
+    switch (static_cast<DeviceStatus>(r.status)) {
+        case DeviceStatus::kOk:
+            return Status::OK();
+        case DeviceStatus::kTimeout:
+            if (r.culprit >= 0) {
+                failed->push_back(r.culprit);
+                return Timeout(op + ": waiting for rank " + std::to_string(r.culprit) +
+                               " on the device");
+            }
+            return Timeout(op + ": waiting on the device");
+        case DeviceStatus::kAborted:
+            if ((r.detail & kAbortPeerDeadBase) != 0) {
+                const int dead = static_cast<int>(r.detail & 0xffffffffu);
+                failed->push_back(dead);
+                return PeerFailure(op + ": rank " + std::to_string(dead) + " failed");
+            }
+            if (r.detail == kAbortDeactivated) {
+                return Aborted(op + ": a member of the call was deactivated while it ran");
+            }
+            return Aborted(op + ": the group was aborted");
+        case DeviceStatus::kMismatch:
+            return InvalidArgument(op + ": rank " + std::to_string(r.culprit) + " passed " +
+                                   describeSignature(r.detail));
+        case DeviceStatus::kStaleEpoch:
+            return Aborted(op + ": the call's membership epoch is no longer the group's");
+    }
+    return Internal(op + ": unknown device status " + std::to_string(r.status));
+}
+
+}  // namespace mooncake::pg::device

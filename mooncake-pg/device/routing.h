@@ -1,0 +1,103 @@
+// Host-side policy of the device collectives, with no CUDA or torch headers
+// (unit-tested without a GPU): which data path a collective on CUDA tensors
+// takes, the settings that choose it, how big a group's device window is,
+// and how a kernel's DeviceOpResult becomes the op's Status.
+//
+// The decision depends only on what every rank of a call agrees on (the
+// process-wide path setting, the collective, dtype, op and element count),
+// never on a rank's tensor strides or aliasing, so all ranks of a call take
+// the same path. The torch layer makes strided or aliased tensors contiguous
+// on the communication stream instead.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mooncake-pg/core/types.h"
+#include "mooncake-pg/device/device_group.h"
+#include "mooncake-transfer-engine/common/status.h"
+
+namespace mooncake::pg::device {
+
+// MC_PG_CUDA_PATH: how collectives on CUDA tensors move their data.
+//   staged  - device -> pinned host, the host core, host -> device (default
+//             until the kernel path has passed on the GPU machine);
+//   kernels - the device kernels over cuda_ipc-mapped windows, for the
+//             collectives and dtypes they cover (routeFor).
+enum class CudaPath { kStaged, kKernels };
+inline constexpr const char* kCudaPathEnv = "MC_PG_CUDA_PATH";
+inline constexpr CudaPath kDefaultCudaPath = CudaPath::kStaged;
+
+// `value` null or empty: the default. Anything but "staged"/"kernels": an
+// error naming the variable, the value and the accepted ones.
+Result<CudaPath> parseCudaPath(const char* value);
+const char* cudaPathName(CudaPath path);
+
+// MC_PG_CUDA_SLOT_BYTES: bytes per source slot of a group's device window
+// (device_group.h). One-shot all_reduce needs the message to fit a slot, so
+// the default is kOneShotMaxBytes (1 MiB); larger messages run in chunks.
+inline constexpr const char* kCudaSlotBytesEnv = "MC_PG_CUDA_SLOT_BYTES";
+inline constexpr uint64_t kDefaultSlotBytes = uint64_t{1} << 20;
+inline constexpr uint64_t kMaxSlotBytes = uint64_t{1} << 30;
+// A positive multiple of 16 up to kMaxSlotBytes; null or empty: the default.
+Result<uint64_t> parseSlotBytes(const char* value);
+
+// The bytes of one rank's window in a group that reserves `max_group_size`
+// slots: the window is allocated once, for every size the group may grow to.
+// kInvalidArgument for sizes outside [1, kMaxDeviceRanks].
+Result<uint64_t> groupWindowBytes(int max_group_size, uint64_t slot_bytes);
+
+enum class CudaRoute {
+    kHostStaging,  // device -> pinned host, the host core, host -> device
+    kKernel,       // a device kernel over the members' mapped windows
+};
+
+enum class CudaCollective {
+    kAllReduce,
+    kAllGather,
+    kReduceScatter,
+    kAllToAll,  // equal splits
+    kBroadcast,
+    kReduce,
+    kGather,
+    kScatter,
+};
+const char* cudaCollectiveName(CudaCollective c);
+
+struct RouteQuery {
+    CudaCollective collective = CudaCollective::kAllReduce;
+    DataType dtype = DataType::kFloat32;
+    // Reductions only.
+    ReduceOp op = ReduceOp::kSum;
+    // A c10d op the core has no ReduceOp for (PREMUL_SUM): always staged.
+    bool premul_sum = false;
+    // Elements per rank as the kernel takes them (all_reduce/broadcast: the
+    // tensor; all_gather: the input; reduce_scatter: the output; all_to_all:
+    // one block).
+    uint64_t count = 0;
+    // The group's size when the op is issued.
+    int group_size = 0;
+};
+
+// The path of one collective; `why` (optional) receives the reason for a
+// staged route.
+CudaRoute routeFor(CudaPath path, const RouteQuery& q, std::string* why = nullptr);
+
+// Values the host writes into the abort word (device_group.h), as evidence
+// arrives; the kernels report the value back as DeviceOpResult::detail.
+inline constexpr uint64_t kAbortGroupAborted = 1;  // abort() / shutdown
+inline constexpr uint64_t kAbortDeactivated = 2;   // a member left the view
+inline constexpr uint64_t kAbortPeerDeadBase = uint64_t{1} << 32;
+inline constexpr uint64_t abortPeerDead(int rank) {
+    return kAbortPeerDeadBase | static_cast<uint32_t>(rank);
+}
+
+// The Status of a completed call from its result word, with the ranks the
+// failure points at in `failed` (the Work's failed_ranks_hint), in the CPU
+// core's terms: a silent peer is kTimeout "waiting for rank N", a dead one
+// kPeerFailure "rank N failed", a mismatch kInvalidArgument naming the
+// peer, an abort kAborted. `what` names the collective.
+Status resultStatus(const DeviceOpResult& r, const char* what, std::vector<int>* failed);
+
+}  // namespace mooncake::pg::device

@@ -1,0 +1,290 @@
+// MooncakeBackend's device collectives on CUDA tensors: the route decision
+// at issue, the group window, the kernels queued on the communication
+// stream, host evidence turned into the abort word while they run, and
+// their result turned into the op's Status (docs/design/pg-cuda.md).
+//
+// Which path a call takes depends only on what every rank of the call agrees
+// on (MC_PG_CUDA_PATH, the collective, dtype, op, count, group size), so all
+// ranks take the same one. On the worker, a call the kernels took runs on
+// them when the applied view suits them (every rank below the view's size
+// active, the blocks of the tensors matching it), else through the host core
+// on host copies: ranks that applied the same view decide the same.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+
+#include "mooncake-pg/control_plane/member_host.h"
+#include "mooncake-pg/core/communicator.h"
+#include "mooncake-pg/core/engine_fabric.h"
+#include "mooncake-pg/device/all_gather.h"
+#include "mooncake-pg/device/all_reduce.h"
+#include "mooncake-pg/device/all_to_all.h"
+#include "mooncake-pg/device/broadcast.h"
+#include "mooncake-pg/device/group_window.h"
+#include "mooncake-pg/device/reduce_scatter.h"
+#include "mooncake-pg/torch/backend.h"
+#include "mooncake-pg/torch/collective_tensors.h"
+#include "mooncake-pg/torch/cuda_executor.h"
+#include "mooncake-pg/torch/store_adapter.h"
+
+namespace mooncake::pg {
+
+using namespace collective_tensors;  // NOLINT(build/namespaces): the op family's helpers
+
+namespace {
+
+// How long the kernels get past the op's deadline to notice it (their own
+// %globaltimer deadline is the op's) or the abort word, and return.
+constexpr auto kKernelGrace = std::chrono::seconds(2);
+// Bounds the deadline arithmetic (Deadline::never() has no end).
+constexpr std::chrono::nanoseconds kMaxKernelWait = std::chrono::hours(24 * 365);
+
+std::string segmentOf(const std::string& endpoint) {
+    return endpoint.substr(0, endpoint.find('#'));
+}
+
+bool movesBlocks(device::CudaCollective c) {
+    return c == device::CudaCollective::kAllGather || c == device::CudaCollective::kReduceScatter ||
+           c == device::CudaCollective::kAllToAll;
+}
+
+}  // namespace
+
+void MooncakeBackend::GroupWindowDeleter::operator()(device::GroupWindow* w) const {
+    delete w;
+}
+
+void MooncakeBackend::configureCuda() {
+    auto path = device::parseCudaPath(std::getenv(device::kCudaPathEnv));
+    TORCH_CHECK_VALUE(path.ok(), "Mooncake PG: ", path.status().message());
+    auto slot = device::parseSlotBytes(std::getenv(device::kCudaSlotBytesEnv));
+    TORCH_CHECK_VALUE(slot.ok(), "Mooncake PG: ", slot.status().message());
+    cuda_path_ = path.value();
+    cuda_slot_bytes_ = slot.value();
+}
+
+c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
+                                                              std::chrono::milliseconds timeout) {
+    if (!config_.is_cuda || cuda_path_ != device::CudaPath::kKernels || !call.output.is_cuda())
+        return {};
+    // Windows hold a slot per reserved rank: at most kMaxDeviceRanks.
+    if (max_group_size_ > device::kMaxDeviceRanks || !fabric_)
+        return {};
+    device::RouteQuery q;
+    q.collective = call.collective;
+    q.dtype = call.dtype;
+    q.op = call.op;
+    q.count = call.count;
+    q.group_size = groupSize();
+    Staging st(call.op_name);
+    st.onDevice(call.input, "input");
+    st.onDevice(call.output, "output");
+    auto* exec = static_cast<CudaExecutor*>(executorFor(st, call.op_name));
+    if (exec->route(q) != device::CudaRoute::kKernel)
+        return {};
+    const c10d::OpType type = call.type;
+    const char* op_name = call.op_name;
+    at::Tensor output = call.output;
+    const GroupSized sized = movesBlocks(call.collective) ? GroupSized::kBlocks : GroupSized::kNo;
+    return enqueue(type, op_name, {output}, timeout, sized, std::move(st),
+                   [this, call = std::move(call)](Deadline dl) { return runKernelCall(call, dl); });
+}
+
+Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline) {
+    auto* exec = static_cast<CudaExecutor*>(cuda_executor_ptr_.load(std::memory_order_acquire));
+    if (!exec)
+        return Internal("device collective without a CUDA executor");
+    c10::cuda::CUDAGuard guard(exec->device());
+    // The applied view: every rank below its size active, this one included.
+    const std::vector<uint8_t>& active = comm_->active();
+    int size = 0;
+    for (size_t r = 0; r < active.size(); ++r) {
+        if (active[r] != 0)
+            size = static_cast<int>(r) + 1;
+    }
+    bool suits = comm_ == group_comm_.get() && size >= 2 && size <= device::kMaxDeviceRanks;
+    // cuda_ipc maps peers on this host only: a member reached over the
+    // network (its host window is not mapped either) rules the kernels out,
+    // on every rank of a group that spans hosts.
+    for (int r = 0; suits && r < size; ++r)
+        suits = active[r] != 0 && (r == config_.rank || fabric_->peerWindow(r) != nullptr);
+    if (call.blocks > 0)
+        suits = suits && size == call.blocks;
+    if (call.collective == device::CudaCollective::kBroadcast)
+        suits = suits && call.root < size;
+    if (!suits)
+        return runOnHost(call, deadline);
+    // From here a failure's ranks are kernel_failed_, never the
+    // Communicator's last failure (an earlier call's).
+    kernel_ran_ = true;
+    MC_RETURN_IF_ERROR(setUpDeviceWindow(size, deadline));
+
+    // Contiguous stand-ins, made on the communication stream (current here).
+    const bool in_place = call.input.is_same(call.output);
+    at::Tensor dst = in_place ? inOutBuffer(call.output) : outBuffer(call.output);
+    at::Tensor src = in_place ? dst : inBuffer(call.input, call.output);
+    device::GroupWindow& w = *device_window_;
+    const int64_t timeout_ns = std::min(deadline.remaining(), kMaxKernelWait).count();
+    uint64_t seq = 0;
+    const device::DeviceGroupView view = w.nextCall(timeout_ns, &seq);
+    w.clearResult();
+    w.clearAbort();
+    device::DeviceOpResult* result = w.deviceResult();
+    const cudaStream_t stream = exec->stream().stream();
+    Status launched;
+    switch (call.collective) {
+        case device::CudaCollective::kAllReduce:
+            launched = device::allReduce(view, ptrOf(src), ptrOf(dst), call.count, call.dtype,
+                                         call.op, seq, result, stream);
+            break;
+        case device::CudaCollective::kAllGather:
+            launched = device::allGather(view, ptrOf(src), ptrOf(dst), call.count, call.dtype, seq,
+                                         result, stream);
+            break;
+        case device::CudaCollective::kReduceScatter:
+            launched = device::reduceScatter(view, ptrOf(src), ptrOf(dst), call.count, call.dtype,
+                                             call.op, seq, result, stream);
+            break;
+        case device::CudaCollective::kAllToAll:
+            launched = device::allToAll(view, ptrOf(src), ptrOf(dst), call.count, call.dtype, seq,
+                                        result, stream);
+            break;
+        case device::CudaCollective::kBroadcast:
+            launched = device::broadcast(view, ptrOf(dst), call.count, call.dtype, call.root, seq,
+                                         result, stream);
+            break;
+        default:
+            return Internal(std::string("no device kernel for ") + call.op_name);
+    }
+    // Arguments were checked at issue: a refusal here is a bug, not a
+    // mismatch between ranks (kInvalidArgument would read as one).
+    if (!launched.ok())
+        return Internal("queuing the device " + std::string(call.op_name) + ": " +
+                        launched.toString());
+    device_calls_.fetch_add(1);
+    MC_RETURN_IF_ERROR(awaitKernels(size, deadline));
+    Status st = device::resultStatus(w.hostResult(), call.op_name, &kernel_failed_);
+    if (st.code() == StatusCode::kTimeout && kernel_failed_.size() == 1 &&
+        fabric_->peerFailed(kernel_failed_[0])) {
+        // The peer it waited on is gone, not slow: say so, as the core does.
+        st = PeerFailure(std::string(call.op_name) + ": rank " + std::to_string(kernel_failed_[0]) +
+                         " failed");
+    }
+    w.clearAbort();
+    MC_RETURN_IF_ERROR(st);
+    copyBack(call.output, dst);
+    return Status::OK();
+}
+
+Status MooncakeBackend::awaitKernels(int size, Deadline deadline) {
+    auto* exec = static_cast<CudaExecutor*>(cuda_executor_ptr_.load(std::memory_order_acquire));
+    device::GroupWindow& w = *device_window_;
+    const uint64_t epoch_at_start = applied_epoch_.load();
+    const std::function<void()> watch = [&] {
+        {
+            // abort(), not shutdown(): queued calls still run at shutdown.
+            std::lock_guard<std::mutex> lock(queue_mu_);
+            if (abort_pending_) {
+                w.setAbort(device::kAbortGroupAborted);
+                return;
+            }
+        }
+        for (int p = 0; p < size; ++p) {
+            if (p != config_.rank && fabric_->peerFailed(p)) {
+                w.setAbort(device::abortPeerDead(p));
+                return;
+            }
+        }
+        if (host_ && latest_epoch_.load() != epoch_at_start) {
+            const control_plane::GroupView v = host_->view();
+            for (int p = 0; p < size; ++p) {
+                if (!v.isActive(static_cast<uint32_t>(p))) {
+                    w.setAbort(device::kAbortDeactivated);
+                    return;
+                }
+            }
+        }
+    };
+    const Deadline with_grace =
+        Deadline::after(std::min(deadline.remaining(), kMaxKernelWait) + kKernelGrace);
+    Status st = exec->drain(with_grace, "the device collective's kernels", watch);
+    if (st.code() != StatusCode::kTimeout)
+        return st;
+    // Past the kernels' own deadline: ask them to stop, once more.
+    w.setAbort(device::kAbortGroupAborted);
+    st = exec->drain(Deadline::after(kKernelGrace), "the device collective's kernels after abort");
+    if (st.ok())
+        return Status::OK();
+    return Internal(
+        std::string("the device collective's kernels did not return ") +
+        "after their deadline and the abort word; the GPU may be stuck: " + st.toString());
+}
+
+Status MooncakeBackend::setUpDeviceWindow(int size, Deadline deadline) {
+    auto* exec = static_cast<CudaExecutor*>(cuda_executor_ptr_.load(std::memory_order_acquire));
+    if (!device_window_) {
+        device::GroupWindowOptions o;
+        o.rank = config_.rank;
+        o.max_group_size = max_group_size_;
+        o.cuda_device = exec->device().index();
+        o.slot_bytes = cuda_slot_bytes_;
+        o.key_prefix = group_key_;
+        o.segment = segmentOf(fabric_->endpoint());
+        auto created = device::GroupWindow::create(fabric_->engine(), *store_, o);
+        if (!created.ok())
+            return created.status().withContext("setting up the group's device collectives");
+        device_window_.reset(created.value().release());
+        device_window_ptr_.store(device_window_.get(), std::memory_order_release);
+    }
+    // Epoch 0 would make a call's first tag equal to a cleared flag.
+    const uint64_t epoch = applied_epoch_.load() + 1;
+    if (device_window_->hasView() && device_window_->epoch() == epoch &&
+        device_window_->size() == size)
+        return Status::OK();
+    std::vector<std::string> segments(static_cast<size_t>(size));
+    for (int p = 0; p < size; ++p) {
+        if (p != config_.rank)
+            segments[p] = segmentOf(fabric_->peerEndpoint(p));
+    }
+    return device_window_->applyView(segments, epoch, deadline);
+}
+
+Status MooncakeBackend::runOnHost(const KernelCall& call, Deadline deadline) {
+    auto* exec = static_cast<CudaExecutor*>(cuda_executor_ptr_.load(std::memory_order_acquire));
+    const bool in_place = call.input.is_same(call.output);
+    at::Tensor dst = inOutBuffer(call.output);  // blocks the core skips keep their values
+    at::Tensor src = in_place ? dst : inBuffer(call.input, call.output);
+    const auto pinned = [](const at::Tensor& t) {
+        return at::empty(t.sizes(), t.options().device(c10::kCPU).pinned_memory(true));
+    };
+    at::Tensor host_out = pinned(dst);
+    host_out.copy_(dst, /*non_blocking=*/true);
+    at::Tensor host_in = host_out;
+    if (!in_place) {
+        host_in = pinned(src);
+        host_in.copy_(src, /*non_blocking=*/true);
+    }
+    MC_RETURN_IF_ERROR(exec->drain(deadline, "copying the inputs to the host"));
+    MC_RETURN_IF_ERROR(call.host_core(ptrOf(host_in), ptrOf(host_out), deadline));
+    dst.copy_(host_out, /*non_blocking=*/true);
+    copyBack(call.output, dst);
+    // The pinned copies must outlive the copy back, which is queued only.
+    return exec->drain(deadline, "copying the results back to the device");
+}
+
+void MooncakeBackend::abortDeviceCalls() {
+    if (device::GroupWindow* w = device_window_ptr_.load(std::memory_order_acquire))
+        w->setAbort(device::kAbortGroupAborted);
+}
+
+void MooncakeBackend::releaseDeviceWindow() {
+    device_window_ptr_.store(nullptr, std::memory_order_release);
+    device_window_.reset();
+}
+
+}  // namespace mooncake::pg

@@ -1,0 +1,43 @@
+// KernelCall: one collective on CUDA tensors as the device kernels take it
+// (mooncake-pg/device/), built by the collective entry points once their
+// arguments are checked. MooncakeBackend::maybeKernel asks the CUDA
+// executor's route() for it and, when the kernels take it, queues it on the
+// worker (cuda_collectives.cc); otherwise the entry point stages the op as
+// before.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "mooncake-pg/core/types.h"
+#include "mooncake-pg/device/routing.h"
+#include "mooncake-transfer-engine/common/deadline.h"
+#include "mooncake-transfer-engine/common/status.h"
+
+namespace mooncake::pg {
+
+struct KernelCall {
+    device::CudaCollective collective = device::CudaCollective::kAllReduce;
+    const char* op_name = "";
+    c10d::OpType type = c10d::OpType::UNKNOWN;
+    // all_reduce and broadcast: the same tensor (in place).
+    at::Tensor input;
+    at::Tensor output;
+    DataType dtype = DataType::kFloat32;
+    ReduceOp op = ReduceOp::kSum;  // reductions
+    int root = 0;                  // broadcast
+    // Elements per rank as the kernel takes them (device::RouteQuery::count).
+    uint64_t count = 0;
+    // all_gather, reduce_scatter, all_to_all: the blocks the tensors hold
+    // (the group size at issue); 0 for the others.
+    int blocks = 0;
+    // The same op through the host core, on host copies of the contiguous
+    // input and output: for a membership view the kernels cannot take (an
+    // inactive member, a block count that no longer matches the group).
+    std::function<Status(void* in, void* out, Deadline)> host_core;
+};
+
+}  // namespace mooncake::pg

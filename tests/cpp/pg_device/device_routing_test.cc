@@ -1,0 +1,207 @@
+// The host-side policy of the device collectives (routing.h), no GPU needed:
+// the MC_PG_CUDA_PATH and MC_PG_CUDA_SLOT_BYTES settings, the routing
+// decision table, the window arithmetic, and how a kernel's result word
+// becomes the op's Status and failed-ranks hint.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "mooncake-pg/device/routing.h"
+
+namespace mooncake::pg::device {
+namespace {
+
+TEST(DeviceRouting, PathSettingDefaultsToStagedAndNamesBadValues) {
+    ASSERT_TRUE(parseCudaPath(nullptr).ok());
+    EXPECT_EQ(parseCudaPath(nullptr).value(), CudaPath::kStaged);
+    EXPECT_EQ(parseCudaPath("").value(), CudaPath::kStaged);
+    EXPECT_EQ(parseCudaPath("staged").value(), CudaPath::kStaged);
+    EXPECT_EQ(parseCudaPath("kernels").value(), CudaPath::kKernels);
+    for (const char* bad : {"kernel", "KERNELS", "nccl", " staged"}) {
+        auto r = parseCudaPath(bad);
+        ASSERT_FALSE(r.ok()) << bad;
+        EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+        const std::string msg = r.status().message();
+        EXPECT_NE(msg.find("MC_PG_CUDA_PATH='" + std::string(bad) + "'"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("'staged'"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("'kernels'"), std::string::npos) << msg;
+    }
+    EXPECT_STREQ(cudaPathName(CudaPath::kKernels), "kernels");
+    EXPECT_STREQ(cudaPathName(CudaPath::kStaged), "staged");
+}
+
+TEST(DeviceRouting, SlotBytesSetting) {
+    EXPECT_EQ(parseSlotBytes(nullptr).value(), uint64_t{1} << 20);
+    EXPECT_EQ(parseSlotBytes("").value(), uint64_t{1} << 20);
+    EXPECT_EQ(parseSlotBytes("512").value(), 512u);
+    EXPECT_EQ(parseSlotBytes("1073741824").value(), uint64_t{1} << 30);
+    for (const char* bad : {"0", "24", "-16", "1k", "abc", "1073741840", "99999999999999999999"}) {
+        auto r = parseSlotBytes(bad);
+        ASSERT_FALSE(r.ok()) << bad;
+        EXPECT_NE(r.status().message().find("MC_PG_CUDA_SLOT_BYTES='" + std::string(bad) + "'"),
+                  std::string::npos)
+            << r.status().message();
+        EXPECT_NE(r.status().message().find("multiple of 16"), std::string::npos);
+    }
+}
+
+TEST(DeviceRouting, WindowBytesPerRank) {
+    // 4 KiB of flags and signatures, then two parities of one slot per
+    // source the group may hold.
+    EXPECT_EQ(groupWindowBytes(2, 1 << 20).value(), 4096u + 2u * 2u * (1u << 20));
+    EXPECT_EQ(groupWindowBytes(8, 1 << 20).value(), 4096u + 16u * (1u << 20));
+    EXPECT_EQ(groupWindowBytes(64, 512).value(), 4096u + 128u * 512u);
+    EXPECT_EQ(groupWindowBytes(1, 16).value(), 4096u + 32u);
+    EXPECT_FALSE(groupWindowBytes(0, 1 << 20).ok());
+    EXPECT_FALSE(groupWindowBytes(65, 1 << 20).ok());
+    EXPECT_FALSE(groupWindowBytes(4, 24).ok());
+    EXPECT_FALSE(groupWindowBytes(4, 0).ok());
+    EXPECT_NE(groupWindowBytes(65, 1 << 20).status().message().find("max_group_size=65"),
+              std::string::npos);
+}
+
+RouteQuery query(CudaCollective c, DataType dtype = DataType::kFloat32,
+                 ReduceOp op = ReduceOp::kSum, uint64_t count = 1024, int size = 4) {
+    RouteQuery q;
+    q.collective = c;
+    q.dtype = dtype;
+    q.op = op;
+    q.count = count;
+    q.group_size = size;
+    return q;
+}
+
+TEST(DeviceRouting, DecisionTable) {
+    using C = CudaCollective;
+    const C kernels[] = {C::kAllReduce, C::kAllGather, C::kReduceScatter, C::kAllToAll,
+                         C::kBroadcast};
+    const C staged[] = {C::kReduce, C::kGather, C::kScatter};
+    std::string why;
+    for (C c : kernels) {
+        EXPECT_EQ(routeFor(CudaPath::kKernels, query(c), &why), CudaRoute::kKernel)
+            << cudaCollectiveName(c) << ": " << why;
+        EXPECT_TRUE(why.empty());
+        // The setting wins over everything.
+        EXPECT_EQ(routeFor(CudaPath::kStaged, query(c), &why), CudaRoute::kHostStaging);
+        EXPECT_NE(why.find("MC_PG_CUDA_PATH"), std::string::npos) << why;
+        // Sizes the kernels do not take.
+        EXPECT_EQ(routeFor(CudaPath::kKernels, query(c, DataType::kFloat32, ReduceOp::kSum, 0)),
+                  CudaRoute::kHostStaging);
+        EXPECT_EQ(routeFor(CudaPath::kKernels,
+                           query(c, DataType::kFloat32, ReduceOp::kSum, uint64_t{1} << 40)),
+                  CudaRoute::kHostStaging);
+        for (int size : {0, 1, 65}) {
+            EXPECT_EQ(routeFor(CudaPath::kKernels,
+                               query(c, DataType::kFloat32, ReduceOp::kSum, 1024, size), &why),
+                      CudaRoute::kHostStaging)
+                << size;
+            EXPECT_NE(why.find("ranks"), std::string::npos) << why;
+        }
+        EXPECT_EQ(routeFor(CudaPath::kKernels, query(c, DataType::kFloat32, ReduceOp::kSum,
+                                                     (uint64_t{1} << 40) - 1, 64)),
+                  CudaRoute::kKernel);
+        EXPECT_EQ(routeFor(CudaPath::kKernels, query(c, DataType::kFloat32, ReduceOp::kSum, 1, 2)),
+                  CudaRoute::kKernel);
+    }
+    for (C c : staged) {
+        EXPECT_EQ(routeFor(CudaPath::kKernels, query(c), &why), CudaRoute::kHostStaging);
+        EXPECT_NE(why.find(std::string("no device kernel for ") + cudaCollectiveName(c)),
+                  std::string::npos)
+            << why;
+    }
+}
+
+TEST(DeviceRouting, ReductionsFollowTheOpAndDtype) {
+    using C = CudaCollective;
+    for (C c : {C::kAllReduce, C::kReduceScatter}) {
+        // Every op the core defines for the dtype has a kernel.
+        for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                           DataType::kBFloat16, DataType::kInt8, DataType::kUInt8, DataType::kInt16,
+                           DataType::kInt32, DataType::kInt64, DataType::kBool}) {
+            for (int o = 0; o <= static_cast<int>(ReduceOp::kBxor); ++o) {
+                const auto op = static_cast<ReduceOp>(o);
+                const bool defined = reduceOpSupported(op, t, nullptr);
+                EXPECT_EQ(routeFor(CudaPath::kKernels, query(c, t, op)),
+                          defined ? CudaRoute::kKernel : CudaRoute::kHostStaging)
+                    << dataTypeName(t) << " " << reduceOpName(op);
+            }
+        }
+        RouteQuery q = query(c);
+        q.premul_sum = true;
+        std::string why;
+        EXPECT_EQ(routeFor(CudaPath::kKernels, q, &why), CudaRoute::kHostStaging);
+        EXPECT_NE(why.find("PREMUL_SUM"), std::string::npos) << why;
+    }
+    // Data movers ignore the op: a bitwise op on floats does not matter.
+    EXPECT_EQ(routeFor(CudaPath::kKernels,
+                       query(CudaCollective::kAllGather, DataType::kFloat32, ReduceOp::kBxor)),
+              CudaRoute::kKernel);
+    RouteQuery bq = query(CudaCollective::kBroadcast, DataType::kBool);
+    bq.premul_sum = true;  // meaningless for a mover
+    EXPECT_EQ(routeFor(CudaPath::kKernels, bq), CudaRoute::kKernel);
+}
+
+DeviceOpResult result(DeviceStatus s, int culprit, uint64_t detail) {
+    DeviceOpResult r;
+    r.status = static_cast<int32_t>(s);
+    r.culprit = culprit;
+    r.detail = detail;
+    return r;
+}
+
+TEST(DeviceRouting, ResultBecomesStatusAndHint) {
+    std::vector<int> failed{9};
+    EXPECT_TRUE(resultStatus(result(DeviceStatus::kOk, -1, 0), "all_reduce", &failed).ok());
+    EXPECT_TRUE(failed.empty());
+
+    Status st = resultStatus(result(DeviceStatus::kTimeout, 2, 0), "all_reduce", &failed);
+    EXPECT_EQ(st.code(), StatusCode::kTimeout);
+    EXPECT_NE(st.message().find("waiting for rank 2"), std::string::npos) << st.toString();
+    EXPECT_EQ(failed, std::vector<int>{2});
+
+    st = resultStatus(result(DeviceStatus::kTimeout, -1, 0), "all_reduce", &failed);
+    EXPECT_EQ(st.code(), StatusCode::kTimeout);
+    EXPECT_TRUE(failed.empty());
+
+    // The host's abort reasons: a dead peer names it, whoever the kernel
+    // was waiting on.
+    st = resultStatus(result(DeviceStatus::kAborted, 1, abortPeerDead(3)), "all_gather", &failed);
+    EXPECT_EQ(st.code(), StatusCode::kPeerFailure);
+    EXPECT_NE(st.message().find("rank 3 failed"), std::string::npos) << st.toString();
+    EXPECT_EQ(failed, std::vector<int>{3});
+    st = resultStatus(result(DeviceStatus::kAborted, 1, abortPeerDead(0)), "all_gather", &failed);
+    EXPECT_EQ(failed, std::vector<int>{0});
+
+    st = resultStatus(result(DeviceStatus::kAborted, 1, kAbortGroupAborted), "broadcast", &failed);
+    EXPECT_EQ(st.code(), StatusCode::kAborted);
+    EXPECT_NE(st.message().find("aborted"), std::string::npos) << st.toString();
+    EXPECT_TRUE(failed.empty());
+    st = resultStatus(result(DeviceStatus::kAborted, 1, kAbortDeactivated), "broadcast", &failed);
+    EXPECT_EQ(st.code(), StatusCode::kAborted);
+    EXPECT_NE(st.message().find("deactivated"), std::string::npos) << st.toString();
+
+    // A mismatch names the peer and its call, and is no evidence against it.
+    const uint64_t sig = callSignature(1, static_cast<uint8_t>(DataType::kBFloat16),
+                                       static_cast<uint8_t>(ReduceOp::kMax), 77);
+    st = resultStatus(result(DeviceStatus::kMismatch, 1, sig), "all_reduce", &failed);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("rank 1 passed all_reduce of dtype bfloat16, op max, count 77"),
+              std::string::npos)
+        << st.toString();
+    EXPECT_TRUE(failed.empty());
+    const uint64_t bsig = callSignature(5, static_cast<uint8_t>(DataType::kInt32), 3, 5);
+    st = resultStatus(result(DeviceStatus::kMismatch, 0, bsig), "broadcast", &failed);
+    EXPECT_NE(st.message().find("broadcast of dtype int32, root 3, count 5"), std::string::npos)
+        << st.toString();
+
+    st = resultStatus(result(DeviceStatus::kStaleEpoch, -1, 0), "all_to_all", &failed);
+    EXPECT_EQ(st.code(), StatusCode::kAborted);
+    EXPECT_NE(st.message().find("epoch"), std::string::npos);
+
+    st = resultStatus(result(static_cast<DeviceStatus>(42), -1, 0), "all_to_all", &failed);
+    EXPECT_EQ(st.code(), StatusCode::kInternal);
+}
+
+}  // namespace
+}  // namespace mooncake::pg::device
