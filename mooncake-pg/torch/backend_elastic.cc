@@ -126,6 +126,8 @@ void MooncakeBackend::startControlPlane(const std::string& group_key, const std:
 }
 
 void MooncakeBackend::stopControlPlane() {
+    // A held view callback would keep the host thread from stopping.
+    releaseViewsForTest();
     // Leaving (not just stopping) frees the slot at once instead of after a
     // failure reconciliation, and tells the Coordinator this process is done
     // with the store.
@@ -152,6 +154,18 @@ void MooncakeBackend::stopControlPlane() {
 }
 
 void MooncakeBackend::onView(const std::vector<int32_t>& mask, int group_size) {
+    {
+        std::unique_lock<std::mutex> lock(view_hold_.mu);
+        if (view_hold_.armed) {
+            view_hold_.holding = true;
+            view_hold_.mask = mask;
+            view_hold_.cv.notify_all();
+            view_hold_.cv.wait_until(lock, view_hold_.until.at(),
+                                     [this] { return !view_hold_.armed; });
+            view_hold_.armed = false;
+            view_hold_.holding = false;
+        }
+    }
     // The committed view, as the user sees it; the data plane follows at
     // its next op (applyLatestView).
     group_size_.store(group_size);
@@ -185,6 +199,7 @@ Status MooncakeBackend::applyLatestView(Deadline deadline) {
     if (!p2p.ok())
         MC_LOG(kWarn, "pg") << "P2P membership of epoch " << view.epoch << ": " << p2p.toString();
     comm_ = active[config_.rank] != 0 ? group_comm_.get() : solo_comm_.get();
+    applied_group_size_ = view.groupSize();
     applied_epoch_ = view.epoch;
     view_applied_ = true;
     return Status::OK();
@@ -197,9 +212,13 @@ Status MooncakeBackend::runElastic(Task& task, Deadline deadline, bool* from_cor
         Status st = applyLatestView(deadline);
         if (!st.ok())
             return st.withContext("applying membership epoch " + std::to_string(latest_epoch_));
-        if (sized && groupSize() > task.group_size) {
+        // Against the view just applied, not group_size_: the view callback
+        // that sets it may not have run yet, and the op would then run with
+        // more members than its buffers have blocks for.
+        const int size_now = host_ ? applied_group_size_ : groupSize();
+        if (sized && size_now > task.group_size) {
             return OutOfRange("the group grew from " + std::to_string(task.group_size) + " to " +
-                              std::to_string(groupSize()) +
+                              std::to_string(size_now) +
                               " ranks after the op was issued; issue it again");
         }
         if (task.sized == GroupSized::kBlocks && comm_ == solo_comm_.get() &&
@@ -380,6 +399,27 @@ void MooncakeBackend::extendGroupSizeTo(int64_t size) {
     TORCH_CHECK_VALUE(size >= groupSize(), "mooncake.pg.extend_group_size_to: ", size,
                       " is below the current group size ", groupSize());
     // Reserved slots are usable from creation on; nothing else to do.
+}
+
+void MooncakeBackend::holdViewsForTest(std::chrono::milliseconds bound) {
+    std::lock_guard<std::mutex> lock(view_hold_.mu);
+    view_hold_.armed = true;
+    view_hold_.until = Deadline::after(bound);
+}
+
+std::vector<int32_t> MooncakeBackend::awaitHeldViewForTest(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(view_hold_.mu);
+    if (!view_hold_.cv.wait_for(lock, timeout, [this] { return view_hold_.holding; }))
+        return {};
+    return view_hold_.mask;
+}
+
+void MooncakeBackend::releaseViewsForTest() {
+    {
+        std::lock_guard<std::mutex> lock(view_hold_.mu);
+        view_hold_.armed = false;
+    }
+    view_hold_.cv.notify_all();
 }
 
 std::vector<std::string> MooncakeBackend::preferredHca(const std::string& location) const {
