@@ -44,6 +44,21 @@ MC_ENV_INT(ReconcileWindowMs, "MC_PG_RECONCILE_WINDOW_MS", 30000)
 // members to leave (CoordinatorHost::awaitOthersGone).
 constexpr int64_t kLeaveDrainMs = 5000;
 
+// Until when a failed op waits for the reconciliation in the default mode
+// (docs/pg-elastic.md, "Failure modes"). A reconciliation closes at most one
+// window after it opened, so two windows cover one already running plus the
+// one this report may start. Within that, the op's own deadline rules: the
+// caller asked for its answer by then. An op with no time left (it timed out)
+// still gets the two windows: its report is what the reconciliation waits
+// for, and a member that stopped calling collectives is only excluded once
+// the window runs out, which no deadline already spent could allow.
+Deadline reconcileWaitEnd(Deadline op_deadline, std::chrono::milliseconds window) {
+    const Deadline cap = Deadline::after(window * 2);
+    if (op_deadline.expired() || cap.at() < op_deadline.at())
+        return cap;
+    return op_deadline;
+}
+
 bool newerEpoch(const Status& st) {
     return st.code() == StatusCode::kEpochChanged;
 }
@@ -259,14 +274,15 @@ void MooncakeBackend::reportFailure(const std::vector<int>& failed, Deadline op_
     }
     const MooncakeBackendOptions& o = *config_.options;
     if (o.auto_deactivate_on_failure && o.auto_sync_on_failure) {
-        // The window opens with the first negative evidence anywhere; allow
-        // for it plus one collective timeout for peers still in their op.
-        (void)op_deadline;
-        const Deadline d =
-            Deadline::after(reconcile_window_ * 2 + std::chrono::milliseconds(timeout_ms_.load()));
+        const Deadline d = reconcileWaitEnd(op_deadline, reconcile_window_);
         Status st = host_->syncAfterFailure(false, hint, d);
-        if (!st.ok())
-            MC_LOG(kWarn, "pg") << "automatic sync_after_failure: " << st.toString();
+        if (!st.ok()) {
+            MC_LOG(kWarn, "pg") << "automatic sync_after_failure: " << st.toString()
+                                << (st.code() == StatusCode::kTimeout
+                                        ? " (the failed op completes without the new view; it "
+                                          "is applied here once committed)"
+                                        : "");
+        }
         Status applied = applyLatestView(d);
         if (!applied.ok())
             MC_LOG(kWarn, "pg") << "applying the view after a failure: " << applied.toString();
