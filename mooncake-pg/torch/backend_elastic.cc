@@ -48,10 +48,11 @@ constexpr int64_t kLeaveDrainMs = 5000;
 // (docs/pg-elastic.md, "Failure modes"). A reconciliation closes at most one
 // window after it opened, so two windows cover one already running plus the
 // one this report may start. Within that, the op's own deadline rules: the
-// caller asked for its answer by then. An op with no time left (it timed out)
-// still gets the two windows: its report is what the reconciliation waits
-// for, and a member that stopped calling collectives is only excluded once
-// the window runs out, which no deadline already spent could allow.
+// caller asked for its answer by then. An op with no time left (it failed by
+// a timeout: runTask passes an expired deadline then) still gets the two
+// windows: its report is what the reconciliation waits for, and a member that
+// stopped calling collectives is only excluded once the window runs out,
+// which no deadline already spent could allow.
 Deadline reconcileWaitEnd(Deadline op_deadline, std::chrono::milliseconds window) {
     const Deadline cap = Deadline::after(window * 2);
     if (op_deadline.expired() || cap.at() < op_deadline.at())
