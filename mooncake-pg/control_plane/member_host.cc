@@ -559,13 +559,18 @@ std::string MemberHost::peerEndpoint(uint32_t rank) const {
 Status MemberHost::awaitView(const std::function<bool(const GroupView&)>& pred,
                              Deadline deadline) const {
     std::unique_lock<std::mutex> lock(mu_);
-    auto ready = [&] { return stopping_ || pred(agent_->view()); };
+    // Like the blocking calls: not before the callback ran for the views
+    // applied so far, or the caller (the torch worker applying the view and
+    // rerunning an op) could complete an op while the user's copy of the
+    // membership still shows the old view.
+    auto holds = [&] { return pred(agent_->view()) && views_delivered_ >= views_queued_; };
+    auto ready = [&] { return stopping_ || holds(); };
     if (isNever(deadline)) {
         cv_.wait(lock, ready);
     } else {
         cv_.wait_until(lock, deadline.at(), ready);
     }
-    if (pred(agent_->view()))
+    if (holds())
         return Status::OK();
     if (stopping_)
         return Aborted("the control-plane host of rank " + std::to_string(rank_) + " stopped");

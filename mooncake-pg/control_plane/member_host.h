@@ -141,7 +141,8 @@ public:
     GroupView view() const;
     // The data-plane endpoint `rank` published (empty if none).
     std::string peerEndpoint(uint32_t rank) const;
-    // Waits until `pred` holds for the mirror (checked at every applied view).
+    // Waits until `pred` holds for the mirror (checked at every applied view)
+    // and the view callback has run for every view applied so far.
     Status awaitView(const std::function<bool(const GroupView&)>& pred, Deadline deadline) const;
 
 private:

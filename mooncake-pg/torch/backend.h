@@ -181,6 +181,15 @@ public:
     // every HCA the device filter admits. Empty without RDMA.
     std::vector<std::string> preferredHca(const std::string& location = "") const;
 
+    // Test seam (mooncake.pg._test_hold_views): the next view callback
+    // waits, with the new view already committed in the member host, until
+    // releaseViewsForTest() or `bound`; this is how a test issues an op
+    // while the user-visible size still lags the committed view.
+    void holdViewsForTest(std::chrono::milliseconds bound);
+    // The mask of the callback being held, once one is (empty at the timeout).
+    std::vector<int32_t> awaitHeldViewForTest(std::chrono::milliseconds timeout);
+    void releaseViewsForTest();
+
 private:
     // A collective's core calls, run on the worker thread. A non-OK Status
     // comes from the Communicator (its lastFailure() names the ranks).
@@ -370,6 +379,18 @@ private:
     // The data plane's; written by the worker thread only, read by P2P posts.
     std::atomic<uint64_t> applied_epoch_{0};
     bool view_applied_ = false;  // worker thread
+    // The group size of the applied view (worker thread): what an op's
+    // buffers are checked against, since group_size_ follows the view
+    // callback, which may still be pending when the worker applies a view.
+    int applied_group_size_ = 0;
+    struct ViewHold {
+        std::mutex mu;
+        std::condition_variable cv;
+        bool armed = false;
+        bool holding = false;
+        Deadline until = Deadline::never();
+        std::vector<int32_t> mask;
+    } view_hold_;
     std::atomic<int> usable_slots_{0};
     mutable std::mutex evidence_mu_;  // guards the two below
     bool unsynced_failure_ = false;

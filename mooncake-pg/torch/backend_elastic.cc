@@ -44,6 +44,22 @@ MC_ENV_INT(ReconcileWindowMs, "MC_PG_RECONCILE_WINDOW_MS", 30000)
 // members to leave (CoordinatorHost::awaitOthersGone).
 constexpr int64_t kLeaveDrainMs = 5000;
 
+// Until when a failed op waits for the reconciliation in the default mode
+// (docs/pg-elastic.md, "Failure modes"). A reconciliation closes at most one
+// window after it opened, so two windows cover one already running plus the
+// one this report may start. Within that, the op's own deadline rules: the
+// caller asked for its answer by then. An op with no time left (it failed by
+// a timeout: runTask passes an expired deadline then) still gets the two
+// windows: its report is what the reconciliation waits for, and a member that
+// stopped calling collectives is only excluded once the window runs out,
+// which no deadline already spent could allow.
+Deadline reconcileWaitEnd(Deadline op_deadline, std::chrono::milliseconds window) {
+    const Deadline cap = Deadline::after(window * 2);
+    if (op_deadline.expired() || cap.at() < op_deadline.at())
+        return cap;
+    return op_deadline;
+}
+
 bool newerEpoch(const Status& st) {
     return st.code() == StatusCode::kEpochChanged;
 }
@@ -126,6 +142,8 @@ void MooncakeBackend::startControlPlane(const std::string& group_key, const std:
 }
 
 void MooncakeBackend::stopControlPlane() {
+    // A held view callback would keep the host thread from stopping.
+    releaseViewsForTest();
     // Leaving (not just stopping) frees the slot at once instead of after a
     // failure reconciliation, and tells the Coordinator this process is done
     // with the store.
@@ -152,6 +170,18 @@ void MooncakeBackend::stopControlPlane() {
 }
 
 void MooncakeBackend::onView(const std::vector<int32_t>& mask, int group_size) {
+    {
+        std::unique_lock<std::mutex> lock(view_hold_.mu);
+        if (view_hold_.armed) {
+            view_hold_.holding = true;
+            view_hold_.mask = mask;
+            view_hold_.cv.notify_all();
+            view_hold_.cv.wait_until(lock, view_hold_.until.at(),
+                                     [this] { return !view_hold_.armed; });
+            view_hold_.armed = false;
+            view_hold_.holding = false;
+        }
+    }
     // The committed view, as the user sees it; the data plane follows at
     // its next op (applyLatestView).
     group_size_.store(group_size);
@@ -185,6 +215,7 @@ Status MooncakeBackend::applyLatestView(Deadline deadline) {
     if (!p2p.ok())
         MC_LOG(kWarn, "pg") << "P2P membership of epoch " << view.epoch << ": " << p2p.toString();
     comm_ = active[config_.rank] != 0 ? group_comm_.get() : solo_comm_.get();
+    applied_group_size_ = view.groupSize();
     applied_epoch_ = view.epoch;
     view_applied_ = true;
     return Status::OK();
@@ -197,9 +228,13 @@ Status MooncakeBackend::runElastic(Task& task, Deadline deadline, bool* from_cor
         Status st = applyLatestView(deadline);
         if (!st.ok())
             return st.withContext("applying membership epoch " + std::to_string(latest_epoch_));
-        if (sized && groupSize() > task.group_size) {
+        // Against the view just applied, not group_size_: the view callback
+        // that sets it may not have run yet, and the op would then run with
+        // more members than its buffers have blocks for.
+        const int size_now = host_ ? applied_group_size_ : groupSize();
+        if (sized && size_now > task.group_size) {
             return OutOfRange("the group grew from " + std::to_string(task.group_size) + " to " +
-                              std::to_string(groupSize()) +
+                              std::to_string(size_now) +
                               " ranks after the op was issued; issue it again");
         }
         if (task.sized == GroupSized::kBlocks && comm_ == solo_comm_.get() &&
@@ -240,17 +275,18 @@ void MooncakeBackend::reportFailure(const std::vector<int>& failed, Deadline op_
     }
     const MooncakeBackendOptions& o = *config_.options;
     if (o.auto_deactivate_on_failure && o.auto_sync_on_failure) {
-        // The window opens with the first negative evidence anywhere; allow
-        // for it plus one collective timeout for peers still in their op.
-        (void)op_deadline;
-        const Deadline d =
-            Deadline::after(reconcile_window_ * 2 + std::chrono::milliseconds(timeout_ms_.load()));
+        const Deadline d = reconcileWaitEnd(op_deadline, reconcile_window_);
         // Stamped with the epoch the op ran in: if the reconciliation of
         // this failure already ended (the others reported first), the
         // Coordinator takes it as stale instead of opening another one.
         Status st = host_->syncAfterFailure(false, hint, d, applied_epoch_);
-        if (!st.ok())
-            MC_LOG(kWarn, "pg") << "automatic sync_after_failure: " << st.toString();
+        if (!st.ok()) {
+            MC_LOG(kWarn, "pg") << "automatic sync_after_failure: " << st.toString()
+                                << (st.code() == StatusCode::kTimeout
+                                        ? " (the failed op completes without the new view; it "
+                                          "is applied here once committed)"
+                                        : "");
+        }
         Status applied = applyLatestView(d);
         if (!applied.ok())
             MC_LOG(kWarn, "pg") << "applying the view after a failure: " << applied.toString();
@@ -383,6 +419,27 @@ void MooncakeBackend::extendGroupSizeTo(int64_t size) {
     TORCH_CHECK_VALUE(size >= groupSize(), "mooncake.pg.extend_group_size_to: ", size,
                       " is below the current group size ", groupSize());
     // Reserved slots are usable from creation on; nothing else to do.
+}
+
+void MooncakeBackend::holdViewsForTest(std::chrono::milliseconds bound) {
+    std::lock_guard<std::mutex> lock(view_hold_.mu);
+    view_hold_.armed = true;
+    view_hold_.until = Deadline::after(bound);
+}
+
+std::vector<int32_t> MooncakeBackend::awaitHeldViewForTest(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(view_hold_.mu);
+    if (!view_hold_.cv.wait_for(lock, timeout, [this] { return view_hold_.holding; }))
+        return {};
+    return view_hold_.mask;
+}
+
+void MooncakeBackend::releaseViewsForTest() {
+    {
+        std::lock_guard<std::mutex> lock(view_hold_.mu);
+        view_hold_.armed = false;
+    }
+    view_hold_.cv.notify_all();
 }
 
 std::vector<std::string> MooncakeBackend::preferredHca(const std::string& location) const {

@@ -172,8 +172,13 @@ void MooncakeBackend::runTask(Task& task) {
             message += "]";
         }
         // In the default mode this waits for the reconciliation, so the
-        // Work completes with the new view already committed.
-        reportFailure(failed, deadline);
+        // Work completes with the new view already committed. A timeout
+        // (this rank's, or a peer's it was told of by an abort notice, which
+        // may come before this rank's own deadline) leaves the op no time to
+        // count on: the reconciliation it needs waits for a stalled member
+        // until the window ends (reconcileWaitEnd).
+        reportFailure(failed,
+                      status.code() == StatusCode::kTimeout ? Deadline::after({}) : deadline);
     }
     task.work->markFailed(message, failed);
 }

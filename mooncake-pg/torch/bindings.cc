@@ -273,6 +273,29 @@ Forms (seed API):
             return backendOf(group, "get_preferred_hca")->preferredHca(location);
         },
         py::arg("backend"), py::arg("location") = "");
+    // Test seam only (MooncakeBackend::holdViewsForTest).
+    m.def(
+        "_test_hold_views",
+        [](const py::handle& group, double bound_s) {
+            backendOf(group, "_test_hold_views")
+                ->holdViewsForTest(std::chrono::milliseconds(static_cast<int64_t>(bound_s * 1000)));
+        },
+        py::arg("backend"), py::arg("bound_s"));
+    m.def(
+        "_test_await_held_view",
+        [](const py::handle& group, double timeout_s) {
+            auto b = backendOf(group, "_test_await_held_view");
+            py::gil_scoped_release no_gil;
+            return b->awaitHeldViewForTest(
+                std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000)));
+        },
+        py::arg("backend"), py::arg("timeout_s"));
+    m.def(
+        "_test_release_views",
+        [](const py::handle& group) {
+            backendOf(group, "_test_release_views")->releaseViewsForTest();
+        },
+        py::arg("backend"));
     m.def(
         "backend_of", [](const py::handle& group) { return backendOf(group, "backend_of"); },
         py::arg("group"), "The MooncakeBackend behind a Mooncake process group.");

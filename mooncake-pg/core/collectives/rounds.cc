@@ -3,6 +3,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 
@@ -500,7 +501,37 @@ Status Rounds::expectData(int peer, size_t bytes) {
     return expectBytes(peer, bytes, 0);
 }
 
+Status Rounds::checkPublishedIntact() {
+    bool read_any = false;
+    for (int m : state_.members)
+        read_any = read_any || (m != state_.rank && published_bytes_[m] != 0);
+    if (!read_any)
+        return Status::OK();
+    // The copies before the stamps: a copy that saw any byte written after
+    // a restamp then sees the new stamp (the writer's fence in stampedSlot).
+    std::atomic_thread_fence(std::memory_order_acquire);
+    const uint64_t token = makeToken(state_.epoch, state_.round);
+    for (int m : state_.members) {
+        if (m == state_.rank || published_bytes_[m] == 0 || published_[m] == nullptr)
+            continue;
+        const auto* stamp = reinterpret_cast<const uint64_t*>(published_[m] - kHeaderBytes);
+        const uint64_t now =
+            std::atomic_ref<const uint64_t>(*stamp).load(std::memory_order_relaxed);
+        if (now == token)
+            continue;
+        return failQuietly(
+            -1, Aborted("rank " + std::to_string(m) + " reused the slot it published round " +
+                        std::to_string(call_round_) + "'s data in before rank " +
+                        std::to_string(state_.rank) +
+                        " had read it: it moved on to a newer membership epoch without this rank"));
+    }
+    return Status::OK();
+}
+
 Status Rounds::finishRound() {
+    // Before the acks: the call must not complete on data that changed
+    // under the copy.
+    MC_RETURN_IF_ERROR(checkPublishedIntact());
     const uint64_t token = makeToken(state_.epoch, state_.round);
     Fabric& fabric = *state_.fabric;
     for (int m : state_.members) {
@@ -527,9 +558,15 @@ int Rounds::stepThreads() const {
     return reduceThreadsFor(state_.reduce_threads, local);
 }
 
-uint8_t* Rounds::ownSlot(uint64_t round) {
-    return state_.fabric->localWindow() +
-           state_.layout.slot(state_.rank, static_cast<int>(round & 1)) + kHeaderBytes;
+uint8_t* Rounds::stampedSlot(uint64_t round) {
+    uint8_t* slot =
+        state_.fabric->localWindow() + state_.layout.slot(state_.rank, static_cast<int>(round & 1));
+    // Peers never write a rank's own slots, so the header is free for the
+    // stamp. The fence keeps the stamp ahead of the piece written after it.
+    std::atomic_ref<uint64_t>(*reinterpret_cast<uint64_t*>(slot))
+        .store(makeToken(state_.epoch, round), std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+    return slot + kHeaderBytes;
 }
 
 }  // namespace mooncake::pg::coll

@@ -14,7 +14,12 @@
 // published in round R lives in own slot R % 2 and is read by the peers
 // during round R; the slot is rewritten no earlier than the end of round
 // R + 1, when every peer has finished round R (it sent its round R + 1
-// message).
+// message). That holds among the members of one epoch only: a member that
+// the next view drops may still be copying round R's piece when the others,
+// in the new epoch, publish again (they wait for the new members alone). So
+// every publish first stamps its round's token into the slot's header, and a
+// reader checks the stamp after its copy: a changed stamp fails the call
+// (kAborted) instead of passing off the next epoch's data as this round's.
 //
 // A round is full mesh among the active ranks: each sends one message (header
 // plus 0..chunk bytes) to every other one in slot round % 2 of its own area at
@@ -294,8 +299,8 @@ public:
     // chunk() bytes of this rank's own window that the peers may read during
     // this round (publishArea) or the next one (nextPublishArea). Also free
     // scratch when nothing is published from it.
-    uint8_t* publishArea() { return ownSlot(state_.round); }
-    uint8_t* nextPublishArea() { return ownSlot(state_.round + 1); }
+    uint8_t* publishArea() { return stampedSlot(state_.round); }
+    uint8_t* nextPublishArea() { return stampedSlot(state_.round + 1); }
 
     // Threads for this call's large element-wise steps (core/reduce_pool.h):
     // CommOptions::reduce_threads, MC_PG_REDUCE_THREADS or cores / members
@@ -309,7 +314,11 @@ public:
 
 private:
     MsgHeader headerFor(int peer, size_t payload_bytes, size_t published) const;
-    uint8_t* ownSlot(uint64_t round);
+    // Own slot `round % 2`, its header stamped with round's token (above).
+    uint8_t* stampedSlot(uint64_t round);
+    // After the reads of a round: fails the call if a peer whose published
+    // piece was read in place has restamped that slot meanwhile.
+    Status checkPublishedIntact();
     Status waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* seen);
     Status fail(int peer, const Status& status);
     // fail() without telling the other members (for failures they learnt
