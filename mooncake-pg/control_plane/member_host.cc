@@ -303,12 +303,19 @@ void MemberHost::noteEvidenceLocked(const std::vector<uint8_t>& hint, uint64_t o
     const uint64_t failed_in = observed_epoch != 0 ? observed_epoch : agent_->epoch();
     if (unreported_failure_epoch_ == 0 || failed_in < unreported_failure_epoch_)
         unreported_failure_epoch_ = failed_in;
+    // A suspicion ends with its epoch. Evidence that arrives once a newer
+    // view is applied (this rank reported late) or that names a rank the
+    // view no longer has Active must not make this rank report that rank
+    // unreachable now: a deactivated rank could then never be recovered.
+    if (failed_in < agent_->epoch())
+        return;
     if (suspects_epoch_ != agent_->epoch()) {
         std::fill(suspects_.begin(), suspects_.end(), false);
         suspects_epoch_ = agent_->epoch();
     }
+    const GroupView& view = agent_->view();
     for (uint32_t r = 0; r < hint.size(); ++r) {
-        if (hint[r] && r != rank_)
+        if (hint[r] && r != rank_ && view.isActive(r))
             suspects_[r] = true;
     }
     // A round in flight stops waiting for the newly suspected: they count as

@@ -469,6 +469,29 @@ TEST(ControlPlaneHostTest, LateReportOfAFailureAlreadyReconciledOpensNoOtherReco
     EXPECT_EQ(g.coord().view().epoch, failed_in + 1);
 }
 
+TEST(ControlPlaneHostTest, LateEvidenceAgainstADeactivatedRankDoesNotBlockItsRecovery) {
+    HostGroup g(4, 4);
+    ASSERT_NO_FATAL_FAILURE(g.bootstrap());
+    const uint64_t failed_in = g.host(2).view().epoch;
+    // Ranks 0 and 1 name the stalled rank 3; the window closes on rank 2's
+    // probe answers alone and deactivates it.
+    auto results = onThreads({0, 1}, [&](uint32_t r) {
+        return g.host(r).syncAfterFailure(false, hint(4, {3}), in(10s));
+    });
+    for (size_t i = 0; i < results.size(); ++i)
+        EXPECT_TRUE(results[i].ok()) << "rank " << i << ": " << results[i].toString();
+    Status dropped = g.host(2).awaitView(
+        [&](const GroupView& v) { return v.epoch > failed_in && !v.isActive(3); }, in(5s));
+    ASSERT_TRUE(dropped.ok()) << dropped.toString();
+    // Rank 2's worker reports the same failure only now, naming rank 3.
+    Status late = g.host(2).syncAfterFailure(false, hint(4, {3}), in(10s));
+    EXPECT_TRUE(late.ok()) << late.toString();
+    // Rank 3 (alive all along) is recovered in place, with rank 2 proposing:
+    // rank 2 must not go on reporting it unreachable.
+    ASSERT_NO_FATAL_FAILURE(g.joinAndActivate(3, 2));
+    g.expectAllSee({0, 1, 2, 3}, maskOf(4, {0, 1, 2, 3}));
+}
+
 TEST(ControlPlaneHostTest, ReplacementRejoinsDeadSlotWithHigherIncarnation) {
     HostGroup g(4, 4);
     ASSERT_NO_FATAL_FAILURE(g.bootstrap());
