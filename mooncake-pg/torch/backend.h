@@ -173,8 +173,6 @@ public:
     void syncAfterFailure();
     std::vector<bool> peerState(const std::vector<int64_t>& ranks) const;
     int numSyncedRanks() const;
-    // How many ops ran on their caller's thread (enqueue's inline path).
-    uint64_t opsRunInline() const { return ops_run_inline_.load(std::memory_order_relaxed); }
     void extendGroupSizeTo(int64_t size);
     int usableSlots() const { return usable_slots_.load(); }
     // The HCAs nearest `location` ("cuda:<n>", "cpu:<node>", "cpu"); "" gives
@@ -252,24 +250,11 @@ private:
 
     // Issues the op on the executor of its tensors' device (`staging`: the
     // tensors, whose host stand-ins `run` uses), queues `run` on the worker
-    // and returns the op's Work. A sync op (torch's asyncOp == false: the
-    // caller waits on the Work at once) on host tensors with nothing queued
-    // ahead of it runs on the caller's thread instead, sparing the two
-    // thread hand-offs that dominate a small op's latency.
-    struct IssueOptions {
-        std::chrono::milliseconds timeout;  // as requested (opTimeout)
-        bool sync_op;
-    };
-    template <typename C10dOptions>
-    static IssueOptions issued(const C10dOptions& opts) {
-        return IssueOptions{opts.timeout, !opts.asyncOp};
-    }
+    // and returns the op's Work.
     c10::intrusive_ptr<MooncakeWork> enqueue(c10d::OpType type, const char* op_name,
-                                             std::vector<at::Tensor> outputs, IssueOptions issue,
+                                             std::vector<at::Tensor> outputs,
+                                             std::chrono::milliseconds requested_timeout,
                                              GroupSized sized, Staging staging, CoreOp run);
-    // enqueue()'s inline path: true if it claimed the data plane (nothing
-    // queued, the worker idle) and ran `task` on this thread.
-    bool runInline(Task& task);
     // The executor for an op whose tensors `staging` holds (backend_executors.cc):
     // the CPU executor for host tensors (and ops without tensors), else the
     // group's CUDA executor, created on the first CUDA op; throws c10::Error
@@ -396,14 +381,9 @@ private:
     bool unsynced_failure_ = false;
     std::vector<uint8_t> unsynced_hint_;
 
-    // Guards queue_, accepting_, abort_pending_ and the two flags below,
-    // which make sure one thread at a time runs ops on the data plane.
-    std::mutex queue_mu_;
+    std::mutex queue_mu_;  // guards queue_, accepting_, abort_pending_
     std::condition_variable queue_cv_;
     std::deque<Task> queue_;
-    bool worker_running_ = false;  // the worker is inside a task
-    bool inline_running_ = false;  // a caller runs a sync op (runInline)
-    std::atomic<uint64_t> ops_run_inline_{0};
     // queue_.size(), for the idle worker to poll without queue_mu_.
     std::atomic<size_t> queued_{0};
     bool accepting_ = true;

@@ -89,7 +89,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall_base(
     at::Tensor src = inBuffer(staged_in, out);
     at::Tensor dst = inOutBuffer(out);  // pieces from inactive ranks keep their values
     return enqueue(
-        OpType::ALLTOALL_BASE, op, {output}, issued(opts), GroupSized::kBlocks, std::move(st),
+        OpType::ALLTOALL_BASE, op, {output}, opts.timeout, GroupSized::kBlocks, std::move(st),
         [this, out, src, dst, send_bytes, send_offsets, recv_bytes, recv_offsets](Deadline dl) {
             MC_RETURN_IF_ERROR(comm_->allToAllV(ptrOf(src), send_bytes, send_offsets, ptrOf(dst),
                                                 recv_bytes, recv_offsets, dl));
@@ -134,7 +134,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall(Tensors& outputs, Tenso
     const Tensors outs = st.inOut(outputs, "output_tensor_list");
     const auto options = ins[0].options();
     return enqueue(
-        OpType::ALLTOALL, op, outputs, issued(opts), GroupSized::kBlocks, std::move(st),
+        OpType::ALLTOALL, op, outputs, opts.timeout, GroupSized::kBlocks, std::move(st),
         [this, outs, ins, options, send_bytes, send_offsets, recv_bytes,
          recv_offsets](Deadline dl) {
             at::Tensor flat_in = pack(ins, options);
@@ -156,7 +156,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall(Tensors& outputs, Tenso
 }
 
 c10::intrusive_ptr<c10d::Work> MooncakeBackend::barrier(const c10d::BarrierOptions& opts) {
-    return enqueue(OpType::BARRIER, "barrier", {}, issued(opts), GroupSized::kNo,
+    return enqueue(OpType::BARRIER, "barrier", {}, opts.timeout, GroupSized::kNo,
                    Staging("barrier"), [this](Deadline dl) { return comm_->barrier(dl); });
 }
 

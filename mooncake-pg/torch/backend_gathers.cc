@@ -40,7 +40,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::broadcast(Tensors& tensors,
     Staging st(op);
     const at::Tensor t = st.inOut(user, "tensor");
     at::Tensor buf = inOutBuffer(t);
-    return enqueue(OpType::BROADCAST, op, {user}, issued(opts), GroupSized::kNo, std::move(st),
+    return enqueue(OpType::BROADCAST, op, {user}, opts.timeout, GroupSized::kNo, std::move(st),
                    [this, t, buf, root](Deadline dl) {
                        comm_->setNextCallSignature(shapeSignature(buf));
                        MC_RETURN_IF_ERROR(comm_->broadcast(ptrOf(buf), bytesOf(buf), root, dl));
@@ -65,7 +65,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather(std::vector<Tensors>& 
     at::Tensor src = inBuffer(in, at::Tensor());
     const int n = groupSize();
     return enqueue(
-        OpType::ALLGATHER, op, outputs[0], issued(opts), GroupSized::kBlocks, std::move(st),
+        OpType::ALLGATHER, op, outputs[0], opts.timeout, GroupSized::kBlocks, std::move(st),
         [this, outs, src, n](Deadline dl) {
             at::Tensor flat = at::empty({n * src.numel()}, src.options());
             comm_->setNextCallSignature(shapeSignature(src));
@@ -100,7 +100,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::_allgather_base(
     at::Tensor src = inBuffer(staged_in, out);
     at::Tensor dst = inOutBuffer(out);  // blocks of inactive ranks keep their values
     return enqueue(
-        OpType::_ALLGATHER_BASE, op, {output}, issued(opts), GroupSized::kBlocks, std::move(st),
+        OpType::_ALLGATHER_BASE, op, {output}, opts.timeout, GroupSized::kBlocks, std::move(st),
         [this, out, src, dst](Deadline dl) {
             comm_->setNextCallSignature(shapeSignature(src));
             MC_RETURN_IF_ERROR(comm_->allGather(ptrOf(src), ptrOf(dst), bytesOf(src), dl));
@@ -131,7 +131,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather_into_tensor_coalesced(
         srcs.push_back(inBuffer(ins[i], outs[i]));
         dsts.push_back(inOutBuffer(outs[i]));  // blocks of inactive ranks keep their values
     }
-    return enqueue(OpType::COALESCED, op, outputs, issued(opts), GroupSized::kBlocks, std::move(st),
+    return enqueue(OpType::COALESCED, op, outputs, opts.timeout, GroupSized::kBlocks, std::move(st),
                    [this, outs, srcs, dsts](Deadline dl) {
                        for (size_t i = 0; i < srcs.size(); ++i) {
                            MC_RETURN_IF_ERROR(comm_->allGather(ptrOf(srcs[i]), ptrOf(dsts[i]),
@@ -179,7 +179,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather_coalesced(
     std::vector<Tensors> outs;
     for (int r = 0; r < n; ++r)
         outs.push_back(st.inOut(output_lists[r], "output_tensor_lists[" + std::to_string(r) + "]"));
-    return enqueue(OpType::ALLGATHER_COALESCED, op, flat_outputs, issued(opts), GroupSized::kBlocks,
+    return enqueue(OpType::ALLGATHER_COALESCED, op, flat_outputs, opts.timeout, GroupSized::kBlocks,
                    std::move(st), [this, outs, srcs, n](Deadline dl) {
                        for (size_t i = 0; i < srcs.size(); ++i) {
                            at::Tensor flat = at::empty({n * srcs[i].numel()}, srcs[i].options());
@@ -233,7 +233,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::gather(std::vector<Tensors>& out
     const bool is_root = args.is_root;
     at::Tensor src = inBuffer(st.in(args.local, "tensor"), at::Tensor());
     const int n = groupSize();
-    return enqueue(OpType::GATHER, op, args.list, issued(opts), GroupSized::kRooted, std::move(st),
+    return enqueue(OpType::GATHER, op, args.list, opts.timeout, GroupSized::kRooted, std::move(st),
                    [this, outs, src, root, is_root, n](Deadline dl) {
                        at::Tensor flat;
                        if (is_root)
@@ -260,7 +260,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::scatter(Tensors& outputs,
     const int root = args.root;
     const bool is_root = args.is_root;
     at::Tensor dst = outBuffer(out);
-    return enqueue(OpType::SCATTER, op, {args.local}, issued(opts), GroupSized::kRooted,
+    return enqueue(OpType::SCATTER, op, {args.local}, opts.timeout, GroupSized::kRooted,
                    std::move(st), [this, out, ins, dst, root, is_root](Deadline dl) {
                        at::Tensor flat;
                        if (is_root)

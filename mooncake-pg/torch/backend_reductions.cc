@@ -36,7 +36,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allreduce(Tensors& tensors,
     Staging st(op);
     const at::Tensor t = st.inOut(user, "tensor");
     at::Tensor buf = inOutBuffer(t);
-    return enqueue(OpType::ALLREDUCE, op, {user}, issued(opts), GroupSized::kNo, std::move(st),
+    return enqueue(OpType::ALLREDUCE, op, {user}, opts.timeout, GroupSized::kNo, std::move(st),
                    [this, t, buf, dtype, rop](Deadline dl) {
                        void* p = ptrOf(buf);
                        comm_->setNextCallSignature(shapeSignature(buf));
@@ -64,7 +64,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allreduce_coalesced(
     for (const auto& t : staged)
         bufs.push_back(inOutBuffer(t));
     return enqueue(
-        OpType::ALLREDUCE_COALESCED, op, tensors, issued(opts), GroupSized::kNo, std::move(st),
+        OpType::ALLREDUCE_COALESCED, op, tensors, opts.timeout, GroupSized::kNo, std::move(st),
         [this, user = staged, bufs, dtypes, rops](Deadline dl) {
             for (size_t i = 0; i < bufs.size(); ++i) {
                 void* p = ptrOf(bufs[i]);
@@ -89,7 +89,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce(Tensors& tensors,
     const at::Tensor t = st.inOut(user, "tensor");
     at::Tensor buf = inOutBuffer(t);
     const int root = static_cast<int>(opts.rootRank);
-    return enqueue(OpType::REDUCE, op, {user}, issued(opts), GroupSized::kNo, std::move(st),
+    return enqueue(OpType::REDUCE, op, {user}, opts.timeout, GroupSized::kNo, std::move(st),
                    [this, t, buf, dtype, rop, root](Deadline dl) {
                        void* p = ptrOf(buf);
                        comm_->setNextCallSignature(shapeSignature(buf));
@@ -114,7 +114,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce_scatter(
     const at::Tensor out = st.inOut(user_out, "output");
     const Tensors ins = st.in(inputs[0], "input_list");
     at::Tensor dst = outBuffer(out);
-    return enqueue(OpType::REDUCE_SCATTER, op, {user_out}, issued(opts), GroupSized::kBlocks,
+    return enqueue(OpType::REDUCE_SCATTER, op, {user_out}, opts.timeout, GroupSized::kBlocks,
                    std::move(st), [this, out, ins, dst, dtype, rop](Deadline dl) {
                        at::Tensor flat = pack(ins, dst.options());
                        comm_->setNextCallSignature(shapeSignature(dst));
@@ -147,7 +147,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::_reduce_scatter_base(
     const at::Tensor out = st.inOut(output, "output tensor");
     at::Tensor src = inBuffer(staged_in, out);
     at::Tensor dst = outBuffer(out);
-    return enqueue(OpType::_REDUCE_SCATTER_BASE, op, {output}, issued(opts), GroupSized::kBlocks,
+    return enqueue(OpType::_REDUCE_SCATTER_BASE, op, {output}, opts.timeout, GroupSized::kBlocks,
                    std::move(st), [this, out, src, dst, dtype, rop](Deadline dl) {
                        comm_->setNextCallSignature(shapeSignature(dst));
                        MC_RETURN_IF_ERROR(comm_->reduceScatter(ptrOf(src), ptrOf(dst), dst.numel(),
@@ -185,7 +185,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce_scatter_tensor_coalesced(
         dsts.push_back(outBuffer(outs[i]));
     }
     return enqueue(
-        OpType::COALESCED, op, outputs, issued(opts), GroupSized::kBlocks, std::move(st),
+        OpType::COALESCED, op, outputs, opts.timeout, GroupSized::kBlocks, std::move(st),
         [this, outs, srcs, dsts, dtypes, rops](Deadline dl) {
             for (size_t i = 0; i < srcs.size(); ++i) {
                 MC_RETURN_IF_ERROR(comm_->reduceScatter(ptrOf(srcs[i]), ptrOf(dsts[i]),

@@ -11,24 +11,15 @@
 #include "mooncake-pg/core/engine_fabric.h"
 #include "mooncake-pg/core/spin_wait.h"
 #include "mooncake-pg/torch/backend.h"
-#include "mooncake-transfer-engine/common/env.h"
 
 namespace mooncake::pg {
-namespace {
-
-// Off: every op goes through the worker (to compare, or to keep user
-// threads out of the data plane).
-MC_ENV_BOOL(InlineSyncOps, "MC_PG_INLINE_SYNC_OPS", true)
-
-}  // namespace
 
 // ---------------------------------------------------------------------------
 // The collective worker.
 
-c10::intrusive_ptr<MooncakeWork> MooncakeBackend::enqueue(c10d::OpType type, const char* op_name,
-                                                          std::vector<at::Tensor> outputs,
-                                                          IssueOptions issue, GroupSized sized,
-                                                          Staging staging, CoreOp run) {
+c10::intrusive_ptr<MooncakeWork> MooncakeBackend::enqueue(
+    c10d::OpType type, const char* op_name, std::vector<at::Tensor> outputs,
+    std::chrono::milliseconds requested_timeout, GroupSized sized, Staging staging, CoreOp run) {
     {
         // Checked before the executor queues any device work for the op.
         std::lock_guard<std::mutex> lock(queue_mu_);
@@ -40,53 +31,18 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::enqueue(c10d::OpType type, con
     auto work = c10::make_intrusive<MooncakeWork>(rank_, type, std::move(outputs), max_group_size_,
                                                   device_op->devices());
     work->addFence(device_op->fence());
-    if (issue.sync_op && executor == &cpu_executor_ && envInlineSyncOps()) {
-        Task task{work,  op_name,  opTimeout(issue.timeout), std::move(run), groupSize(),
-                  sized, executor, std::move(device_op)};
-        if (runInline(task))
-            return work;
-        run = std::move(task.run);
-        device_op = std::move(task.device_op);
-    }
     {
         std::lock_guard<std::mutex> lock(queue_mu_);
         TORCH_CHECK(accepting_, "Mooncake PG: ", op_name, " on group '", config_.group_name,
                     "' after the group was shut down or aborted");
-        queue_.push_back(Task{work, op_name, opTimeout(issue.timeout), std::move(run), groupSize(),
-                              sized, executor, std::move(device_op)});
+        queue_.push_back(Task{work, op_name, opTimeout(requested_timeout), std::move(run),
+                              groupSize(), sized, executor, std::move(device_op)});
         queued_.store(queue_.size(), std::memory_order_release);
     }
     // Costs no system call while the worker is still polling (workerLoop).
     queue_cv_.notify_one();
     track(work);
     return work;
-}
-
-bool MooncakeBackend::runInline(Task& task) {
-    {
-        std::lock_guard<std::mutex> lock(queue_mu_);
-        if (!accepting_ || abort_pending_ || worker_running_ || !queue_.empty())
-            return false;
-        {
-            // Ops of an open coalescing batch are completed together.
-            std::lock_guard<std::mutex> coalescing(coalesce_mu_);
-            if (coalescing_)
-                return false;
-        }
-        inline_running_ = true;
-    }
-    ops_run_inline_.fetch_add(1, std::memory_order_relaxed);
-    {
-        at::NoGradGuard no_grad;  // as on the worker (workerLoop)
-        runTask(task);
-    }
-    {
-        std::lock_guard<std::mutex> lock(queue_mu_);
-        inline_running_ = false;
-    }
-    // An op queued meanwhile (another thread) waits for this one.
-    queue_cv_.notify_one();
-    return true;
 }
 
 void MooncakeBackend::workerLoop() {
@@ -103,17 +59,13 @@ void MooncakeBackend::workerLoop() {
         spinUntil([this] { return queued_.load(std::memory_order_acquire) != 0; }, spinBudget());
         {
             std::unique_lock<std::mutex> lock(queue_mu_);
-            // Not while a caller runs a sync op on the data plane
-            // (runInline); shutdown waits for it too.
-            queue_cv_.wait(lock,
-                           [this] { return (!queue_.empty() || !accepting_) && !inline_running_; });
+            queue_cv_.wait(lock, [this] { return !queue_.empty() || !accepting_; });
             if (queue_.empty())
                 return;
             task = std::move(queue_.front());
             queue_.pop_front();
             queued_.store(queue_.size(), std::memory_order_relaxed);
             aborted = abort_pending_;
-            worker_running_ = true;
         }
         if (aborted) {
             task.work->markFailed(
@@ -124,10 +76,6 @@ void MooncakeBackend::workerLoop() {
         // Completing the Work may have destroyed the backend (stopWorker).
         if (ownerGone())
             return;
-        {
-            std::lock_guard<std::mutex> lock(queue_mu_);
-            worker_running_ = false;
-        }
     }
 }
 

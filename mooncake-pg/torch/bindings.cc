@@ -256,12 +256,6 @@ Forms (seed API):
         },
         py::arg("backend"));
     m.def(
-        "_ops_run_inline",
-        [](const py::handle& group) {
-            return backendOf(group, "_ops_run_inline")->opsRunInline();
-        },
-        py::arg("backend"));
-    m.def(
         "extend_group_size_to",
         [](const py::handle& group, int64_t size) {
             backendOf(group, "extend_group_size_to")->extendGroupSizeTo(size);

@@ -91,7 +91,7 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
     const char* op_name = call.op_name;
     at::Tensor output = call.output;
     const GroupSized sized = movesBlocks(call.collective) ? GroupSized::kBlocks : GroupSized::kNo;
-    return enqueue(type, op_name, {output}, IssueOptions{timeout, false}, sized, std::move(st),
+    return enqueue(type, op_name, {output}, timeout, sized, std::move(st),
                    [this, call = std::move(call)](Deadline dl) { return runKernelCall(call, dl); });
 }
 
