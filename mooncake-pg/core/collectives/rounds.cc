@@ -260,6 +260,18 @@ Status Rounds::failWait(int peer, const Status& status) {
     return fail(peer, status);
 }
 
+bool Rounds::arrivedSince(uint64_t offset, uint64_t want, uint64_t* value) const {
+    // `v` in waitAtLeast's predicate was read before the ack or the notice
+    // that ends the wait. A peer that finished the call wrote what this rank
+    // awaits before it moved on or sent the notice, so a fresh read after
+    // seeing either shows it: the call the peer completed completes here too.
+    const uint64_t now = loadFlag(state_.fabric->localWindow(), offset);
+    if (!tokenAtLeast(now, want))
+        return false;
+    *value = now;
+    return true;
+}
+
 Status Rounds::waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* seen) {
     Fabric& fabric = *state_.fabric;
     uint64_t value = 0;
@@ -277,7 +289,7 @@ Status Rounds::waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* s
         // at its ack flag both sides would wait for each other until the
         // deadline.
         if (tokenAtLeast(loadFlag(window, state_.layout.ackFlag(peer)), newer)) {
-            moved_on = true;
+            moved_on = !arrivedSince(offset, want, &value);
             return true;
         }
         if (polls >= kSpinPollsBeforeYield)
@@ -286,7 +298,7 @@ Status Rounds::waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* s
         // says so with an abort notice. Only notices, not the liveness of
         // members nobody waits on, end the wait early (rounds.h).
         if ((++polls & 15) == 0 && noticeFrom(peer) >= 0) {
-            noticed = true;
+            noticed = !arrivedSince(offset, want, &value);
             return true;
         }
         return false;

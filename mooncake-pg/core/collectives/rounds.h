@@ -320,6 +320,8 @@ private:
     // piece was read in place has restamped that slot meanwhile.
     Status checkPublishedIntact();
     Status waitAtLeast(int peer, uint64_t offset, uint64_t want, uint64_t* seen);
+    // Whether the flag at `offset` reads at least `want` now (into *value).
+    bool arrivedSince(uint64_t offset, uint64_t want, uint64_t* value) const;
     Status fail(int peer, const Status& status);
     // fail() without telling the other members (for failures they learnt
     // about themselves or from the same notice).

@@ -3,6 +3,7 @@
 // communicator must keep working when the ranks are still in step.
 #include <algorithm>
 #include <chrono>
+#include <latch>
 #include <memory>
 #include <string>
 #include <thread>
@@ -275,6 +276,47 @@ TEST(CollectivesMembership, HoleInTheMaskThenEveryoneBack) {
         expectWorkingAllReduce(cluster, r, 9000);
         expectWorkingAllReduce(cluster, r);
     });
+}
+
+// Rank 3 completes an all_reduce and at once applies a view without
+// `dropped`, while rank 1 may still be waiting in that call for rank 3's
+// message; rank 1 must complete the call too, since rank 3 sent everything
+// before it moved on. Rank 3 enters each call last, so rank 1 is already
+// waiting on it, yielding between polls, which widens the window in which
+// the wait has read the data flag but not yet the ack or notice that
+// follows it. Before the fix 39 of 50 runs of the first test failed.
+void runCallsThenDrop(int dropped) {
+    constexpr int kRepeats = 4000;
+    Cluster cluster(4);
+    std::vector<std::unique_ptr<std::latch>> entered;
+    for (int i = 0; i < kRepeats; ++i)
+        entered.push_back(std::make_unique<std::latch>(3));
+    std::vector<uint8_t> hole(4, 1);
+    hole[dropped] = 0;
+    cluster.run([&](int r) {
+        Communicator& comm = cluster.comm(r);
+        for (uint64_t i = 0; i < kRepeats; ++i) {
+            if (r == 3) {
+                entered[i]->wait();
+                std::this_thread::yield();
+            } else {
+                entered[i]->count_down();
+            }
+            expectWorkingAllReduce(cluster, r);
+            ASSERT_TRUE(comm.setMembership(hole, 2 * i + 1).ok());
+            ASSERT_TRUE(comm.setMembership({1, 1, 1, 1}, 2 * i + 2).ok());
+        }
+    });
+}
+
+// The notice that tells rank 1 it was dropped arrives after rank 3's data.
+TEST(CollectivesMembership, DroppedRankCompletesTheCallTheOthersCompleted) {
+    runCallsThenDrop(1);
+}
+
+// Rank 3's ack of the new epoch arrives after its data.
+TEST(CollectivesMembership, KeptRankCompletesTheCallItsPeerCompletedBeforeMovingOn) {
+    runCallsThenDrop(2);
 }
 
 TEST(CollectivesMembership, EpochRules) {
