@@ -20,7 +20,6 @@ namespace mooncake::ep {
 namespace {
 
 constexpr int kSendThreads = 512;
-constexpr int kSendWarps = kSendThreads / 32;
 constexpr int kRecvThreads = 256;
 
 struct CombineParams {
@@ -30,40 +29,19 @@ struct CombineParams {
 
 __global__ void __launch_bounds__(kSendThreads) combineSend(CombineParams p) {
     const EpLayout L = epLayoutOf(p.g);
-    const int num_ranks = p.g.num_ranks;
-    const int local_expert = blockIdx.x / num_ranks;
-    const int dst = blockIdx.x % num_ranks;
-    const int nle = static_cast<int>(L.numLocalExperts());
-    const int expert = p.g.rank * nle + local_expert;
-    EpState* state = epState(p.g.local_buffer);
-    const uint64_t seq = state->combine_seq + 1;
-    const int phase = static_cast<int>(seq & 1);
-    if (epLoadVolatile(&p.g.active_ranks[dst]) == 0 ||
-        epLoadVolatile(&p.g.active_ranks[p.g.rank]) == 0)
-        return;  // as in dispatch: an inactive rank (in either view) gets nothing
-    char* remote = static_cast<char*>(p.g.peer_buffers[dst]);
-
-    const int64_t capacity = static_cast<int64_t>(num_ranks) * p.g.max_tokens;
-    int64_t begin = 0;
-    const int64_t count = epCombineRowCount(p.g, p.a, local_expert, dst, &begin);
-
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t hidden = p.g.hidden;
-    for (int64_t i = warp; i < count; i += kSendWarps) {
-        const int64_t row = local_expert * capacity + begin + i;
-        const int token = p.a.src_info[row];
-        if (token < 0 || token >= p.g.max_tokens)
-            continue;  // not a row the dispatch wrote
-        const int4* src =
-            reinterpret_cast<const int4*>(static_cast<const char*>(p.a.x) + row * hidden * 2);
-        int4* out = reinterpret_cast<int4*>(remote + L.combineRowOffset(phase, expert, token));
-        for (int64_t c = lane; c < hidden / 8; c += 32)
-            out[c] = src[c];
-    }
+    const EpSendBlock b = epCombineSendBlock(p.g, L);
+    if (!b.active(p.g))
+        return;
+    char* remote = static_cast<char*>(p.g.peer_buffers[b.dst]);
+    const int64_t count = epForEachCombineRow<kSendThreads>(
+        p.g, p.a, b, [&](int64_t, int64_t x_row, int token, int lane) {
+            epCopyExpertRow(p.g, p.a, x_row, remote + L.combineRowOffset(b.phase, b.expert, token),
+                            lane);
+        });
     __syncthreads();
     if (threadIdx.x == 0) {
-        epSignal(reinterpret_cast<uint64_t*>(remote + L.combineFlagOffset(phase, expert)), seq,
-                 static_cast<uint32_t>(count));
+        epSignal(reinterpret_cast<uint64_t*>(remote + L.combineFlagOffset(b.phase, b.expert)),
+                 b.seq, static_cast<uint32_t>(count));
     }
 }
 

@@ -35,31 +35,21 @@ struct DispatchParams {
 
 __global__ void __launch_bounds__(kSendThreads) dispatchSend(DispatchParams p) {
     const EpLayout L = epLayoutOf(p.g);
-    const int expert = blockIdx.x;
-    const int nle = static_cast<int>(L.numLocalExperts());
-    const int dst = expert / nle;
-    const int local_expert = expert % nle;
-    EpState* state = epState(p.g.local_buffer);
-    const uint64_t seq = state->dispatch_seq + 1;
-    const int phase = static_cast<int>(seq & 1);
-
-    if (expert == 0)
-        epCheckExpertIds(p.g, p.a, state);
-    // Nothing to an inactive rank, not even its signal; a rank inactive in its
-    // own view sends nothing at all (as the fallback does).
-    if (epLoadVolatile(&p.g.active_ranks[dst]) == 0 ||
-        epLoadVolatile(&p.g.active_ranks[p.g.rank]) == 0)
+    const EpSendBlock b = epDispatchSendBlock(p.g, L);
+    if (b.expert == 0)
+        epCheckExpertIds(p.g, p.a, epState(p.g.local_buffer));
+    if (!b.active(p.g))
         return;
-    char* remote = static_cast<char*>(p.g.peer_buffers[dst]);
+    char* remote = static_cast<char*>(p.g.peer_buffers[b.dst]);
     const int sent =
-        epForEachSelected<kSendThreads>(p.a, expert, [&](int slot, int token, int lane) {
-            char* msg = remote + L.dispatchMessageOffset(phase, local_expert, p.g.rank, slot);
+        epForEachSelected<kSendThreads>(p.a, b.expert, [&](int slot, int token, int lane) {
+            char* msg = remote + L.dispatchMessageOffset(b.phase, b.local_expert, p.g.rank, slot);
             epWriteMessage(p.g, p.a, L, token, msg, lane);
         });
     if (threadIdx.x == 0) {
-        epSignal(reinterpret_cast<uint64_t*>(remote +
-                                             L.dispatchCountOffset(phase, local_expert, p.g.rank)),
-                 seq, static_cast<uint32_t>(sent));
+        epSignal(reinterpret_cast<uint64_t*>(
+                     remote + L.dispatchCountOffset(b.phase, b.local_expert, p.g.rank)),
+                 b.seq, static_cast<uint32_t>(sent));
     }
 }
 

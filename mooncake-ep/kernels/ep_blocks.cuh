@@ -14,6 +14,43 @@
 
 namespace mooncake::ep {
 
+// What one send block of an operation works on. Dispatch has a block per
+// global expert; combine a block per (local expert, destination rank).
+struct EpSendBlock {
+    int dst;           // the rank written to
+    int local_expert;  // the expert's index on the rank that owns it
+    int expert;        // the global expert
+    uint64_t seq;      // the operation's sequence number
+    int phase;         // seq & 1: the half of the buffer this operation uses
+    // Nothing goes to an inactive rank, not even its signal; a rank inactive
+    // in its own view sends nothing at all (as the fallback does).
+    __device__ bool active(const EpGroupArgs& g) const {
+        return epLoadVolatile(&g.active_ranks[dst]) != 0 &&
+               epLoadVolatile(&g.active_ranks[g.rank]) != 0;
+    }
+};
+
+__device__ inline EpSendBlock epDispatchSendBlock(const EpGroupArgs& g, const EpLayout& L) {
+    const int nle = static_cast<int>(L.numLocalExperts());
+    EpSendBlock b;
+    b.expert = blockIdx.x;
+    b.dst = b.expert / nle;
+    b.local_expert = b.expert % nle;
+    b.seq = epState(g.local_buffer)->dispatch_seq + 1;
+    b.phase = static_cast<int>(b.seq & 1);
+    return b;
+}
+
+__device__ inline EpSendBlock epCombineSendBlock(const EpGroupArgs& g, const EpLayout& L) {
+    EpSendBlock b;
+    b.local_expert = blockIdx.x / g.num_ranks;
+    b.dst = blockIdx.x % g.num_ranks;
+    b.expert = g.rank * static_cast<int>(L.numLocalExperts()) + b.local_expert;
+    b.seq = epState(g.local_buffer)->combine_seq + 1;
+    b.phase = static_cast<int>(b.seq & 1);
+    return b;
+}
+
 // Block 0 of a dispatch reports ids outside [-1, num_experts).
 __device__ inline void epCheckExpertIds(const EpGroupArgs& g, const DispatchArgs& a,
                                         EpState* state) {
@@ -128,6 +165,37 @@ __device__ inline int64_t epCombineRowCount(const EpGroupArgs& g, const CombineA
     if (*begin > capacity)
         count = 0;
     return min(count, min(static_cast<int64_t>(g.max_tokens), capacity - *begin));
+}
+
+// Calls copy(i, x_row, token, lane) for each row a combine send block
+// returns to b.dst, one warp per row: i counts the block's rows, x_row is the
+// row of the expert output, token the receiver's token it belongs to. Rows
+// the dispatch did not write are skipped. Returns the count the receiver is
+// told; every thread of the block must call it.
+template <int kThreads, typename Copy>
+__device__ int64_t epForEachCombineRow(const EpGroupArgs& g, const CombineArgs& a,
+                                       const EpSendBlock& b, Copy copy) {
+    const int64_t capacity = static_cast<int64_t>(g.num_ranks) * g.max_tokens;
+    int64_t begin = 0;
+    const int64_t count = epCombineRowCount(g, a, b.local_expert, b.dst, &begin);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int64_t i = warp; i < count; i += kThreads / 32) {
+        const int64_t row = b.local_expert * capacity + begin + i;
+        const int token = a.src_info[row];
+        if (token >= 0 && token < g.max_tokens)
+            copy(i, row, token, lane);
+    }
+    return count;
+}
+
+// One warp copies BF16 row `x_row` of the expert output to `out`.
+__device__ inline void epCopyExpertRow(const EpGroupArgs& g, const CombineArgs& a, int64_t x_row,
+                                       void* out, int lane) {
+    const int4* src =
+        reinterpret_cast<const int4*>(static_cast<const char*>(a.x) + x_row * g.hidden * 2);
+    int4* dst = static_cast<int4*>(out);
+    for (int64_t c = lane; c < g.hidden / 8; c += 32)
+        dst[c] = src[c];
 }
 
 // The receive block of token blockIdx.x: waits for the flags of the experts

@@ -22,7 +22,6 @@ namespace mooncake::ep {
 namespace {
 
 constexpr int kSendThreads = 512;
-constexpr int kSendWarps = kSendThreads / 32;
 constexpr int kRecvThreads = 512;
 constexpr int kCombineRecvThreads = 256;
 
@@ -101,46 +100,38 @@ __device__ EpWait waitWord(const NcclEpDevice& d, const EpGroupArgs& g, int src,
 
 __global__ void __launch_bounds__(kSendThreads) ncclDispatchSend(DispatchParams p) {
     const EpLayout L = epLayoutOf(p.g);
-    const int expert = blockIdx.x;
-    const int nle = static_cast<int>(L.numLocalExperts());
-    const int dst = expert / nle;
-    const int local_expert = expert % nle;
-    EpState* state = epState(p.g.local_buffer);
-    const uint64_t seq = state->dispatch_seq + 1;
-    const int phase = static_cast<int>(seq & 1);
-
-    if (expert == 0)
-        epCheckExpertIds(p.g, p.a, state);
-    if (epLoadVolatile(&p.g.active_ranks[dst]) == 0 ||
-        epLoadVolatile(&p.g.active_ranks[p.g.rank]) == 0)
+    const EpSendBlock b = epDispatchSendBlock(p.g, L);
+    if (b.expert == 0)
+        epCheckExpertIds(p.g, p.a, epState(p.g.local_buffer));
+    if (!b.active(p.g))
         return;
-    char* lsa = static_cast<char*>(p.g.peer_buffers[dst]);  // null: reach it over GIN
+    char* lsa = static_cast<char*>(p.g.peer_buffers[b.dst]);  // null: reach it over GIN
     // Over GIN the messages of this expert are staged contiguously, as their
     // slots are at the receiver, so one put moves them all.
-    const int64_t first_slot = L.dispatchMessageOffset(phase, local_expert, p.g.rank, 0);
-    const int64_t staging = static_cast<int64_t>(expert) * p.g.max_tokens * L.messageBytes();
+    const int64_t first_slot = L.dispatchMessageOffset(b.phase, b.local_expert, p.g.rank, 0);
+    const int64_t staging = static_cast<int64_t>(b.expert) * p.g.max_tokens * L.messageBytes();
     char* staged = stagingPtr(p.d, staging);
     const int sent =
-        epForEachSelected<kSendThreads>(p.a, expert, [&](int slot, int token, int lane) {
+        epForEachSelected<kSendThreads>(p.a, b.expert, [&](int slot, int token, int lane) {
             char* msg = (lsa ? lsa + first_slot : staged) + slot * L.messageBytes();
             epWriteMessage(p.g, p.a, L, token, msg, lane);
         });
-    const int64_t word = L.dispatchCountOffset(phase, local_expert, p.g.rank);
+    const int64_t word = L.dispatchCountOffset(b.phase, b.local_expert, p.g.rank);
     if (threadIdx.x != 0)
         return;
     if (lsa) {
-        epSignal(reinterpret_cast<uint64_t*>(lsa + word), seq, static_cast<uint32_t>(sent));
+        epSignal(reinterpret_cast<uint64_t*>(lsa + word), b.seq, static_cast<uint32_t>(sent));
         return;
     }
     if (sent > 0) {
         __threadfence_system();  // the block's staged messages, before the NIC reads them
-        ncclGin gin(p.d.comm, dst);
-        gin.put(ncclTeamWorld(p.d.comm), dst, p.d.window, static_cast<size_t>(first_slot),
+        ncclGin gin(p.d.comm, b.dst);
+        gin.put(ncclTeamWorld(p.d.comm), b.dst, p.d.window, static_cast<size_t>(first_slot),
                 p.d.window, static_cast<size_t>(p.d.staging_offset + staging),
                 static_cast<size_t>(sent) * L.messageBytes());
     }
-    ginSignalWord(p.d, L, phase, dst, word, seq, static_cast<uint32_t>(sent),
-                  &p.d.last_sent[expert]);
+    ginSignalWord(p.d, L, b.phase, b.dst, word, b.seq, static_cast<uint32_t>(sent),
+                  &p.d.last_sent[b.expert]);
 }
 
 __global__ void __launch_bounds__(kRecvThreads) ncclDispatchReceive(DispatchParams p) {
@@ -153,73 +144,52 @@ __global__ void __launch_bounds__(kRecvThreads) ncclDispatchReceive(DispatchPara
 
 __global__ void __launch_bounds__(kSendThreads) ncclCombineSend(CombineParams p) {
     const EpLayout L = epLayoutOf(p.g);
-    const int num_ranks = p.g.num_ranks;
-    const int local_expert = blockIdx.x / num_ranks;
-    const int dst = blockIdx.x % num_ranks;
-    const int nle = static_cast<int>(L.numLocalExperts());
-    const int expert = p.g.rank * nle + local_expert;
-    EpState* state = epState(p.g.local_buffer);
-    const uint64_t seq = state->combine_seq + 1;
-    const int phase = static_cast<int>(seq & 1);
-    if (epLoadVolatile(&p.g.active_ranks[dst]) == 0 ||
-        epLoadVolatile(&p.g.active_ranks[p.g.rank]) == 0)
+    const EpSendBlock b = epCombineSendBlock(p.g, L);
+    if (!b.active(p.g))
         return;
-    char* lsa = static_cast<char*>(p.g.peer_buffers[dst]);
-
-    const int64_t capacity = static_cast<int64_t>(num_ranks) * p.g.max_tokens;
-    int64_t begin = 0;
-    const int64_t count = epCombineRowCount(p.g, p.a, local_expert, dst, &begin);
-
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t hidden = p.g.hidden;
-    const int64_t row_bytes = hidden * 2;
+    const int num_ranks = p.g.num_ranks;
+    char* lsa = static_cast<char*>(p.g.peer_buffers[b.dst]);
+    const int64_t row_bytes = p.g.hidden * 2;
     // Combine staging follows the dispatch staging: a row per (local expert,
     // destination, slot).
     const int64_t staging_base =
         static_cast<int64_t>(p.g.num_experts) * p.g.max_tokens * L.messageBytes() +
-        (static_cast<int64_t>(local_expert) * num_ranks + dst) * p.g.max_tokens * row_bytes;
+        (static_cast<int64_t>(b.local_expert) * num_ranks + b.dst) * p.g.max_tokens * row_bytes;
     bool posted = false;
-    for (int64_t i = warp; i < count; i += kSendWarps) {
-        const int64_t row = local_expert * capacity + begin + i;
-        const int token = p.a.src_info[row];
-        if (token < 0 || token >= p.g.max_tokens)
-            continue;
-        const int4* src =
-            reinterpret_cast<const int4*>(static_cast<const char*>(p.a.x) + row * row_bytes);
-        const int64_t dst_offset = L.combineRowOffset(phase, expert, token);
-        char* out_row = lsa ? lsa + dst_offset : stagingPtr(p.d, staging_base + i * row_bytes);
-        int4* out = reinterpret_cast<int4*>(out_row);
-        for (int64_t c = lane; c < hidden / 8; c += 32)
-            out[c] = src[c];
-        if (!lsa) {
+    const int64_t count = epForEachCombineRow<kSendThreads>(
+        p.g, p.a, b, [&](int64_t i, int64_t x_row, int token, int lane) {
+            const int64_t dst_offset = L.combineRowOffset(b.phase, b.expert, token);
+            const int64_t staged = staging_base + i * row_bytes;
+            epCopyExpertRow(p.g, p.a, x_row, lsa ? lsa + dst_offset : stagingPtr(p.d, staged),
+                            lane);
+            if (lsa)
+                return;
             __syncwarp();
             if (lane == 0) {
                 __threadfence_system();
-                ncclGin gin(p.d.comm, dst);
-                gin.put(ncclTeamWorld(p.d.comm), dst, p.d.window, static_cast<size_t>(dst_offset),
-                        p.d.window,
-                        static_cast<size_t>(p.d.staging_offset + staging_base + i * row_bytes),
+                ncclGin gin(p.d.comm, b.dst);
+                gin.put(ncclTeamWorld(p.d.comm), b.dst, p.d.window, static_cast<size_t>(dst_offset),
+                        p.d.window, static_cast<size_t>(p.d.staging_offset + staged),
                         static_cast<size_t>(row_bytes));
                 posted = true;
             }
-        }
-    }
+        });
     if (posted) {
         // A flush covers the calling thread's puts only: each poster makes
         // its staged rows reusable by the next operation itself.
-        ncclGin gin(p.d.comm, dst);
+        ncclGin gin(p.d.comm, b.dst);
         gin.flush(ncclCoopThread());
     }
     __syncthreads();  // every row's put is posted before the signal's
     if (threadIdx.x != 0)
         return;
-    const int64_t word = L.combineFlagOffset(phase, expert);
+    const int64_t word = L.combineFlagOffset(b.phase, b.expert);
     if (lsa) {
-        epSignal(reinterpret_cast<uint64_t*>(lsa + word), seq, static_cast<uint32_t>(count));
+        epSignal(reinterpret_cast<uint64_t*>(lsa + word), b.seq, static_cast<uint32_t>(count));
         return;
     }
-    ginSignalWord(p.d, L, phase, dst, word, seq, static_cast<uint32_t>(count),
-                  &p.d.last_sent[p.g.num_experts + local_expert * num_ranks + dst]);
+    ginSignalWord(p.d, L, b.phase, b.dst, word, b.seq, static_cast<uint32_t>(count),
+                  &p.d.last_sent[p.g.num_experts + b.local_expert * num_ranks + b.dst]);
 }
 
 __global__ void __launch_bounds__(kCombineRecvThreads) ncclCombineReceive(CombineParams p) {
