@@ -23,10 +23,19 @@ struct EpSendBlock {
     uint64_t seq;      // the operation's sequence number
     int phase;         // seq & 1: the half of the buffer this operation uses
     // Nothing goes to an inactive rank, not even its signal; a rank inactive
-    // in its own view sends nothing at all (as the fallback does).
+    // in its own view sends nothing at all (as the fallback does). One read
+    // for the whole block: active_ranks may change under a running kernel (a
+    // receive block's timeout marks a rank), and threads that decided
+    // differently would leave the others at a __syncthreads. Every thread of
+    // the block must call it.
     __device__ bool active(const EpGroupArgs& g) const {
-        return epLoadVolatile(&g.active_ranks[dst]) != 0 &&
-               epLoadVolatile(&g.active_ranks[g.rank]) != 0;
+        __shared__ int block_active;
+        if (threadIdx.x == 0) {
+            block_active = epLoadVolatile(&g.active_ranks[dst]) != 0 &&
+                           epLoadVolatile(&g.active_ranks[g.rank]) != 0;
+        }
+        __syncthreads();
+        return block_active != 0;
     }
 };
 

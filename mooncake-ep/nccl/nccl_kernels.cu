@@ -41,6 +41,15 @@ __device__ char* stagingPtr(const NcclEpDevice& d, int64_t offset) {
     return static_cast<char*>(ncclGetLocalPointer(d.window, d.staging_offset + offset));
 }
 
+// The GIN context of traffic to `peer`: contexts are spread over peers, and
+// data and signal to one peer use the same one, which NCCL's signal ordering
+// needs. Reduced here rather than relying on how a given NCCL release maps an
+// index past the context count.
+__device__ int ginContext(const NcclEpDevice& d, int peer) {
+    // Called on GIN paths only, where the count is at least 1.
+    return d.comm.ginContextCount > 1 ? peer % d.comm.ginContextCount : 0;
+}
+
 // The signal id of the word at `word_offset` of half `phase`.
 __device__ int signalId(const EpLayout& L, int phase, int64_t word_offset) {
     return static_cast<int>((word_offset - L.halfOffset(phase)) / 8);
@@ -50,9 +59,7 @@ __device__ int signalId(const EpLayout& L, int phase, int64_t word_offset) {
 __device__ void ginSignalWord(const NcclEpDevice& d, const EpLayout& L, int phase, int dst,
                               int64_t word_offset, uint64_t seq, uint32_t payload,
                               uint64_t* last_sent) {
-    // Contexts are spread over destinations; data and signal to one peer use
-    // the same context, which NCCL's signal ordering needs.
-    ncclGin gin(d.comm, dst);
+    ncclGin gin(d.comm, ginContext(d, dst));
     const uint64_t delta = seq - *last_sent;
     *last_sent = seq;
     gin.putValue(
@@ -70,7 +77,7 @@ __device__ EpWait waitGinWord(const NcclEpDevice& d, const EpLayout& L, int phas
                               int32_t* peer_active, int64_t timeout_ns, uint32_t* payload) {
     // The sender picked the context from the destination's rank (this rank):
     // the signal lives in that context.
-    ncclGin gin(d.comm, self);
+    ncclGin gin(d.comm, ginContext(d, self));
     const ncclGinSignal_t id = static_cast<ncclGinSignal_t>(signalId(L, phase, word_offset));
     return epWaitFor(peer_active, timeout_ns, payload, [&](uint32_t* out) {
         // Rolling comparison: the signal is at `seq` or one operation ahead.
@@ -125,7 +132,7 @@ __global__ void __launch_bounds__(kSendThreads) ncclDispatchSend(DispatchParams 
     }
     if (sent > 0) {
         __threadfence_system();  // the block's staged messages, before the NIC reads them
-        ncclGin gin(p.d.comm, b.dst);
+        ncclGin gin(p.d.comm, ginContext(p.d, b.dst));
         gin.put(ncclTeamWorld(p.d.comm), b.dst, p.d.window, static_cast<size_t>(first_slot),
                 p.d.window, static_cast<size_t>(p.d.staging_offset + staging),
                 static_cast<size_t>(sent) * L.messageBytes());
@@ -167,7 +174,7 @@ __global__ void __launch_bounds__(kSendThreads) ncclCombineSend(CombineParams p)
             __syncwarp();
             if (lane == 0) {
                 __threadfence_system();
-                ncclGin gin(p.d.comm, b.dst);
+                ncclGin gin(p.d.comm, ginContext(p.d, b.dst));
                 gin.put(ncclTeamWorld(p.d.comm), b.dst, p.d.window, static_cast<size_t>(dst_offset),
                         p.d.window, static_cast<size_t>(p.d.staging_offset + staged),
                         static_cast<size_t>(row_bytes));
@@ -177,7 +184,7 @@ __global__ void __launch_bounds__(kSendThreads) ncclCombineSend(CombineParams p)
     if (posted) {
         // A flush covers the calling thread's puts only: each poster makes
         // its staged rows reusable by the next operation itself.
-        ncclGin gin(p.d.comm, b.dst);
+        ncclGin gin(p.d.comm, ginContext(p.d, b.dst));
         gin.flush(ncclCoopThread());
     }
     __syncthreads();  // every row's put is posted before the signal's
