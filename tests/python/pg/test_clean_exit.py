@@ -40,6 +40,11 @@ def _run_once(mode, timeout_s=300):
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(harness.free_port()),
         "MC_PG_TIMEOUT_MS": "5000",
+        # 64 KiB slots cut the 16 MiB all_reduce into about a hundred rounds
+        # that fill the output piece by piece (with the default 4 MiB slots
+        # it is two rounds, and a victim descheduled for a few milliseconds
+        # on a loaded host missed the whole op).
+        "MC_PG_CHUNK_BYTES": str(64 << 10),
     })
     procs = [subprocess.Popen([sys.executable, SCRIPT, str(r), str(WORLD), events, mode],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
