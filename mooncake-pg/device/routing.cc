@@ -196,6 +196,14 @@ Status resultStatus(const DeviceOpResult& r, const char* what, std::vector<int>*
             if (r.detail == kAbortDeactivated) {
                 return Aborted(op + ": a member of the call was deactivated while it ran");
             }
+            if (r.detail == kAbortDeadline) {
+                if (r.culprit >= 0) {
+                    failed->push_back(r.culprit);
+                    return Timeout(op + ": waiting for rank " + std::to_string(r.culprit) +
+                                   " on the device (the call's deadline passed)");
+                }
+                return Timeout(op + ": the call's deadline passed on the device");
+            }
             return Aborted(op + ": the group was aborted");
         case DeviceStatus::kMismatch:
             return InvalidArgument(op + ": rank " + std::to_string(r.culprit) + " passed " +

@@ -88,6 +88,9 @@ CudaRoute routeFor(CudaPath path, const RouteQuery& q, std::string* why = nullpt
 // arrives; the kernels report the value back as DeviceOpResult::detail.
 inline constexpr uint64_t kAbortGroupAborted = 1;  // abort() / shutdown
 inline constexpr uint64_t kAbortDeactivated = 2;   // a member left the view
+// The host's deadline for the call (the kernels' own plus a grace) passed
+// with the kernels still waiting: a timeout, blaming the peer waited on.
+inline constexpr uint64_t kAbortDeadline = 3;
 inline constexpr uint64_t kAbortPeerDeadBase = uint64_t{1} << 32;
 inline constexpr uint64_t abortPeerDead(int rank) {
     return kAbortPeerDeadBase | static_cast<uint32_t>(rank);

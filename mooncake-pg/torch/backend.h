@@ -425,6 +425,10 @@ private:
     bool kernel_ran_ = false;
     std::vector<int> kernel_failed_;
     std::atomic<uint64_t> device_calls_{0};
+    // Worker thread: set once kernels outlived their deadline and the abort
+    // word. They may still run and read this group's words, so every later
+    // kernel call fails with it at once and the abort word stays set.
+    std::string device_stuck_;
 
     std::mutex coalesce_mu_;  // guards coalescing_ and coalesced_
     bool coalescing_ = false;

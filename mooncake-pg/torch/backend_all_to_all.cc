@@ -65,11 +65,12 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall_base(
     std::vector<size_t> send_bytes, send_offsets, recv_bytes, recv_offsets;
     splitBytes(input, input_split_sizes, n, op, "input", &send_bytes, &send_offsets);
     splitBytes(output, output_split_sizes, n, op, "output", &recv_bytes, &recv_offsets);
-    // The device kernel takes equal blocks only: the same split everywhere
-    // (every rank then passes the same sizes, as it must).
-    bool equal = input.numel() == output.numel() && input.numel() % n == 0;
-    for (int p = 0; equal && p < n; ++p)
-        equal = send_bytes[p] == send_bytes[0] && recv_bytes[p] == send_bytes[0];
+    // The device kernel takes equal blocks only, and every rank must choose
+    // the same path. Only split sizes left out (equal blocks by definition,
+    // on every rank) say that: a rank whose own explicit splits happen to be
+    // equal cannot tell whether the other ranks' are.
+    const bool equal =
+        input_split_sizes.empty() && output_split_sizes.empty() && input.numel() == output.numel();
     if (equal) {
         if (auto work = maybeKernel(
                 KernelCall{device::CudaCollective::kAllToAll, op, OpType::ALLTOALL_BASE, input,

@@ -122,18 +122,23 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
     // From here a failure's ranks are kernel_failed_, never the
     // Communicator's last failure (an earlier call's).
     kernel_ran_ = true;
+    if (!device_stuck_.empty())
+        return Internal(std::string(call.op_name) + ": " + device_stuck_);
     MC_RETURN_IF_ERROR(setUpDeviceWindow(size, deadline));
+    device::GroupWindow& w = *device_window_;
+    const int64_t timeout_ns = std::min(deadline.remaining(), kMaxKernelWait).count();
+    // The call's number before anything else can fail here: the peers count
+    // this call whether or not it launches on this rank, and a rank that did
+    // not would wait for tags one call behind for the rest of the epoch.
+    uint64_t seq = 0;
+    const device::DeviceGroupView view = w.nextCall(timeout_ns, &seq);
+    w.clearResult();
+    w.clearAbort();
 
     // Contiguous stand-ins, made on the communication stream (current here).
     const bool in_place = call.input.is_same(call.output);
     at::Tensor dst = in_place ? inOutBuffer(call.output) : outBuffer(call.output);
     at::Tensor src = in_place ? dst : inBuffer(call.input, call.output);
-    device::GroupWindow& w = *device_window_;
-    const int64_t timeout_ns = std::min(deadline.remaining(), kMaxKernelWait).count();
-    uint64_t seq = 0;
-    const device::DeviceGroupView view = w.nextCall(timeout_ns, &seq);
-    w.clearResult();
-    w.clearAbort();
     device::DeviceOpResult* result = w.deviceResult();
     const cudaStream_t stream = exec->stream().stream();
     Status launched;
@@ -215,14 +220,17 @@ Status MooncakeBackend::awaitKernels(int size, Deadline deadline) {
     Status st = exec->drain(with_grace, "the device collective's kernels", watch);
     if (st.code() != StatusCode::kTimeout)
         return st;
-    // Past the kernels' own deadline: ask them to stop, once more.
-    w.setAbort(device::kAbortGroupAborted);
+    // Past the kernels' own deadline: ask them to stop, once more. What they
+    // report is a timeout naming the peer they waited on.
+    w.setAbort(device::kAbortDeadline);
     st = exec->drain(Deadline::after(kKernelGrace), "the device collective's kernels after abort");
     if (st.ok())
         return Status::OK();
-    return Internal(
-        std::string("the device collective's kernels did not return ") +
-        "after their deadline and the abort word; the GPU may be stuck: " + st.toString());
+    device_stuck_ =
+        "the group's device collective kernels did not return after their deadline "
+        "and the abort word; the GPU may be stuck (" +
+        st.toString() + ")";
+    return Internal(device_stuck_);
 }
 
 Status MooncakeBackend::setUpDeviceWindow(int size, Deadline deadline) {

@@ -180,6 +180,15 @@ TEST(DeviceRouting, ResultBecomesStatusAndHint) {
     st = resultStatus(result(DeviceStatus::kAborted, 1, kAbortDeactivated), "broadcast", &failed);
     EXPECT_EQ(st.code(), StatusCode::kAborted);
     EXPECT_NE(st.message().find("deactivated"), std::string::npos) << st.toString();
+    // The host's deadline is a timeout blaming the peer the kernel waited on
+    // (evidence, as the kernel's own timeout is), not an abort of the group.
+    st = resultStatus(result(DeviceStatus::kAborted, 2, kAbortDeadline), "all_reduce", &failed);
+    EXPECT_EQ(st.code(), StatusCode::kTimeout);
+    EXPECT_NE(st.message().find("waiting for rank 2"), std::string::npos) << st.toString();
+    EXPECT_EQ(failed, std::vector<int>{2});
+    st = resultStatus(result(DeviceStatus::kAborted, -1, kAbortDeadline), "all_reduce", &failed);
+    EXPECT_EQ(st.code(), StatusCode::kTimeout);
+    EXPECT_TRUE(failed.empty());
 
     // A mismatch names the peer and its call, and is no evidence against it.
     const uint64_t sig = callSignature(1, static_cast<uint8_t>(DataType::kBFloat16),

@@ -219,6 +219,17 @@ def _values(ctx):
         dist.all_to_all_single(got, rows, output_split_sizes=recv, input_split_sizes=send)
         want = torch.cat([torch.full((rank + 1, 3), float(p * 100 + rank)) for p in range(ws)])
         c.eq("all_to_all_single uneven", got, want)
+        # Uneven overall although rank 0's own splits are all one row (ranks
+        # above 0 send themselves two): every rank must take the same path.
+        def rows_of(src, dst):
+            return 2 if src == dst and src > 0 else 1
+        send = [rows_of(rank, p) for p in range(ws)]
+        recv = [rows_of(p, rank) for p in range(ws)]
+        rows = torch.cat([torch.full((rows_of(rank, p), 3), float(rank * 100 + p)) for p in range(ws)])
+        got = torch.zeros(sum(recv), 3, device=dev)
+        dist.all_to_all_single(got, rows.to(dev), output_split_sizes=recv, input_split_sizes=send)
+        want = torch.cat([torch.full((rows_of(p, rank), 3), float(p * 100 + rank)) for p in range(ws)])
+        c.eq("all_to_all_single uneven, rank 0 balanced", got, want)
     c.run("all_to_all_single", all_to_all_single)
 
     def all_to_all():
