@@ -29,7 +29,8 @@ import elastic_checks as ec  # noqa: E402
 
 FALLBACK_ENV = {FORCE_FALLBACK_ENV: "1"}
 # Why NCCL is not used on a CPU machine, or with ranks sharing a GPU.
-NO_NCCL = r"no NCCL device-API transport|have no CUDA device|share CUDA device"
+NO_NCCL = (r"no NCCL device-API transport|have no CUDA device|share CUDA device|"
+           r"the loaded libnccl is")
 M, H, K, EPR = 8, 256, 4, 3  # max tokens, hidden, top-k, experts per rank
 
 
@@ -253,6 +254,9 @@ def _round(eb, slot, world, seed, label, device="cpu"):
 def _replace_job(ctx, device="cpu"):
     if device == "cuda":
         torch.cuda.set_device(0)  # every process on the one GPU: cuda_ipc, never NCCL
+        # The context now, not inside the fast path's setup, whose collectives
+        # run under ELASTIC_ENV's 3 s timeout.
+        torch.ones(1, device="cuda").sum().item()
     checks = ec.Checks(ctx)
     proc = ctx.rank
     slot = VICTIM if proc == REPLACEMENT else proc
