@@ -157,19 +157,26 @@ struct TransferEngine::Batch {
 // ---- lifecycle ----------------------------------------------------------------
 
 TransferEngine::TransferEngine(EngineOptions options) : options_(std::move(options)) {
-    if (envForceTcp()) options_.force_tcp = true;
+    if (envForceTcp())
+        options_.force_tcp = true;
     host_ = std::make_unique<Host>(this);
 }
 
-TransferEngine::~TransferEngine() { shutdown(); }
+TransferEngine::~TransferEngine() {
+    shutdown();
+}
 
 Status TransferEngine::init(const std::string& host_ip,
                             const std::vector<std::string>& device_filter) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (started_) return InvalidArgument("TransferEngine::init called twice");
-    if (!options_.store) return InvalidArgument("EngineOptions.store is required");
-    if (options_.segment_name.empty()) return InvalidArgument("EngineOptions.segment_name is empty");
-    if (options_.secret.empty()) return InvalidArgument("EngineOptions.secret is empty");
+    if (started_)
+        return InvalidArgument("TransferEngine::init called twice");
+    if (!options_.store)
+        return InvalidArgument("EngineOptions.store is required");
+    if (options_.segment_name.empty())
+        return InvalidArgument("EngineOptions.segment_name is empty");
+    if (options_.secret.empty())
+        return InvalidArgument("EngineOptions.secret is empty");
     host_ip_ = host_ip.empty() ? "127.0.0.1" : host_ip;
     device_filter_ = device_filter;
 
@@ -179,7 +186,8 @@ Status TransferEngine::init(const std::string& host_ip,
     if (!options_.force_tcp) {
         transports_.push_back(createShmTransport());
         // Rides on the shm transport's descriptor server; absent without CUDA.
-        if (auto cuda_ipc = createCudaIpcTransport()) transports_.push_back(std::move(cuda_ipc));
+        if (auto cuda_ipc = createCudaIpcTransport())
+            transports_.push_back(std::move(cuda_ipc));
         RdmaSetup rdma = createRdmaTransport(RdmaOptions{device_filter, options_.verbs_library});
         // A malformed filter is the caller's mistake; a missing device is not.
         if (rdma.status.code() == StatusCode::kInvalidArgument) {
@@ -198,13 +206,31 @@ Status TransferEngine::init(const std::string& host_ip,
     }
     logRdmaChoice(rdma_status_, rdma_devices_);
     transports_.push_back(createTcpTransport());
-    for (auto& t : transports_) {
+    for (size_t i = 0; i < transports_.size();) {
+        Transport* t = transports_[i].get();
         Status st = t->start(host_.get(), &local_);
-        if (!st.ok()) {
-            for (auto& s : transports_) s->shutdown();
-            transports_.clear();
-            return st.withContext(std::string("starting transport ") + t->name());
+        if (st.ok()) {
+            ++i;
+            continue;
         }
+        if (t->name() == std::string("rdma")) {
+            // An HCA that is present but cannot be used (out of CQs or
+            // memory, a driver fault) costs speed, not the engine: shm and
+            // tcp carry everything, as when there is no HCA at all.
+            t->shutdown();
+            transports_.erase(transports_.begin() + static_cast<std::ptrdiff_t>(i));
+            rdma_status_ = Unavailable("the rdma transport failed to start: " + st.toString());
+            rdma_devices_.clear();
+            local_.rdma_endpoint.clear();  // peers must not try to reach it
+            MC_LOG(kWarn, "te") << rdma_status_.message() << "; using shm and tcp";
+            continue;
+        }
+        // The name before the transports go: `t` is one of them.
+        const std::string failed = std::string("starting transport ") + t->name();
+        for (auto& s : transports_)
+            s->shutdown();
+        transports_.clear();
+        return st.withContext(failed);
     }
     started_ = true;
     MC_LOG(kInfo, "te") << "segment " << local_.name << " up on " << host_ip_ << ":"
@@ -216,12 +242,16 @@ void TransferEngine::shutdown() {
     std::vector<std::shared_ptr<Batch>> batches;
     {
         std::lock_guard<std::mutex> lock(mu_);
-        if (stopped_) return;
+        if (stopped_)
+            return;
         stopped_ = true;
-        if (started_ && options_.store) (void)options_.store->remove(segmentKey(local_.name));
-        for (auto& [id, b] : batches_) batches.push_back(b);
+        if (started_ && options_.store)
+            (void)options_.store->remove(segmentKey(local_.name));
+        for (auto& [id, b] : batches_)
+            batches.push_back(b);
     }
-    for (auto& t : transports_) t->shutdown();
+    for (auto& t : transports_)
+        t->shutdown();
     for (auto& b : batches) {
         for (auto& task : b->snapshot())
             task->complete(Aborted("transfer engine shut down"));
@@ -242,10 +272,13 @@ Status TransferEngine::publishLocked() {
 
 Status TransferEngine::registerLocalMemory(void* addr, size_t length, const std::string& location,
                                            bool remote_accessible) {
-    if (!addr) return InvalidArgument("registerLocalMemory: addr is null");
-    if (length == 0) return InvalidArgument("registerLocalMemory: length is 0");
+    if (!addr)
+        return InvalidArgument("registerLocalMemory: addr is null");
+    if (length == 0)
+        return InvalidArgument("registerLocalMemory: length is 0");
     std::lock_guard<std::mutex> lock(mu_);
-    if (!started_ || stopped_) return InvalidArgument("registerLocalMemory before init/after shutdown");
+    if (!started_ || stopped_)
+        return InvalidArgument("registerLocalMemory before init/after shutdown");
     LocalRegion region{reinterpret_cast<uint64_t>(addr), length, location, remote_accessible};
     MC_RETURN_IF_ERROR(memory_.add(region));
     RegionDesc desc{region.addr, region.length, location, remote_accessible, "", "", ""};
@@ -281,12 +314,14 @@ Status TransferEngine::unregisterLocalMemory(void* addr, Deadline deadline) {
     // into the region; they are failed rather than waited for, so a stalled
     // peer cannot hold the caller up. Not under mu_: the wait is bounded by
     // the transports' loops, not by this engine's other callers.
-    for (auto& t : transports_) t->abortRemoteAccess(region);
+    for (auto& t : transports_)
+        t->abortRemoteAccess(region);
     MC_RETURN_IF_ERROR(memory_.finishRemove(a, deadline)
                            .withContext("unregistering local memory at " + std::to_string(a)));
     // Only now, with nothing landing any more: a transport's own handle on
     // the region (an RDMA memory registration) goes last.
-    for (auto& t : transports_) t->unexportRegion(a);
+    for (auto& t : transports_)
+        t->unexportRegion(a);
     return published;
 }
 
@@ -332,7 +367,8 @@ Result<std::shared_ptr<const SegmentDesc>> TransferEngine::fetch(const std::stri
                                                                  Deadline deadline) {
     MC_ASSIGN_OR_RETURN(std::string bytes, options_.store->get(segmentKey(name), deadline));
     auto parsed = SegmentDesc::parse(bytes);
-    if (!parsed.ok()) return parsed.status().withContext("segment '" + name + "'");
+    if (!parsed.ok())
+        return parsed.status().withContext("segment '" + name + "'");
     return std::make_shared<const SegmentDesc>(std::move(parsed).value());
 }
 
@@ -343,13 +379,16 @@ Result<SegmentID> TransferEngine::openSegment(const std::string& name) {
 Result<SegmentID> TransferEngine::openSegment(const std::string& name, Deadline deadline) {
     {
         std::lock_guard<std::mutex> lock(mu_);
-        if (!started_ || stopped_) return InvalidArgument("openSegment before init/after shutdown");
+        if (!started_ || stopped_)
+            return InvalidArgument("openSegment before init/after shutdown");
         for (const auto& [id, seg] : segments_) {
-            if (seg.name == name) return id;
+            if (seg.name == name)
+                return id;
         }
     }
     auto desc = fetch(name, deadline);
-    if (!desc.ok()) return desc.status().withContext("openSegment('" + name + "')");
+    if (!desc.ok())
+        return desc.status().withContext("openSegment('" + name + "')");
     std::lock_guard<std::mutex> lock(mu_);
     SegmentID id = next_segment_id_++;
     segments_[id] = OpenSegment{name, std::move(desc).value()};
@@ -358,7 +397,8 @@ Result<SegmentID> TransferEngine::openSegment(const std::string& name, Deadline 
 
 Status TransferEngine::closeSegment(SegmentID id) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (segments_.erase(id) == 0) return NotFound("segment id " + std::to_string(id) + " is not open");
+    if (segments_.erase(id) == 0)
+        return NotFound("segment id " + std::to_string(id) + " is not open");
     return Status::OK();
 }
 
@@ -367,21 +407,25 @@ Status TransferEngine::refreshSegment(SegmentID id, Deadline deadline) {
     {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = segments_.find(id);
-        if (it == segments_.end()) return NotFound("segment id " + std::to_string(id) + " is not open");
+        if (it == segments_.end())
+            return NotFound("segment id " + std::to_string(id) + " is not open");
         name = it->second.name;
     }
     MC_ASSIGN_OR_RETURN(auto desc, fetch(name, deadline));
     std::lock_guard<std::mutex> lock(mu_);
     auto it = segments_.find(id);
-    if (it != segments_.end()) it->second.desc = std::move(desc);
+    if (it != segments_.end())
+        it->second.desc = std::move(desc);
     return Status::OK();
 }
 
 Result<std::shared_ptr<const SegmentDesc>> TransferEngine::descFor(SegmentID id) const {
     std::lock_guard<std::mutex> lock(mu_);
-    if (id == kLocalSegment) return std::make_shared<const SegmentDesc>(local_);
+    if (id == kLocalSegment)
+        return std::make_shared<const SegmentDesc>(local_);
     auto it = segments_.find(id);
-    if (it == segments_.end()) return NotFound("segment id " + std::to_string(id) + " is not open");
+    if (it == segments_.end())
+        return NotFound("segment id " + std::to_string(id) + " is not open");
     return it->second.desc;
 }
 
@@ -392,7 +436,8 @@ Result<SegmentDesc> TransferEngine::segmentDesc(SegmentID id) const {
 
 Transport* TransferEngine::select(const SegmentDesc& peer, const RegionDesc& region) const {
     for (const auto& t : transports_) {
-        if (t->canReach(peer, region)) return t.get();
+        if (t->canReach(peer, region))
+            return t.get();
     }
     return nullptr;
 }
@@ -400,9 +445,11 @@ Transport* TransferEngine::select(const SegmentDesc& peer, const RegionDesc& reg
 Result<std::string> TransferEngine::transportFor(SegmentID id, uint64_t addr, uint64_t len) {
     MC_ASSIGN_OR_RETURN(auto desc, descFor(id));
     const RegionDesc* region = desc->findRegion(addr, len);
-    if (!region) return OutOfRange("range is not inside a registered region of " + desc->name);
+    if (!region)
+        return OutOfRange("range is not inside a registered region of " + desc->name);
     Transport* t = select(*desc, *region);
-    if (!t) return Unavailable("no transport reaches segment " + desc->name);
+    if (!t)
+        return Unavailable("no transport reaches segment " + desc->name);
     return std::string(t->name());
 }
 
@@ -419,9 +466,11 @@ Result<void*> TransferEngine::mapRemote(SegmentID id, uint64_t addr, uint64_t le
                           ") is not inside a registered region of segment " + desc->name);
     }
     for (const auto& t : transports_) {
-        if (!t->canReach(*desc, *region)) continue;
+        if (!t->canReach(*desc, *region))
+            continue;
         auto p = t->mapPeerMemory(*desc, *region, addr, len);
-        if (p.ok()) return p;
+        if (p.ok())
+            return p;
     }
     return Unavailable("segment " + desc->name + " cannot be mapped from this process");
 }
@@ -429,9 +478,11 @@ Result<void*> TransferEngine::mapRemote(SegmentID id, uint64_t addr, uint64_t le
 // ---- transfers --------------------------------------------------------------------
 
 Result<BatchID> TransferEngine::allocateBatchID(size_t capacity) {
-    if (capacity == 0) return InvalidArgument("allocateBatchID: capacity is 0");
+    if (capacity == 0)
+        return InvalidArgument("allocateBatchID: capacity is 0");
     std::lock_guard<std::mutex> lock(mu_);
-    if (!started_ || stopped_) return InvalidArgument("allocateBatchID before init/after shutdown");
+    if (!started_ || stopped_)
+        return InvalidArgument("allocateBatchID before init/after shutdown");
     auto batch = std::make_shared<Batch>();
     batch->capacity = capacity;
     BatchID id = next_batch_id_++;
@@ -442,7 +493,8 @@ Result<BatchID> TransferEngine::allocateBatchID(size_t capacity) {
 Status TransferEngine::validate(const TransferRequest& req,
                                 std::shared_ptr<const SegmentDesc>* peer, const RegionDesc** region,
                                 std::optional<Deadline>* refresh_deadline) {
-    if (req.length == 0) return InvalidArgument("request length is 0");
+    if (req.length == 0)
+        return InvalidArgument("request length is 0");
     if (req.opcode != TransferOpcode::kRead && req.opcode != TransferOpcode::kWrite) {
         return InvalidArgument("unknown opcode " + std::to_string(static_cast<int>(req.opcode)));
     }
@@ -463,21 +515,23 @@ Status TransferEngine::validate(const TransferRequest& req,
         *region = (*peer)->findRegion(req.target_offset, req.length);
     }
     if (!*region || !(*region)->remote_accessible) {
-        return OutOfRange("target [" + std::to_string(req.target_offset) + ", +" +
-                          std::to_string(req.length) +
-                          ") is not inside a remotely accessible region of segment " +
-                          (*peer)->name);
+        return OutOfRange(
+            "target [" + std::to_string(req.target_offset) + ", +" + std::to_string(req.length) +
+            ") is not inside a remotely accessible region of segment " + (*peer)->name);
     }
     return Status::OK();
 }
 
-Status TransferEngine::submitTransfer(BatchID batch_id, const std::vector<TransferRequest>& requests) {
+Status TransferEngine::submitTransfer(BatchID batch_id,
+                                      const std::vector<TransferRequest>& requests) {
     std::shared_ptr<Batch> batch;
     {
         std::lock_guard<std::mutex> lock(mu_);
-        if (stopped_) return Aborted("transfer engine shut down");
+        if (stopped_)
+            return Aborted("transfer engine shut down");
         auto it = batches_.find(batch_id);
-        if (it == batches_.end()) return NotFound("batch " + std::to_string(batch_id) + " is not allocated");
+        if (it == batches_.end())
+            return NotFound("batch " + std::to_string(batch_id) + " is not allocated");
         batch = it->second;
     }
     auto overCapacity = [&](size_t adding) -> Status {
@@ -504,22 +558,25 @@ Status TransferEngine::submitTransfer(BatchID batch_id, const std::vector<Transf
         std::shared_ptr<const SegmentDesc> peer;
         const RegionDesc* region = nullptr;
         Status st = validate(requests[i], &peer, &region, &refresh);
-        if (!st.ok()) return st.withContext("request " + std::to_string(i));
+        if (!st.ok())
+            return st.withContext("request " + std::to_string(i));
         Transport* t = nullptr;
         // validate() found the source registered; its location says who may copy it.
-        const auto source = memory_.find(reinterpret_cast<uint64_t>(requests[i].source),
-                                         requests[i].length);
+        const auto source =
+            memory_.find(reinterpret_cast<uint64_t>(requests[i].source), requests[i].length);
         const bool device_source = source && cudaOrdinal(source->location) >= 0;
         if (requests[i].target_id != kLocalSegment) {
             t = select(*peer, *region);
-            if (!t) return Unavailable("request " + std::to_string(i) + ": no transport reaches " + peer->name);
+            if (!t)
+                return Unavailable("request " + std::to_string(i) + ": no transport reaches " +
+                                   peer->name);
         }
         if (device_source && (!t || !t->copiesDeviceMemory())) {
-            return Unavailable("request " + std::to_string(i) + ": the source is device memory (" +
-                               source->location + ") and " +
-                               (t ? std::string("the ") + t->name() + " transport"
-                                  : std::string("a local copy")) +
-                               " copies host memory only");
+            return Unavailable(
+                "request " + std::to_string(i) + ": the source is device memory (" +
+                source->location + ") and " +
+                (t ? std::string("the ") + t->name() + " transport" : std::string("a local copy")) +
+                " copies host memory only");
         }
         if (!t && cudaOrdinal(region->location) >= 0) {
             return Unavailable("request " + std::to_string(i) +
@@ -543,8 +600,10 @@ Status TransferEngine::submitTransfer(BatchID batch_id, const std::vector<Transf
         }
         const TransferRequest& r = p.task->request();
         void* remote = reinterpret_cast<void*>(r.target_offset);
-        if (r.opcode == TransferOpcode::kWrite) std::memmove(remote, r.source, r.length);
-        else std::memmove(r.source, remote, r.length);
+        if (r.opcode == TransferOpcode::kWrite)
+            std::memmove(remote, r.source, r.length);
+        else
+            std::memmove(r.source, remote, r.length);
         p.task->complete(Status::OK());
     }
     return Status::OK();
@@ -553,7 +612,8 @@ Status TransferEngine::submitTransfer(BatchID batch_id, const std::vector<Transf
 Result<TransferStatus> TransferEngine::getTransferStatus(BatchID batch_id, size_t index) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = batches_.find(batch_id);
-    if (it == batches_.end()) return NotFound("batch " + std::to_string(batch_id) + " is not allocated");
+    if (it == batches_.end())
+        return NotFound("batch " + std::to_string(batch_id) + " is not allocated");
     std::lock_guard<std::mutex> batch_lock(it->second->mu);
     if (index >= it->second->tasks.size()) {
         return InvalidArgument("request index " + std::to_string(index) + " >= submitted count " +
@@ -567,7 +627,8 @@ Status TransferEngine::waitBatch(BatchID batch_id, Deadline deadline) {
     {
         std::lock_guard<std::mutex> lock(mu_);
         auto it = batches_.find(batch_id);
-        if (it == batches_.end()) return NotFound("batch " + std::to_string(batch_id) + " is not allocated");
+        if (it == batches_.end())
+            return NotFound("batch " + std::to_string(batch_id) + " is not allocated");
         batch = it->second;
     }
     // In index order, so the failure reported is the first one by index.
@@ -582,7 +643,8 @@ Status TransferEngine::waitBatch(BatchID batch_id, Deadline deadline) {
                            " did not complete before the deadline");
         }
         TransferStatus s = task->status();
-        if (s.state == TransferState::kFailed) return s.error;
+        if (s.state == TransferState::kFailed)
+            return s.error;
     }
     return Status::OK();
 }
@@ -590,7 +652,8 @@ Status TransferEngine::waitBatch(BatchID batch_id, Deadline deadline) {
 Status TransferEngine::freeBatchID(BatchID batch_id) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = batches_.find(batch_id);
-    if (it == batches_.end()) return NotFound("batch " + std::to_string(batch_id) + " is not allocated");
+    if (it == batches_.end())
+        return NotFound("batch " + std::to_string(batch_id) + " is not allocated");
     if (!it->second->allDone())
         return InvalidArgument("batch " + std::to_string(batch_id) + " still has pending requests");
     batches_.erase(it);
@@ -600,7 +663,8 @@ Status TransferEngine::freeBatchID(BatchID batch_id) {
 Result<std::vector<std::string>> TransferEngine::preferredHca(const std::string& location) const {
     const std::vector<std::string> devices = rdma_devices_;
     rdma::SysfsTopology topology(options_.sysfs_root);
-    if (location == "cpu") return devices;
+    if (location == "cpu")
+        return devices;
     if (location.rfind("cpu:", 0) == 0) {
         const std::string node = location.substr(4);
         char* end = nullptr;
@@ -614,21 +678,25 @@ Result<std::vector<std::string>> TransferEngine::preferredHca(const std::string&
         return InvalidArgument("location '" + location +
                                "': expected 'cpu', 'cpu:<NUMA node>' or 'cuda:<device>'");
     }
-    if (devices.empty()) return devices;
+    if (devices.empty())
+        return devices;
     auto bus_id = rdma::cudaPciBusId(gpu);
-    if (!bus_id.ok()) return bus_id.status().withContext("get_preferred_hca(" + location + ")");
+    if (!bus_id.ok())
+        return bus_id.status().withContext("get_preferred_hca(" + location + ")");
     return topology.nearestHcas(bus_id.value(), devices);
 }
 
 Status TransferEngine::probePeerAlive(SegmentID id, Deadline deadline) {
     MC_ASSIGN_OR_RETURN(auto desc, descFor(id));
-    if (id == kLocalSegment) return Status::OK();
+    if (id == kLocalSegment)
+        return Status::OK();
     // Any transport that answers for the peer is proof of life; tcp is last
     // in the list and reaches every peer.
     Status last = Unavailable("no transport can probe " + desc->name);
     for (const auto& t : transports_) {
         last = t->probe(*desc, deadline);
-        if (last.ok()) return last;
+        if (last.ok())
+            return last;
     }
     return last;
 }

@@ -11,7 +11,8 @@
 //     copy with memcpy; a destroyed or errored destination QP gives
 //     RETRY_EXC_ERR; a QP moved to ERROR flushes what it holds;
 //   - mc_fake_verbs_stall(1) makes posted requests wait forever (a stalled
-//     peer), so the caller's deadline must act.
+//     peer), so the caller's deadline must act;
+//   - MC_FAKE_VERBS_FAIL_CREATE_CQ=1 makes ibv_create_cq fail with ENOMEM.
 #include <infiniband/verbs.h>
 
 #include <atomic>
@@ -273,6 +274,13 @@ int ibv_dereg_mr(ibv_mr* mr) {
 }
 
 ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void*, ibv_comp_channel*, int) {
+    // MC_FAKE_VERBS_FAIL_CREATE_CQ=1: a provider that cannot make one (out of
+    // resources), so a transport fails to start.
+    const char* fail = std::getenv("MC_FAKE_VERBS_FAIL_CREATE_CQ");
+    if (fail != nullptr && std::strcmp(fail, "1") == 0) {
+        errno = ENOMEM;
+        return nullptr;
+    }
     auto* c = new FakeCq();
     c->cq.context = ctx;
     c->cq.cqe = cqe;

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -95,6 +96,47 @@ TEST(FakeVerbsDiscovery, PublishesTheChosenPortAndGid) {
     EXPECT_EQ(ep->link_layer, IBV_LINK_LAYER_ETHERNET);
     EXPECT_EQ(ep->lid, 0);
     EXPECT_EQ(ep->mtu, IBV_MTU_4096);
+}
+
+// An HCA that is present but cannot start (here ibv_create_cq fails) costs
+// the engine rdma, not its start: init succeeds, says why rdma is off, and
+// peers are reached over the other transports.
+TEST(FakeVerbsDiscovery, TransportThatFailsToStartIsDroppedNotFatal) {
+    fakeDevices("mlx5_0=active/ib");
+    ::setenv("MC_FAKE_VERBS_FAIL_CREATE_CQ", "1", 1);
+    auto store = std::make_shared<InProcessKVStore>();
+    TransferEngine a(options(store, "a")), b(options(store, "b"));
+    Status st = a.init("127.0.0.1", {});
+    Status st_b = b.init("127.0.0.1", {});
+    ::unsetenv("MC_FAKE_VERBS_FAIL_CREATE_CQ");
+    ASSERT_TRUE(st.ok()) << st.toString();
+    ASSERT_TRUE(st_b.ok()) << st_b.toString();
+    EXPECT_EQ(a.rdmaStatus().code(), StatusCode::kUnavailable);
+    EXPECT_NE(a.rdmaStatus().message().find("failed to start"), std::string::npos)
+        << a.rdmaStatus().toString();
+    EXPECT_NE(a.rdmaStatus().message().find("ibv_create_cq"), std::string::npos)
+        << a.rdmaStatus().toString();
+    EXPECT_TRUE(a.devices().empty());
+
+    std::vector<char> src(4096), dst(4096, 0);
+    for (size_t i = 0; i < src.size(); ++i)
+        src[i] = static_cast<char>(i * 7 + 1);
+    ASSERT_TRUE(a.registerLocalMemory(src.data(), src.size()).ok());
+    ASSERT_TRUE(b.registerLocalMemory(dst.data(), dst.size()).ok());
+    auto peer = a.openSegment("b");
+    ASSERT_TRUE(peer.ok()) << peer.status().toString();
+    const uint64_t remote = reinterpret_cast<uint64_t>(dst.data());
+    // Heap memory, so tcp (shm maps only the engine's shared allocations).
+    EXPECT_EQ(a.transportFor(peer.value(), remote, dst.size()).value(), "tcp");
+    auto batch = a.allocateBatchID(1);
+    ASSERT_TRUE(batch.ok());
+    ASSERT_TRUE(a.submitTransfer(batch.value(), {TransferRequest{TransferOpcode::kWrite, src.data(),
+                                                                 peer.value(), remote, src.size()}})
+                    .ok());
+    st = a.waitBatch(batch.value(), Deadline::afterMs(20000));
+    (void)a.freeBatchID(batch.value());
+    ASSERT_TRUE(st.ok()) << st.toString();
+    EXPECT_EQ(src, dst);
 }
 
 class FakeVerbsPair : public ::testing::TestWithParam<const char*> {

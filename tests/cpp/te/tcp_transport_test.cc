@@ -415,5 +415,19 @@ TEST_F(TcpEngineTest, ProbeSeesLiveAndKilledPeers) {
     EXPECT_LT(std::chrono::steady_clock::now() - t0, 3500ms) << st.toString();
 }
 
+// A transport that cannot start fails init with its name, after the ones
+// already started are shut down (the name was read from a destroyed
+// transport before: a crash instead of the error).
+TEST(TcpEngineStart, HostIpNotOnThisHostFailsInitNamingTcp) {
+    EngineOptions o;
+    o.store = std::make_shared<InProcessKVStore>();
+    o.segment_name = "not-here";
+    o.secret = "s";
+    TransferEngine engine(o);
+    const Status st = engine.init("192.0.2.1", {});  // TEST-NET-1: never a local address
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("starting transport tcp"), std::string::npos) << st.toString();
+}
+
 }  // namespace
 }  // namespace mooncake::te
