@@ -6,11 +6,16 @@
 * the `mooncake` backend (the CUDA one) with CPU tensors: they take the
   mooncake-cpu path (collectives and P2P);
 * `pg.set_device_filter` / `pg.set_host_ip` before init: accepted, the group
-  works, and without an RDMA transport `get_preferred_hca` is empty.
+  works, and without an RDMA transport `get_preferred_hca` is empty; a host IP
+  that is not this host's fails init with the reason (it crashed the process).
 
 One 3-rank job (init done by the workers); each test checks its part of the
 results with exact values computed here.
 """
+
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -125,3 +130,27 @@ def test_device_filter_and_host_ip_before_init(backend):
         # No RDMA transport in this build: the filter names no usable NIC and
         # the engine reports none; the TCP/shared-memory paths are unaffected.
         assert res[r]["hca"] == [], (r, res[r]["hca"])
+
+
+_BAD_HOST_IP = textwrap.dedent("""
+    import torch.distributed as dist
+    from mooncake import pg
+    pg.set_host_ip("192.0.2.1")  # TEST-NET-1: never an address of this host
+    try:
+        dist.init_process_group(backend="mooncake-cpu", store=dist.HashStore(), rank=0,
+                                world_size=1)
+    except Exception as e:  # noqa: BLE001 - the error is the result
+        print("ERROR", type(e).__name__, e)
+    else:
+        print("NO ERROR")
+""")
+
+
+def test_host_ip_not_on_this_host_fails_init_with_the_reason():
+    # A process of its own: the setting is process-wide, and the old failure
+    # was a segfault.
+    r = subprocess.run([sys.executable, "-c", _BAD_HOST_IP], env=harness.child_env({}),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
+    assert r.stdout.startswith("ERROR DistBackendError"), r.stdout + r.stderr[-3000:]
+    assert "binding 192.0.2.1" in r.stdout, r.stdout
