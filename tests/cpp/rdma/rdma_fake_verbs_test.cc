@@ -19,6 +19,7 @@
 #include "mooncake-transfer-engine/metadata/kv_store.h"
 #include "mooncake-transfer-engine/transport/rdma/rdma_metadata.h"
 #include "mooncake-transfer-engine/transport/rdma/rdma_transport.h"
+#include "tests/cpp/te/shm_test_util.h"
 
 namespace mooncake::te {
 namespace {
@@ -128,13 +129,8 @@ TEST(FakeVerbsDiscovery, TransportThatFailsToStartIsDroppedNotFatal) {
     const uint64_t remote = reinterpret_cast<uint64_t>(dst.data());
     // Heap memory, so tcp (shm maps only the engine's shared allocations).
     EXPECT_EQ(a.transportFor(peer.value(), remote, dst.size()).value(), "tcp");
-    auto batch = a.allocateBatchID(1);
-    ASSERT_TRUE(batch.ok());
-    ASSERT_TRUE(a.submitTransfer(batch.value(), {TransferRequest{TransferOpcode::kWrite, src.data(),
-                                                                 peer.value(), remote, src.size()}})
-                    .ok());
-    st = a.waitBatch(batch.value(), Deadline::afterMs(20000));
-    (void)a.freeBatchID(batch.value());
+    st =
+        shm_test::transfer(a, TransferOpcode::kWrite, src.data(), peer.value(), remote, src.size());
     ASSERT_TRUE(st.ok()) << st.toString();
     EXPECT_EQ(src, dst);
 }
