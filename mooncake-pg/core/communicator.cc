@@ -130,6 +130,19 @@ public:
             }
         }
     }
+    // The end of a call: one that completed here waits for its last puts to
+    // land (Fabric::flush), bounded by kFlushTimeoutMs within the call's
+    // deadline. A peer that does not take them by then is stalled, and the
+    // call's result here stands: the peer finds out in its own call.
+    Status finish(Status st, Deadline deadline) {
+        if (st.ok()) {
+            const Deadline bound = Deadline::afterMs(kFlushTimeoutMs);
+            (void)state_.fabric->flush(deadline.at() < bound.at() ? deadline : bound);
+        }
+        return st;
+    }
+    static constexpr int64_t kFlushTimeoutMs = 5000;
+
     CallDesc describe(CallDesc call) const {
         call.signature = signature_;
         return call;
@@ -275,7 +288,7 @@ Status Communicator::allReduce(const void* in, void* out, size_t count, DataType
         return Impl::checkBuffer(kind, "out", out, bytes);
     }));
     Rounds rounds(impl_->state_, impl_->describe(CallDesc{kind, dtype, op, -1, count}), deadline);
-    return coll::allReduce(rounds, in, out, count, dtype, op);
+    return impl_->finish(coll::allReduce(rounds, in, out, count, dtype, op), deadline);
 }
 
 Status Communicator::broadcast(void* buf, size_t bytes, int root, Deadline deadline) {
@@ -287,7 +300,7 @@ Status Communicator::broadcast(void* buf, size_t bytes, int root, Deadline deadl
     Rounds rounds(impl_->state_,
                   impl_->describe(CallDesc{kind, DataType::kUInt8, ReduceOp::kSum, root, bytes}),
                   deadline);
-    return coll::broadcast(rounds, buf, bytes, root);
+    return impl_->finish(coll::broadcast(rounds, buf, bytes, root), deadline);
 }
 
 Status Communicator::reduce(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
@@ -304,7 +317,7 @@ Status Communicator::reduce(const void* in, void* out, size_t count, DataType dt
         return Status::OK();
     }));
     Rounds rounds(impl_->state_, impl_->describe(CallDesc{kind, dtype, op, root, count}), deadline);
-    return coll::reduce(rounds, in, out, count, dtype, op, root);
+    return impl_->finish(coll::reduce(rounds, in, out, count, dtype, op, root), deadline);
 }
 
 Status Communicator::allGather(const void* in, void* out, size_t bytes_per_rank,
@@ -320,7 +333,7 @@ Status Communicator::allGather(const void* in, void* out, size_t bytes_per_rank,
         impl_->state_,
         impl_->describe(CallDesc{kind, DataType::kUInt8, ReduceOp::kSum, -1, bytes_per_rank}),
         deadline);
-    return coll::allGather(rounds, in, out, bytes_per_rank);
+    return impl_->finish(coll::allGather(rounds, in, out, bytes_per_rank), deadline);
 }
 
 Status Communicator::reduceScatter(const void* in, void* out, size_t count_per_rank, DataType dtype,
@@ -337,7 +350,7 @@ Status Communicator::reduceScatter(const void* in, void* out, size_t count_per_r
     }));
     Rounds rounds(impl_->state_, impl_->describe(CallDesc{kind, dtype, op, -1, count_per_rank}),
                   deadline);
-    return coll::reduceScatter(rounds, in, out, count_per_rank, dtype, op);
+    return impl_->finish(coll::reduceScatter(rounds, in, out, count_per_rank, dtype, op), deadline);
 }
 
 Status Communicator::allToAllV(const void* in, const std::vector<size_t>& send_bytes,
@@ -380,7 +393,7 @@ Status Communicator::allToAllV(const void* in, const std::vector<size_t>& send_b
     }));
     CallDesc call{kind, DataType::kUInt8, ReduceOp::kSum, -1, 0, &send_bytes, &recv_bytes};
     Rounds rounds(impl_->state_, impl_->describe(call), deadline);
-    return coll::allToAllV(rounds, in, send_bytes, send_offsets, out, recv_bytes, recv_offsets);
+    return impl_->finish(coll::allToAllV(rounds, in, send_bytes, send_offsets, out, recv_bytes, recv_offsets), deadline);
 }
 
 Status Communicator::gather(const void* in, void* out, size_t bytes_per_rank, int root,
@@ -399,7 +412,7 @@ Status Communicator::gather(const void* in, void* out, size_t bytes_per_rank, in
         impl_->state_,
         impl_->describe(CallDesc{kind, DataType::kUInt8, ReduceOp::kSum, root, bytes_per_rank}),
         deadline);
-    return coll::gather(rounds, in, out, bytes_per_rank, root);
+    return impl_->finish(coll::gather(rounds, in, out, bytes_per_rank, root), deadline);
 }
 
 Status Communicator::scatter(const void* in, void* out, size_t bytes_per_rank, int root,
@@ -417,14 +430,14 @@ Status Communicator::scatter(const void* in, void* out, size_t bytes_per_rank, i
         impl_->state_,
         impl_->describe(CallDesc{kind, DataType::kUInt8, ReduceOp::kSum, root, bytes_per_rank}),
         deadline);
-    return coll::scatter(rounds, in, out, bytes_per_rank, root);
+    return impl_->finish(coll::scatter(rounds, in, out, bytes_per_rank, root), deadline);
 }
 
 Status Communicator::barrier(Deadline deadline) {
     constexpr OpKind kind = OpKind::kBarrier;
     MC_RETURN_IF_ERROR(impl_->start(kind, deadline, [] { return Status::OK(); }));
     Rounds rounds(impl_->state_, impl_->describe(CallDesc{kind}), deadline);
-    return coll::barrier(rounds);
+    return impl_->finish(coll::barrier(rounds), deadline);
 }
 
 void Communicator::setNextCallSignature(uint64_t signature) {

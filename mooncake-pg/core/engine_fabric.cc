@@ -444,6 +444,7 @@ Status EngineFabric::remotePut(int peer, uint64_t offset, const void* src, size_
             return st.withContext("writing to rank " + std::to_string(peer));
         }
         ob.inflight.push_back({batch, begin, piece, target.segment});
+        engine_writes_.store(true, std::memory_order_relaxed);
         bytes += piece;
         offset += piece;
         len -= piece;
@@ -482,6 +483,22 @@ Status EngineFabric::reapLocked(int peer, Outbox& ob, bool block, Deadline deadl
         }
     }
     return Status::OK();
+}
+
+bool EngineFabric::flush(Deadline deadline) {
+    if (!engine_writes_.load(std::memory_order_relaxed))
+        return true;
+    bool drained = true;
+    for (int p = 0; p < options_.size; ++p) {
+        Outbox& ob = outboxes_[p];
+        std::unique_lock<std::timed_mutex> lock(ob.mu, std::defer_lock);
+        if (!lockBy(lock, deadline)) {
+            drained = false;
+            continue;
+        }
+        drained = drainLocked(p, ob, deadline) && drained;
+    }
+    return drained;
 }
 
 bool EngineFabric::drainLocked(int peer, Outbox& ob, Deadline deadline) {

@@ -68,6 +68,9 @@ public:
     // reset connection marks it failed, a probe that times out proves
     // nothing (a slow link), leaving a dead host to the collective timeout.
     bool peerFailed(int peer) const override;
+    // Drains every peer's outbox: the writes to peers reached through the
+    // engine, which put() only queues.
+    bool flush(Deadline deadline) override;
     static constexpr int64_t kLivenessProbeMs = 25;
     static constexpr size_t kMinOutboxBytes = 64 << 10;
     static constexpr int64_t kRemoteProbeMs = 100;
@@ -158,6 +161,9 @@ private:
     mutable std::mutex mu_;  // guards peer_records_ and publishing a record
     uint8_t* bounce_ = nullptr;
     std::unique_ptr<Outbox[]> outboxes_;  // by rank
+    // Set by the first write through the engine; until then flush() has
+    // nothing to wait for (every peer so far is mapped).
+    std::atomic<bool> engine_writes_{false};
 };
 
 }  // namespace mooncake::pg

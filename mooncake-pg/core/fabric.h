@@ -56,6 +56,16 @@ public:
     // Hints that a waiter is spinning on a flag in the local window; fabrics
     // backed by a transport thread can use it to poll faster.
     virtual void waitHint() {}
+    // Waits until every put issued so far has landed in its peer's window
+    // (or failed), at most until `deadline`; false if some had not by then.
+    // A call that completed here flushes before it returns: peers still
+    // inside it need this rank's last messages, and a process that exits or
+    // is killed right after would take queued ones with it. Fabrics whose
+    // puts land before put() returns have nothing to wait for.
+    virtual bool flush(Deadline deadline) {
+        (void)deadline;
+        return true;
+    }
 };
 
 // Reads an 8-byte flag in the local window with acquire semantics.

@@ -74,6 +74,7 @@ public:
     }
     uint8_t* peerWindow(int peer) override { return inner_->peerWindow(peer); }
     bool peerFailed(int peer) const override { return inner_->peerFailed(peer); }
+    bool flush(Deadline deadline) override { return inner_->flush(deadline); }
 
 protected:
     Fabric& inner() { return *inner_; }

@@ -102,5 +102,35 @@ TEST(EngineFabricPeerFailure, AFailedWriteToOnePeerDoesNotFailPutsToAnother) {
     g.fabrics.clear();
 }
 
+// put() over tcp only queues; flush() returns once the bytes are in the
+// peer's window, so a call may return and its process exit right after.
+TEST(EngineFabricFlush, ReturnsOnceEveryQueuedWriteLanded) {
+    auto store = std::make_shared<InProcessKVStore>();
+    TcpGroup g = makeTcpGroup(store);
+    ASSERT_TRUE(g.fabrics[0] && g.fabrics[1] && g.fabrics[2]);
+    EngineFabric& f0 = *g.fabrics[0];
+    ASSERT_EQ(f0.peerWindow(1), nullptr) << "the test needs rank 1 reached over tcp";
+    const Deadline deadline = Deadline::after(std::chrono::seconds(30));
+    std::vector<uint8_t> data(kWindow / 2);
+    for (int round = 1; round <= 5; ++round) {
+        for (size_t i = 0; i < data.size(); ++i)
+            data[i] = static_cast<uint8_t>(i * 131 + round);
+        for (int peer : {1, 2}) {
+            ASSERT_TRUE(f0.put(peer, 0, data.data(), data.size(), deadline).ok());
+            ASSERT_TRUE(f0.putFlag(peer, kWindow - 8, round, deadline).ok());
+        }
+        ASSERT_TRUE(f0.flush(deadline));
+        // No waiting here: flush() already did.
+        for (int peer : {1, 2}) {
+            const uint8_t* w = g.fabrics[peer]->localWindow();
+            EXPECT_EQ(std::memcmp(w, data.data(), data.size()), 0) << "round " << round;
+            EXPECT_EQ(__atomic_load_n(reinterpret_cast<const uint64_t*>(w + kWindow - 8),
+                                      __ATOMIC_ACQUIRE),
+                      static_cast<uint64_t>(round));
+        }
+    }
+    g.fabrics.clear();
+}
+
 }  // namespace
 }  // namespace mooncake::pg
