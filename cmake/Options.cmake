@@ -3,6 +3,17 @@ include(CheckLanguage)
 
 option(BUILD_TESTING "Build the GoogleTest suites" ON)
 
+# nvcc's host compiler is the C++ compiler's unless one is named
+# (CUDAHOSTCXX). Otherwise nvcc takes whatever `c++` is first on PATH, and
+# the host libraries CMake learns from it become link inputs of every
+# target holding CUDA objects: a `c++` wrapper that links libstdc++
+# statically put a second libstdc++ into the torch modules, which then
+# crashed in init_process_group (tests/python/test_module_linkage.py).
+if(NOT CMAKE_CUDA_HOST_COMPILER AND NOT DEFINED ENV{CUDAHOSTCXX}
+   AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  set(CMAKE_CUDA_HOST_COMPILER "${CMAKE_CXX_COMPILER}")
+endif()
+
 set(USE_CUDA "AUTO" CACHE STRING "Build CUDA code: ON, OFF or AUTO (when nvcc is found)")
 if(USE_CUDA STREQUAL "AUTO")
   check_language(CUDA)

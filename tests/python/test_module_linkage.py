@@ -1,4 +1,4 @@
-"""The extension modules use the CUDA runtime torch loads, never a copy of their own.
+"""The extension modules use the CUDA runtime and libstdc++ torch loads, never copies of their own.
 
 A module linked with nvcc's default static runtime (libcudart_static.a) carries
 a second CUDA runtime next to torch's libcudart.so: on the GPU machine every
@@ -65,6 +65,29 @@ def defined_runtime_symbols(path):
     return sorted(found)
 
 
+# Defined only inside libstdc++ itself (mangled): std::locale::classic(),
+# std::ios_base::Init::Init() and std::ostream::_M_insert<long>. A module that
+# defines one carries a static libstdc++ next to the shared one torch loads;
+# on the GPU machine such a module crashed in init_process_group, inside its
+# own copy of ostream << long.
+LIBSTDCXX_ONLY = {"_ZNSt6locale7classicEv", "_ZNSt8ios_base4InitC1Ev", "_ZNSo9_M_insertIlEERSoT_"}
+
+
+def defined_libstdcxx_symbols(path):
+    found = set()
+    for flags in (("--defined-only",), ("-D", "--defined-only")):
+        try:
+            out = subprocess.run([_tool("nm"), *flags, path], check=True, capture_output=True,
+                                 text=True).stdout
+        except subprocess.CalledProcessError:  # stripped: no full table
+            continue
+        for line in out.splitlines():
+            parts = line.split()
+            if parts and parts[-1].split("@")[0] in LIBSTDCXX_ONLY:
+                found.add(parts[-1].split("@")[0])
+    return sorted(found)
+
+
 def needed_libraries(path):
     out = subprocess.run([_tool("readelf"), "-d", path], check=True, capture_output=True,
                          text=True).stdout
@@ -84,6 +107,15 @@ def test_modules_do_not_define_the_cuda_runtime(modules):
     bad = {m: syms for m, syms in bad.items() if syms}
     assert not bad, ("modules carry their own CUDA runtime (link the shared one: "
                      f"CUDA_RUNTIME_LIBRARY Shared): {({m: s[:5] for m, s in bad.items()})}")
+
+
+def test_modules_do_not_carry_their_own_libstdcxx(modules):
+    bad = {os.path.basename(m): defined_libstdcxx_symbols(m) for m in modules}
+    bad = {m: syms for m, syms in bad.items() if syms}
+    assert not bad, ("modules carry a static libstdc++ (nvcc's host compiler or the linker "
+                     f"links it in; see cmake/Options.cmake): {bad}")
+    for m in modules:
+        assert any(lib.startswith("libstdc++.so") for lib in needed_libraries(m)), m
 
 
 def test_cuda_modules_need_the_shared_runtime(modules):
