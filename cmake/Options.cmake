@@ -3,12 +3,7 @@ include(CheckLanguage)
 
 option(BUILD_TESTING "Build the GoogleTest suites" ON)
 
-# nvcc's host compiler is the C++ compiler's unless one is named
-# (CUDAHOSTCXX). Otherwise nvcc takes whatever `c++` is first on PATH, and
-# the host libraries CMake learns from it become link inputs of every
-# target holding CUDA objects: a `c++` wrapper that links libstdc++
-# statically put a second libstdc++ into the torch modules, which then
-# crashed in init_process_group (tests/python/test_module_linkage.py).
+# nvcc's host compiler is the C++ compiler unless CUDAHOSTCXX names one.
 if(NOT CMAKE_CUDA_HOST_COMPILER AND NOT DEFINED ENV{CUDAHOSTCXX}
    AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
   set(CMAKE_CUDA_HOST_COMPILER "${CMAKE_CXX_COMPILER}")
@@ -33,6 +28,15 @@ if(USE_CUDA)
   # init_process_group (tests/python/test_module_linkage.py guards this).
   set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
   enable_language(CUDA)
+  # A target linked by the C++ compiler that holds CUDA objects (the torch
+  # modules) gets only the toolkit's own directories, not the rest of what
+  # CMake learnt from nvcc's host compiler: on the GPU machine that compiler's
+  # library directory (CUDAHOSTCXX=/opt/gcc/bin/g++) came first on the
+  # module's link line, -lstdc++ found a static libstdc++ there, and the
+  # module carried a second libstdc++ next to torch's: every rank crashed in
+  # init_process_group (tests/python/test_module_linkage.py guards this).
+  set(CMAKE_CUDA_IMPLICIT_LINK_DIRECTORIES "${CMAKE_CUDA_HOST_IMPLICIT_LINK_DIRECTORIES}")
+  set(CMAKE_CUDA_IMPLICIT_LINK_LIBRARIES "${CMAKE_CUDA_HOST_IMPLICIT_LINK_LIBRARIES}")
   find_package(CUDAToolkit REQUIRED)
 endif()
 
