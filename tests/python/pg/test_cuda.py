@@ -24,7 +24,10 @@ if not torch.cuda.is_available():
                 allow_module_level=True)
 
 BACKEND = "mooncake"
-JOB_TIMEOUT_S = 300
+# A 2-rank run of _values takes about 12 s on the H200 (MPS on): a hang is
+# reported, with every rank's last progress note and Python stack, after
+# this long instead of eating the session's device time.
+JOB_TIMEOUT_S = 150
 # MC_PG_CUDA_PATH (and slot size) per parametrized path.
 PATHS = {
     "staged": {"MC_PG_CUDA_PATH": "staged"},
