@@ -198,20 +198,26 @@ Status CudaExecutor::finish(const std::shared_ptr<DeviceOp>& device_op, bool ok)
     if (recorded != cudaSuccess && status.ok())
         status =
             Internal(std::string("recording the op's completion: ") + cudaGetErrorString(recorded));
-    std::lock_guard<std::mutex> lock(retired_mu_);
-    retired_.push_back(device_op);
-    reapLocked();
+    std::vector<std::shared_ptr<DeviceOp>> done;
+    {
+        std::lock_guard<std::mutex> lock(retired_mu_);
+        retired_.push_back(device_op);
+        takeFinishedLocked(&done);
+    }
     return status;
 }
 
 void CudaExecutor::reap() {
+    std::vector<std::shared_ptr<DeviceOp>> done;
     std::lock_guard<std::mutex> lock(retired_mu_);
-    reapLocked();
+    takeFinishedLocked(&done);
 }
 
-void CudaExecutor::reapLocked() {
-    while (!retired_.empty() && retired_.front()->fence()->ready())
+void CudaExecutor::takeFinishedLocked(std::vector<std::shared_ptr<DeviceOp>>* done) {
+    while (!retired_.empty() && retired_.front()->fence()->ready()) {
+        done->push_back(std::move(retired_.front()));
         retired_.pop_front();
+    }
 }
 
 }  // namespace mooncake::pg

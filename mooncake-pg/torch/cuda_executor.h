@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include <c10/cuda/CUDAStream.h>
 
@@ -66,7 +67,10 @@ private:
     class Op;
     // Drops the ops whose fences have completed (their tensors go with them).
     void reap();
-    void reapLocked();  // retired_mu_ held
+    // Moves those ops into `done` (retired_mu_ held). The caller drops them
+    // after unlocking: dropping a tensor Python also holds may take the GIL,
+    // and a thread holding the GIL may be waiting for retired_mu_.
+    void takeFinishedLocked(std::vector<std::shared_ptr<DeviceOp>>* done);
 
     const c10::Device device_;
     const CudaPath path_;

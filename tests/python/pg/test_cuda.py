@@ -28,6 +28,7 @@ BACKEND = "mooncake"
 # reported, with every rank's last progress note and Python stack, after
 # this long instead of eating the session's device time.
 JOB_TIMEOUT_S = 150
+OP_TIMEOUT_S = 60
 # MC_PG_CUDA_PATH (and slot size) per parametrized path.
 PATHS = {
     "staged": {"MC_PG_CUDA_PATH": "staged"},
@@ -70,6 +71,7 @@ class Checks:
     def __init__(self, ctx):
         self.ctx = ctx
         self.failures = []
+        self.raised = False
 
     def eq(self, name, got, want):
         got = got.cpu()
@@ -79,10 +81,15 @@ class Checks:
                                  f"{want.flatten()[:8].tolist()} {want.dtype} {tuple(want.shape)}")
 
     def run(self, name, fn):
+        if self.raised:
+            # The ranks may be out of step after an exception: the first one
+            # is the finding, later ones would only be its echoes.
+            return
         self.ctx.note(name)
         try:
             fn()
         except Exception as e:  # noqa: BLE001 - reported per check
+            self.raised = True
             self.failures.append(f"rank {self.ctx.rank}: {name} raised {type(e).__name__}: {e}")
 
 
@@ -291,8 +298,10 @@ def _values(ctx):
 @pytest.mark.parametrize("path", sorted(PATHS))
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_collective_values_on_cuda(world_size, path):
+    # Each op must finish within OP_TIMEOUT_S: a stuck one fails with the
+    # stage it was stuck in (staging copies, a peer that never arrived, ...).
     res = harness.run_ranks(_values, world_size, BACKEND, timeout_s=JOB_TIMEOUT_S, ref_group=False,
-                            env=PATHS[path])
+                            env=PATHS[path], pg_timeout_s=OP_TIMEOUT_S)
     failures = [f for per_rank in res for f in per_rank["failures"]]
     assert not failures, "\n".join(failures[:40])
     calls = [r["device_calls"] for r in res]
