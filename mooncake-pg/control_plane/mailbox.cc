@@ -80,50 +80,83 @@ Status Mailbox::sendBytes(const std::string& inbox, const std::string& bytes) {
 }
 
 Result<std::string> InboxReader::receive(Deadline deadline) {
-    const std::string key = messageKey(inbox_, next_);
-    auto got = store_->get(key, deadline);
-    if (!got.ok()) {
+    while (true) {
+        MC_RETURN_IF_ERROR(pollHoles());
+        if (!ready_.empty()) {
+            auto first = ready_.begin();
+            std::string bytes = std::move(first->second);
+            ready_.erase(first);
+            return bytes;
+        }
+        const std::string key = messageKey(inbox_, next_);
+        auto got = store_->get(key, Deadline::afterMs(0));  // one look, no wait
+        if (got.ok()) {
+            take(next_++, std::move(got).value());
+            continue;  // a hole written meanwhile goes first
+        }
         if (got.status().code() != StatusCode::kTimeout)
             return got.status();
-        MC_RETURN_IF_ERROR(checkHole());
-        return got.status();
+        auto count = store_->add(countKey(inbox_), 0);
+        if (!count.ok())
+            return count.status();
+        if (count.value() >= next_) {
+            // Claimed but unwritten: look past it.
+            holes_.emplace(next_++, hostNow());
+            continue;
+        }
+        // Not claimed yet: wait for it, waking for the holes if any.
+        const Deadline wait = holes_.empty() || deadline.remaining() < kHolePoll
+                                  ? deadline
+                                  : Deadline::after(kHolePoll);
+        got = store_->get(key, wait);
+        if (got.ok()) {
+            take(next_++, std::move(got).value());
+            continue;
+        }
+        if (got.status().code() != StatusCode::kTimeout)
+            return got.status();
+        if (deadline.expired())
+            return got.status();
     }
-    ++next_;
-    hole_since_.reset();
+}
+
+Status InboxReader::pollHoles() {
+    const Millis now = hostNow();
+    for (auto it = holes_.begin(); it != holes_.end();) {
+        const int64_t n = it->first;
+        // One look, no wait: an expired deadline.
+        auto got = store_->get(messageKey(inbox_, n), Deadline::afterMs(0));
+        if (got.ok()) {
+            take(n, std::move(got).value());
+            it = holes_.erase(it);
+            continue;
+        }
+        if (got.status().code() != StatusCode::kTimeout)
+            return got.status();
+        if (now - it->second >= hole_timeout_) {
+            hostLog(LogLevel::kWarn, "skipped message " + std::to_string(n) + " of " + inbox_ +
+                                         ": its sender claimed the number " +
+                                         std::to_string(hole_timeout_.count()) +
+                                         " ms ago and never wrote it (did it die?)");
+            ++skipped_;
+            it = holes_.erase(it);
+            continue;
+        }
+        ++it;
+    }
+    return Status::OK();
+}
+
+void InboxReader::take(int64_t n, std::string bytes) {
+    ready_.emplace(n, std::move(bytes));
     // The reader is the only one who looks at this key again; a store that
     // cannot delete only costs memory, so say so once and carry on.
-    Status removed = store_->remove(key);
+    Status removed = store_->remove(messageKey(inbox_, n));
     if (!removed.ok() && !remove_failed_logged_) {
         hostLog(LogLevel::kWarn, "cannot delete read messages of " + inbox_ +
                                      " (they stay in the store): " + removed.toString());
         remove_failed_logged_ = true;
     }
-    return got;
-}
-
-Status InboxReader::checkHole() {
-    auto count = store_->add(countKey(inbox_), 0);
-    if (!count.ok())
-        return count.status();
-    if (count.value() < next_) {
-        hole_since_.reset();  // nobody claimed it yet: an empty inbox
-        return Status::OK();
-    }
-    const Millis now = hostNow();
-    if (!hole_since_) {
-        hole_since_ = now;
-        return Status::OK();
-    }
-    if (now - *hole_since_ < hole_timeout_)
-        return Status::OK();
-    hostLog(LogLevel::kWarn, "skipped message " + std::to_string(next_) + " of " + inbox_ +
-                                 ": its sender claimed the number " +
-                                 std::to_string(hole_timeout_.count()) +
-                                 " ms ago and never wrote it (did it die?)");
-    ++next_;
-    ++skipped_;
-    hole_since_.reset();
-    return Status::OK();
 }
 
 Millis hostNow() {

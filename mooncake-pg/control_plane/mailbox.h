@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -84,13 +85,23 @@ private:
     std::string prefix_;
 };
 
-// How long a reader waits on a claimed but unwritten message number before
-// it skips it. A live sender writes within microseconds of its claim; only a
-// sender that died in between (or a process stopped for this long between
-// two store calls) leaves one open that long.
+// How long a reader keeps looking for a claimed but unwritten message number
+// before it gives the number up. A live sender writes within microseconds of
+// its claim; only a sender that died in between (or a process stopped for
+// this long between two store calls) leaves one open that long.
 inline constexpr Millis kDefaultHoleTimeout{2000};
 
 // The single reader of one inbox. Not thread-safe: one thread calls receive().
+//
+// Messages are read in number order, except that a number claimed but not
+// yet written (a hole) does not hold up the numbers after it: a sender that
+// died between its claim and its write would otherwise delay every other
+// sender's messages by the hole timeout (a dead rank's last probe reply held
+// up the survivors' replies past their probe timeout, and a survivor was
+// deactivated). A hole's message is still delivered if it is written before
+// the hole timeout. Each sender's own messages stay in order: a sender writes
+// one message before it claims the next, so once any later message has been
+// read, every hole still open belongs to another sender.
 class InboxReader {
 public:
     InboxReader(KVStore* store, std::string inbox, Millis hole_timeout = kDefaultHoleTimeout)
@@ -104,15 +115,23 @@ public:
     // Message numbers given up on so far (holes).
     uint64_t skipped() const { return skipped_; }
 
+    // While holes are open, a wait for the next number wakes this often to
+    // look at them again.
+    static constexpr Millis kHolePoll{5};
+
 private:
-    // After a timed-out wait for message next_: starts or ends a hole.
-    Status checkHole();
+    // Moves the holes' messages written since into ready_, gives up the holes
+    // older than the hole timeout.
+    Status pollHoles();
+    // Reads message `n` (known written), deletes its key and files it in ready_.
+    void take(int64_t n, std::string bytes);
 
     KVStore* store_;
     std::string inbox_;
     Millis hole_timeout_;
-    int64_t next_ = 1;                  // the number to read next
-    std::optional<Millis> hole_since_;  // when next_ was first seen claimed but unwritten
+    int64_t next_ = 1;                      // the lowest number never looked at
+    std::map<int64_t, Millis> holes_;       // claimed, unwritten: since when
+    std::map<int64_t, std::string> ready_;  // read, not yet delivered
     uint64_t skipped_ = 0;
     bool remove_failed_logged_ = false;
 };
