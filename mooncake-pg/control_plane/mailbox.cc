@@ -88,8 +88,11 @@ Result<std::string> InboxReader::receive(Deadline deadline) {
             ready_.erase(first);
             return bytes;
         }
-        const std::string key = messageKey(inbox_, next_);
-        auto got = store_->get(key, Deadline::afterMs(0));  // one look, no wait
+        // Wait for the next number, waking now and then to see whether it
+        // was claimed (a hole to look past) and, with holes open, for them.
+        const Millis slice = holes_.empty() ? kHoleCheck : kHolePoll;
+        const Deadline wait = deadline.remaining() < slice ? deadline : Deadline::after(slice);
+        auto got = store_->get(messageKey(inbox_, next_), wait);
         if (got.ok()) {
             take(next_++, std::move(got).value());
             continue;  // a hole written meanwhile goes first
@@ -104,17 +107,6 @@ Result<std::string> InboxReader::receive(Deadline deadline) {
             holes_.emplace(next_++, hostNow());
             continue;
         }
-        // Not claimed yet: wait for it, waking for the holes if any.
-        const Deadline wait = holes_.empty() || deadline.remaining() < kHolePoll
-                                  ? deadline
-                                  : Deadline::after(kHolePoll);
-        got = store_->get(key, wait);
-        if (got.ok()) {
-            take(next_++, std::move(got).value());
-            continue;
-        }
-        if (got.status().code() != StatusCode::kTimeout)
-            return got.status();
         if (deadline.expired())
             return got.status();
     }

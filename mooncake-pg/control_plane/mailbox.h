@@ -115,8 +115,10 @@ public:
     // Message numbers given up on so far (holes).
     uint64_t skipped() const { return skipped_; }
 
-    // While holes are open, a wait for the next number wakes this often to
-    // look at them again.
+    // A wait for the next number wakes this often to see whether it was
+    // claimed meanwhile (the hosts wait in shorter slices anyway) ...
+    static constexpr Millis kHoleCheck{20};
+    // ... and this often while holes are open, to look at them again.
     static constexpr Millis kHolePoll{5};
 
 private:

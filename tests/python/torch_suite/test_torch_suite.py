@@ -42,16 +42,33 @@ def _outcome(case: ET.Element) -> str:
     return "passed"
 
 
-def _parse(path: str) -> dict:
+# backend -> test name -> the failure's text from the report (the run's log
+# is printed only in part), so that a CI failure says what went wrong.
+FAILURE_TEXT: dict = {}
+
+
+def _parse(path: str, backend: str) -> dict:
     """test name -> passed | skipped | xfail | FAILED, from a junit XML report."""
     out = {}
+    texts = FAILURE_TEXT.setdefault(backend, {})
     for case in ET.parse(path).getroot().iter("testcase"):
         name = case.get("name")
         outcome = _outcome(case)
+        if outcome == "FAILED":
+            for child in case:
+                if child.tag in ("failure", "error"):
+                    texts[name] = texts.get(name, "") + (child.get("message") or "") + "\n" + \
+                        (child.text or "")
         # A test may report twice (a failing teardown): the worse outcome wins.
         if out.get(name) != "FAILED":
             out[name] = outcome
     return out
+
+
+def _failure_texts(backend: str, names) -> str:
+    texts = FAILURE_TEXT.get(backend, {})
+    return "".join(f"\n--- {n} ---\n{texts.get(n, '(no text in the report)')[-3000:]}"
+                   for n in names)
 
 
 def _start(backend: str, tmpdir: str):
@@ -92,7 +109,7 @@ def results(request):
         if not os.path.exists(report):
             problems.append(f"{backend}: no report (exit {rc}); log tail:\n{_tail(log.name)}")
             continue
-        out[backend] = _parse(report)
+        out[backend] = _parse(report, backend)
     if problems:
         pytest.fail("\n".join(problems), pytrace=False)
     # The comparison is the point of this run: show it in CI logs even when
@@ -137,7 +154,8 @@ def test_every_curated_test_ran_without_unexpected_failure(results, backend):
     assert not missing, f"{backend}: curated tests missing from the report: {missing}"
     failed = sorted(n for n, o in got.items() if o == "FAILED")
     assert not failed, (f"{backend}: {len(failed)} tests failed (an expected failure that "
-                        f"passed counts as failed: shrink suite_cases): {failed}")
+                        f"passed counts as failed: shrink suite_cases): {failed}"
+                        + _failure_texts(backend, failed))
     if backend != "gloo":
         xfailed = {n for n, o in got.items() if o == "xfail"}
         assert xfailed == set(suite_cases.expected_failures()), \
@@ -151,6 +169,7 @@ def test_mooncake_passes_what_gloo_passes(results):
                      if o == "passed" and mc.get(n) != "passed" and n not in allowed)
     assert not lacking, ("passed with gloo but not with mooncake-cpu (and not listed in "
                          "suite_cases with a reason): "
-                         + ", ".join(f"{n} ({mc.get(n)})" for n in lacking))
+                         + ", ".join(f"{n} ({mc.get(n)})" for n in lacking)
+                         + _failure_texts("mooncake-cpu", lacking))
     for n, why in sorted(allowed.items()):
         print(f"exception: {n}: gloo {gloo.get(n)}, mooncake-cpu {mc.get(n)}: {why}")
