@@ -20,7 +20,10 @@
 
 #include <Python.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <random>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -195,8 +198,13 @@ void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
     const std::shared_ptr<KVStore> kv = store_;
     const std::string where = "rank " + std::to_string(config_.rank) + " of group '" +
                               config_.group_name + "' (" + getBackendName() + ")";
-    Status usable =
-        store_->checkRequiredCalls("mooncake_pg_store_check/" + std::to_string(config_.rank));
+    // Keys of this process alone: two groups can reach the store under one
+    // prefix (torch's size-1 subgroups of new_subgroups(group=...) did), and
+    // a shared key one rank deletes while another waits on it failed init.
+    std::random_device entropy;
+    const std::string scratch = "mooncake_pg_store_check/" + std::to_string(config_.rank) + "/" +
+                                std::to_string(::getpid()) + "-" + std::to_string(entropy());
+    Status usable = store_->checkRequiredCalls(scratch);
     TORCH_CHECK_VALUE(usable.ok(), "Mooncake PG: ", where, ": ", usable.toString());
     TORCH_CHECK_VALUE(envChunkBytes() > 0, "Mooncake PG: MC_PG_CHUNK_BYTES=", envChunkBytes(),
                       " must be a positive byte count");
