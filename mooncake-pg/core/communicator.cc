@@ -393,7 +393,9 @@ Status Communicator::allToAllV(const void* in, const std::vector<size_t>& send_b
     }));
     CallDesc call{kind, DataType::kUInt8, ReduceOp::kSum, -1, 0, &send_bytes, &recv_bytes};
     Rounds rounds(impl_->state_, impl_->describe(call), deadline);
-    return impl_->finish(coll::allToAllV(rounds, in, send_bytes, send_offsets, out, recv_bytes, recv_offsets), deadline);
+    return impl_->finish(
+        coll::allToAllV(rounds, in, send_bytes, send_offsets, out, recv_bytes, recv_offsets),
+        deadline);
 }
 
 Status Communicator::gather(const void* in, void* out, size_t bytes_per_rank, int root,

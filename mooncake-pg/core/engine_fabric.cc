@@ -270,13 +270,8 @@ Status EngineFabric::connectPeer(int peer, const std::string& endpoint, Deadline
 }
 
 EngineFabric::~EngineFabric() {
-    bool drained = true;
     // Bounded drain: in-flight writes read the bounce ring.
-    const Deadline deadline = Deadline::afterMs(options_.bootstrap_timeout_ms);
-    for (int p = 0; p < options_.size; ++p) {
-        std::lock_guard<std::timed_mutex> lock(outboxes_[p].mu);
-        drained = drainLocked(p, outboxes_[p], deadline) && drained;
-    }
+    const bool drained = flush(Deadline::afterMs(options_.bootstrap_timeout_ms));
     if (!engine_)
         return;
     if (!external_engine_) {

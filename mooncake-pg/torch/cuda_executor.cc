@@ -209,8 +209,11 @@ Status CudaExecutor::finish(const std::shared_ptr<DeviceOp>& device_op, bool ok)
 
 void CudaExecutor::reap() {
     std::vector<std::shared_ptr<DeviceOp>> done;
-    std::lock_guard<std::mutex> lock(retired_mu_);
-    takeFinishedLocked(&done);
+    {
+        std::lock_guard<std::mutex> lock(retired_mu_);
+        takeFinishedLocked(&done);
+    }
+    // `done` goes here, after the unlock.
 }
 
 void CudaExecutor::takeFinishedLocked(std::vector<std::shared_ptr<DeviceOp>>* done) {
