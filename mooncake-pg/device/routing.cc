@@ -163,8 +163,6 @@ CudaRoute routeFor(CudaPath path, const RouteQuery& q, std::string* why) {
     if (q.count >= (uint64_t{1} << 40))
         return staged(why, "count " + std::to_string(q.count) + " exceeds the kernels' 2^40");
     if (isReduction(q.collective)) {
-        if (q.premul_sum)
-            return staged(why, "PREMUL_SUM has no device kernel");
         std::string reason;
         if (!reduceOpSupported(q.op, q.dtype, &reason))
             return staged(why, reason);

@@ -70,8 +70,6 @@ struct RouteQuery {
     DataType dtype = DataType::kFloat32;
     // Reductions only.
     ReduceOp op = ReduceOp::kSum;
-    // A c10d op the core has no ReduceOp for (PREMUL_SUM): always staged.
-    bool premul_sum = false;
     // Elements per rank as the kernel takes them (all_reduce/broadcast: the
     // tensor; all_gather: the input; reduce_scatter: the output; all_to_all:
     // one block).

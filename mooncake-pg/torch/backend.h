@@ -329,7 +329,11 @@ private:
                            std::vector<std::vector<at::Tensor>>& lists, int64_t root_rank,
                            const char* op, const char* root_what, const char* list_name) const;
     DataType checkDtype(const at::Tensor& t, const char* op, const std::string& what) const;
+    // The core's op for `op` (PREMUL_SUM: kSum over premultiplied inputs).
     ReduceOp checkReduceOp(const c10d::ReduceOp& op, DataType dtype, const char* op_name) const;
+    // PREMUL_SUM: `t` multiplied by the op's factor, in place or as a new
+    // tensor, on the caller's current stream; any other op: `t` itself.
+    at::Tensor premultiplied(const c10d::ReduceOp& op, const at::Tensor& t, bool in_place) const;
     void checkRank(int64_t rank, const char* op, const char* what) const;
     void checkSingle(const std::vector<at::Tensor>& tensors, const char* op) const;
     void checkOpen(const char* op) const;

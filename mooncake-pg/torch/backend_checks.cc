@@ -4,6 +4,7 @@
 #include <string>
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 
 #include "mooncake-pg/torch/backend.h"
@@ -91,6 +92,17 @@ ReduceOp MooncakeBackend::checkReduceOp(const c10d::ReduceOp& op, DataType dtype
         {c10d::ReduceOp::BOR, ReduceOp::kBor, "BOR"},
         {c10d::ReduceOp::BXOR, ReduceOp::kBxor, "BXOR"},
     };
+    if (op.op_ == c10d::ReduceOp::PREMUL_SUM) {
+        // Runs as SUM over inputs multiplied by the factor first
+        // (premultiplied()), as NCCL defines it: floating-point inputs only.
+        TORCH_CHECK(isFloatingPoint(dtype), "Mooncake PG: ", op_name,
+                    ": ReduceOp.PREMUL_SUM is not supported for dtype torch.", dataTypeName(dtype),
+                    " (its factor multiplies floating-point inputs only)");
+        TORCH_CHECK(op.supplement_.defined(), "Mooncake PG: ", op_name,
+                    ": ReduceOp.PREMUL_SUM carries no factor; make it with "
+                    "torch.distributed._make_nccl_premul_sum(factor)");
+        return ReduceOp::kSum;
+    }
     for (const Entry& e : kOps) {
         if (e.torch_op != op.op_)
             continue;
@@ -104,10 +116,27 @@ ReduceOp MooncakeBackend::checkReduceOp(const c10d::ReduceOp& op, DataType dtype
         }
         return e.core;
     }
-    TORCH_CHECK(false, "Mooncake PG: ", op_name, ": ReduceOp.",
-                op.op_ == c10d::ReduceOp::PREMUL_SUM ? std::string("PREMUL_SUM")
-                                                     : std::to_string(static_cast<int>(op.op_)),
-                " is not supported; use SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR or BXOR");
+    TORCH_CHECK(false, "Mooncake PG: ", op_name, ": ReduceOp ", static_cast<int>(op.op_),
+                " is not supported; use SUM, AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR or "
+                "PREMUL_SUM");
+}
+
+at::Tensor MooncakeBackend::premultiplied(const c10d::ReduceOp& op, const at::Tensor& t,
+                                          bool in_place) const {
+    if (op.op_ != c10d::ReduceOp::PREMUL_SUM)
+        return t;
+    // checkReduceOp() has seen the supplement; torch makes it only through
+    // _make_nccl_premul_sum, as this type (its own backend casts it alike).
+    const auto& factor = static_cast<const c10d::NCCLPreMulSumSupplement&>(*op.supplement_);
+    at::NoGradGuard no_grad;
+    if (factor.tensor_factor.defined()) {
+        // One element (torch checks), on any device: a CUDA factor is read in
+        // the caller's stream order, never on the host.
+        const at::Tensor f = factor.tensor_factor.to(t.device(), t.scalar_type()).reshape({});
+        return in_place ? t.mul_(f) : t.mul(f);
+    }
+    const at::Scalar f(factor.double_factor);
+    return in_place ? t.mul_(f) : t.mul(f);
 }
 
 std::chrono::milliseconds MooncakeBackend::opTimeout(std::chrono::milliseconds requested) const {

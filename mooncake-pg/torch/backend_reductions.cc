@@ -24,6 +24,8 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allreduce(Tensors& tensors,
     checkTensor(user, op, "tensor");
     const DataType dtype = checkDtype(user, op, "tensor");
     const ReduceOp rop = checkReduceOp(opts.reduceOp, dtype, op);
+    // The result replaces the tensor anyway.
+    premultiplied(opts.reduceOp, user, /*in_place=*/true);
     if (auto work = maybeKernel(
             KernelCall{device::CudaCollective::kAllReduce, op, OpType::ALLREDUCE, user, user, dtype,
                        rop, 0, static_cast<uint64_t>(user.numel()), 0,
@@ -59,6 +61,8 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allreduce_coalesced(
         dtypes.push_back(checkDtype(tensors[i], op, what));
         rops.push_back(checkReduceOp(opts.reduceOp, dtypes.back(), op));
     }
+    for (const auto& t : tensors)
+        premultiplied(opts.reduceOp, t, /*in_place=*/true);
     Staging st(op);
     const Tensors staged = st.inOut(tensors, "tensors");
     for (const auto& t : staged)
@@ -85,10 +89,13 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce(Tensors& tensors,
     checkTensor(user, op, "tensor");
     const DataType dtype = checkDtype(user, op, "tensor");
     const ReduceOp rop = checkReduceOp(opts.reduceOp, dtype, op);
-    Staging st(op);
-    const at::Tensor t = st.inOut(user, "tensor");
-    at::Tensor buf = inOutBuffer(t);
     const int root = static_cast<int>(opts.rootRank);
+    // The root's tensor takes the result; the others keep their input, so
+    // they reduce a premultiplied copy.
+    const at::Tensor operand = premultiplied(opts.reduceOp, user, /*in_place=*/getRank() == root);
+    Staging st(op);
+    const at::Tensor t = st.inOut(operand, "tensor");
+    at::Tensor buf = inOutBuffer(t);
     return enqueue(OpType::REDUCE, op, {user}, opts.timeout, GroupSized::kNo, std::move(st),
                    [this, t, buf, dtype, rop, root](Deadline dl) {
                        void* p = ptrOf(buf);
@@ -110,9 +117,12 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce_scatter(
     const DataType dtype = checkDtype(user_out, op, "output");
     const ReduceOp rop = checkReduceOp(opts.reduceOp, dtype, op);
     checkPerRankList(inputs[0], user_out, op, "input_list");
+    Tensors operands;
+    for (const auto& t : inputs[0])
+        operands.push_back(premultiplied(opts.reduceOp, t, /*in_place=*/false));
     Staging st(op);
     const at::Tensor out = st.inOut(user_out, "output");
-    const Tensors ins = st.in(inputs[0], "input_list");
+    const Tensors ins = st.in(operands, "input_list");
     at::Tensor dst = outBuffer(out);
     return enqueue(OpType::REDUCE_SCATTER, op, {user_out}, opts.timeout, GroupSized::kBlocks,
                    std::move(st), [this, out, ins, dst, dtype, rop](Deadline dl) {
@@ -132,9 +142,11 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::_reduce_scatter_base(
     const ReduceOp rop = checkReduceOp(opts.reduceOp, dtype, op);
     checkOutputDtype(output, input, op);
     checkGroupMultiple(input, "input", output, "output", groupSize(), op);
+    // The input is read only: a premultiplied copy (PREMUL_SUM).
+    const at::Tensor operand = premultiplied(opts.reduceOp, input, /*in_place=*/false);
     if (auto work = maybeKernel(
             KernelCall{device::CudaCollective::kReduceScatter, op, OpType::_REDUCE_SCATTER_BASE,
-                       input, output, dtype, rop, 0, static_cast<uint64_t>(output.numel()),
+                       operand, output, dtype, rop, 0, static_cast<uint64_t>(output.numel()),
                        groupSize(),
                        [this, output, dtype, rop](void* in, void* out, Deadline dl) {
                            comm_->setNextCallSignature(shapeSignature(output));
@@ -143,7 +155,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::_reduce_scatter_base(
             opts.timeout))
         return work;
     Staging st(op);
-    const at::Tensor staged_in = st.in(input, "input tensor");
+    const at::Tensor staged_in = st.in(operand, "input tensor");
     const at::Tensor out = st.inOut(output, "output tensor");
     at::Tensor src = inBuffer(staged_in, out);
     at::Tensor dst = outBuffer(out);
@@ -177,8 +189,11 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce_scatter_tensor_coalesced(
                     " elements); expected the same dtype and input elements = output elements x ",
                     groupSize());
     }
+    Tensors operands;
+    for (const auto& t : inputs)
+        operands.push_back(premultiplied(opts.reduceOp, t, /*in_place=*/false));
     Staging st(op);
-    const Tensors ins = st.in(inputs, "inputs");
+    const Tensors ins = st.in(operands, "inputs");
     const Tensors outs = st.inOut(outputs, "outputs");
     for (size_t i = 0; i < ins.size(); ++i) {
         srcs.push_back(inBuffer(ins[i], outs[i]));

@@ -127,19 +127,13 @@ TEST(DeviceRouting, ReductionsFollowTheOpAndDtype) {
                     << dataTypeName(t) << " " << reduceOpName(op);
             }
         }
-        RouteQuery q = query(c);
-        q.premul_sum = true;
-        std::string why;
-        EXPECT_EQ(routeFor(CudaPath::kKernels, q, &why), CudaRoute::kHostStaging);
-        EXPECT_NE(why.find("PREMUL_SUM"), std::string::npos) << why;
     }
     // Data movers ignore the op: a bitwise op on floats does not matter.
     EXPECT_EQ(routeFor(CudaPath::kKernels,
                        query(CudaCollective::kAllGather, DataType::kFloat32, ReduceOp::kBxor)),
               CudaRoute::kKernel);
-    RouteQuery bq = query(CudaCollective::kBroadcast, DataType::kBool);
-    bq.premul_sum = true;  // meaningless for a mover
-    EXPECT_EQ(routeFor(CudaPath::kKernels, bq), CudaRoute::kKernel);
+    EXPECT_EQ(routeFor(CudaPath::kKernels, query(CudaCollective::kBroadcast, DataType::kBool)),
+              CudaRoute::kKernel);
 }
 
 DeviceOpResult result(DeviceStatus s, int culprit, uint64_t detail) {

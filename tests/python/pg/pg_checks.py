@@ -27,7 +27,8 @@ AVG_INT_REJECTION = r"(?i)\bavg\b|average"
 
 # Errors that only mean "gloo does not implement this"; when gloo itself is the
 # backend under test, such a combination is reported as n/a, not as a failure.
-GLOO_LIMITATION = r"does not support|Invalid scalar type|can't be cast to the desired output type"
+GLOO_LIMITATION = (r"does not support|Invalid scalar type|can't be cast to the desired output type"
+                   r"|Cannot use ReduceOp")
 
 
 def short(dtype):

@@ -31,7 +31,7 @@ CATEGORIES = (
     "all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter",
     "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "gather", "scatter",
     "all_reduce_coalesced", "all_gather_object", "broadcast_object_list", "functional",
-    "zero_size", "views_and_noncontiguous", "medium_sizes",
+    "zero_size", "views_and_noncontiguous", "medium_sizes", "premul_sum",
 )
 # The first functional collective costs seconds of lazy imports per process: one world size.
 FUNCTIONAL_WORLD_SIZES = (2,)
@@ -261,6 +261,64 @@ def _collectives_worker(ctx):
                 return ts
             ck.check("all_reduce_coalesced", f"op={op} dtype={short(dtype)}", run,
                      [local_reduce(p, op, dtype) for p in per])
+
+    # PREMUL_SUM (FSDP scales gradients with it): each rank's input times the
+    # factor (a float, or a one-element tensor), then SUM. Halves times 0.25
+    # or 3 sum exactly in every floating dtype. gloo lacks the op.
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        for factor in (0.25, torch.tensor([3.0], dtype=torch.float64)):
+            label = f"dtype={short(dtype)} factor={'tensor ' if torch.is_tensor(factor) else ''}" \
+                    f"{float(factor)}"
+            xs = inputs(f"pm|{dtype}", (ws, 5), dtype)
+            scaled = [(x.double() * float(factor)).to(dtype) for x in xs]
+            want = local_reduce(scaled, "SUM", dtype)
+            pm = dist._make_nccl_premul_sum(factor)
+
+            def all_reduce_pm(g):
+                t = xs[r].clone()
+                dist.all_reduce(t, op=pm, group=g)
+                return [t]
+            ck.check("premul_sum", f"all_reduce {label}", all_reduce_pm, [want], use_ref=False)
+
+            def reduce_pm(g, root=ws - 1):
+                t = xs[r].clone()
+                dist.reduce(t, dst=root, op=pm, group=g)
+                return [t]
+            # Ranks other than the root keep their input, unscaled.
+            ck.check("premul_sum", f"reduce {label}", reduce_pm,
+                     [want if r == ws - 1 else xs[r]], use_ref=False)
+
+            def reduce_scatter_tensor_pm(g):
+                x = xs[r].clone()
+                out = torch.zeros(5, dtype=dtype)
+                dist.reduce_scatter_tensor(out, x, op=pm, group=g)
+                return [out, x]
+            ck.check("premul_sum", f"reduce_scatter_tensor {label} (input unchanged)",
+                     reduce_scatter_tensor_pm, [want[r], xs[r]], use_ref=False)
+
+            def reduce_scatter_pm(g):
+                chunks = [c.clone() for c in xs[r]]
+                out = torch.zeros(5, dtype=dtype)
+                dist.reduce_scatter(out, chunks, op=pm, group=g)
+                return [out]
+            ck.check("premul_sum", f"reduce_scatter {label}", reduce_scatter_pm, [want[r]],
+                     use_ref=False)
+
+            def all_reduce_coalesced_pm(g):
+                ts = [xs[r][0].clone(), xs[r][1:].clone()]
+                dist.all_reduce_coalesced(ts, op=pm, group=g)
+                return ts
+            ck.check("premul_sum", f"all_reduce_coalesced {label}", all_reduce_coalesced_pm,
+                     [want[0], want[1:]], use_ref=False)
+
+    def premul_on_integers(g):
+        dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist._make_nccl_premul_sum(2.0),
+                        group=g)
+        return [torch.ones(1)]
+    # Refused on every rank before anything moves: the expected value is unreachable.
+    ck.check("premul_sum", "all_reduce int32 refused", premul_on_integers, [torch.zeros(1)],
+             use_ref=False,
+             allow_error=r"ReduceOp.PREMUL_SUM is not supported for dtype torch.int32")
 
     # object collectives (payload sizes differ per rank)
     def obj(q):

@@ -114,6 +114,23 @@ def _values(ctx):
                 c.eq(f"all_reduce {op} {dtype}", t, _ref_reduce(ws, n, dtype, op))
             c.run(f"all_reduce {op} {dtype}", all_reduce)
 
+    def premul_sum():
+        # FSDP's gradient scaling: inputs times the factor, then SUM (all_reduce
+        # and reduce_scatter_tensor take the device kernels on that path).
+        for factor in (0.5, torch.tensor(3.0, device=dev)):
+            f = float(factor)
+            for dtype in (torch.float32, torch.bfloat16):
+                t = x_of(rank, dtype)
+                dist.all_reduce(t, op=dist._make_nccl_premul_sum(factor))
+                want = sum(_base(r, n, dtype).double() * f for r in range(ws)).to(dtype)
+                c.eq(f"all_reduce PREMUL_SUM {dtype} factor {f}", t, want)
+                inp = torch.cat([x_of(rank + 10 * p, dtype) for p in range(ws)])
+                got = torch.zeros(n, dtype=dtype, device=dev)
+                dist.reduce_scatter_tensor(got, inp, op=dist._make_nccl_premul_sum(factor))
+                want = sum(_base(r + 10 * rank, n, dtype).double() * f for r in range(ws)).to(dtype)
+                c.eq(f"reduce_scatter_tensor PREMUL_SUM {dtype} factor {f}", got, want)
+    c.run("premul_sum", premul_sum)
+
     def non_contiguous():
         base = torch.stack([x_of(rank, torch.float32), x_of(rank, torch.float32)], 1)  # [n, 2]
         view = base[:, 1]  # stride 2
