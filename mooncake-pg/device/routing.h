@@ -21,13 +21,13 @@
 namespace mooncake::pg::device {
 
 // MC_PG_CUDA_PATH: how collectives on CUDA tensors move their data.
-//   staged  - device -> pinned host, the host core, host -> device (default
-//             until the kernel path has passed on the GPU machine);
 //   kernels - the device kernels over cuda_ipc-mapped windows, for the
-//             collectives and dtypes they cover (routeFor).
+//             collectives they cover (routeFor); the rest staged (default);
+//   staged  - device -> pinned host, the host core, host -> device, for
+//             every op.
 enum class CudaPath { kStaged, kKernels };
 inline constexpr const char* kCudaPathEnv = "MC_PG_CUDA_PATH";
-inline constexpr CudaPath kDefaultCudaPath = CudaPath::kStaged;
+inline constexpr CudaPath kDefaultCudaPath = CudaPath::kKernels;
 
 // `value` null or empty: the default. Anything but "staged"/"kernels": an
 // error naming the variable, the value and the accepted ones.

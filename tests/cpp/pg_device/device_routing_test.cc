@@ -14,8 +14,8 @@ namespace {
 
 TEST(DeviceRouting, PathSettingDefaultsToStagedAndNamesBadValues) {
     ASSERT_TRUE(parseCudaPath(nullptr).ok());
-    EXPECT_EQ(parseCudaPath(nullptr).value(), CudaPath::kStaged);
-    EXPECT_EQ(parseCudaPath("").value(), CudaPath::kStaged);
+    EXPECT_EQ(parseCudaPath(nullptr).value(), CudaPath::kKernels);
+    EXPECT_EQ(parseCudaPath("").value(), CudaPath::kKernels);
     EXPECT_EQ(parseCudaPath("staged").value(), CudaPath::kStaged);
     EXPECT_EQ(parseCudaPath("kernels").value(), CudaPath::kKernels);
     for (const char* bad : {"kernel", "KERNELS", "nccl", " staged"}) {
