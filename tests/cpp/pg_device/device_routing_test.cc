@@ -12,7 +12,7 @@
 namespace mooncake::pg::device {
 namespace {
 
-TEST(DeviceRouting, PathSettingDefaultsToStagedAndNamesBadValues) {
+TEST(DeviceRouting, PathSettingDefaultsToKernelsAndNamesBadValues) {
     ASSERT_TRUE(parseCudaPath(nullptr).ok());
     EXPECT_EQ(parseCudaPath(nullptr).value(), CudaPath::kKernels);
     EXPECT_EQ(parseCudaPath("").value(), CudaPath::kKernels);
