@@ -5,7 +5,8 @@
 //            the dispatch handle says came from that rank into its combine
 //            region at [global expert][source token], then signals that
 //            expert's flag there.
-//   receive  one block per token: waits for the flags of the experts the
+//   receive  a block per token (fewer when ranks share the GPU, each then
+//            looping over tokens): waits for the flags of the experts the
 //            token selected (deadline, active_ranks), then reduces. Experts
 //            whose flag did not arrive (rank inactive or timed out) and -1
 //            entries add nothing.
@@ -63,7 +64,7 @@ Status launchCombine(const EpGroupArgs& g, const CombineArgs& a, cudaStream_t st
     const int nle = g.num_experts / g.num_ranks;
     combineSend<<<nle * g.num_ranks, kSendThreads, 0, stream>>>(p);
     MC_RETURN_IF_ERROR(cudaLaunchStatus("combine send"));
-    const int blocks = a.num_tokens > 0 ? a.num_tokens : 1;
+    const int blocks = epCombineReceiveBlocks(g, a.num_tokens, currentDeviceSmCount());
     const size_t shared_bytes = 2 * sizeof(int) * static_cast<size_t>(a.top_k);
     combineReceive<<<blocks, kRecvThreads, shared_bytes, stream>>>(p);
     return cudaLaunchStatus("combine receive");

@@ -207,18 +207,16 @@ __device__ inline void epCopyExpertRow(const EpGroupArgs& g, const CombineArgs& 
         dst[c] = src[c];
 }
 
-// The receive block of token blockIdx.x: waits for the flags of the experts
-// the token selected with wait(owner, word_offset, seq, active) -> EpWait,
-// then reduces in FP32 and finishes the operation. Experts whose flag did not
-// arrive and -1 entries add nothing. `shared` holds 2 * top_k ints.
+// Reduces token `token` for a combine receive block: waits for the flags of
+// the experts it selected with wait(owner, word_offset, seq) -> EpWait, then
+// sums in FP32. Experts whose flag did not arrive and -1 entries add nothing.
+// `experts` and `included` hold top_k ints of shared memory; every thread of
+// the block must call it.
 template <typename Wait>
-__device__ void epCombineReceiveBlock(const EpGroupArgs& g, const CombineArgs& a, int* shared,
-                                      Wait wait) {
+__device__ void epCombineReceiveToken(const EpGroupArgs& g, const CombineArgs& a, int token,
+                                      int* experts, int* included, Wait wait) {
     const EpLayout L = epLayoutOf(g);
     const int top_k = a.top_k;
-    int* experts = shared;
-    int* included = shared + top_k;
-    const int token = blockIdx.x;  // the grid has one block even with no tokens
     const int nle = static_cast<int>(L.numLocalExperts());
     EpState* state = epState(g.local_buffer);
     const uint64_t seq = state->combine_seq + 1;
@@ -227,7 +225,7 @@ __device__ void epCombineReceiveBlock(const EpGroupArgs& g, const CombineArgs& a
 
     // A rank inactive in its own view sent nothing, so nothing comes back.
     const bool self_active = epLoadVolatile(&g.active_ranks[g.rank]) != 0;
-    for (int k = threadIdx.x; k < top_k && token < a.num_tokens; k += blockDim.x) {
+    for (int k = threadIdx.x; k < top_k; k += blockDim.x) {
         const int64_t id = a.topk_idx[static_cast<int64_t>(token) * top_k + k];
         int use = 0;
         if (id < -1 || id >= g.num_experts) {
@@ -242,33 +240,43 @@ __device__ void epCombineReceiveBlock(const EpGroupArgs& g, const CombineArgs& a
         included[k] = use;
     }
     __syncthreads();
-    if (token < a.num_tokens) {
-        const int64_t hidden = g.hidden;
-        const float* weights = a.topk_weights + static_cast<int64_t>(token) * top_k;
-        int4* out = reinterpret_cast<int4*>(static_cast<char*>(a.out) + token * hidden * 2);
-        for (int64_t c = threadIdx.x; c < hidden / 8; c += blockDim.x) {
-            float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int k = 0; k < top_k; ++k) {
-                if (!included[k])
-                    continue;
-                const float w = weights[k];
-                const int4 raw = __ldcg(reinterpret_cast<const int4*>(
-                                            local + L.combineRowOffset(phase, experts[k], token)) +
-                                        c);
-                const __nv_bfloat162* y = reinterpret_cast<const __nv_bfloat162*>(&raw);
-                for (int j = 0; j < 4; ++j) {
-                    acc[2 * j] = fmaf(w, __low2float(y[j]), acc[2 * j]);
-                    acc[2 * j + 1] = fmaf(w, __high2float(y[j]), acc[2 * j + 1]);
-                }
+    const int64_t hidden = g.hidden;
+    const float* weights = a.topk_weights + static_cast<int64_t>(token) * top_k;
+    int4* out = reinterpret_cast<int4*>(static_cast<char*>(a.out) + token * hidden * 2);
+    for (int64_t c = threadIdx.x; c < hidden / 8; c += blockDim.x) {
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (int k = 0; k < top_k; ++k) {
+            if (!included[k])
+                continue;
+            const float w = weights[k];
+            const int4 raw = __ldcg(reinterpret_cast<const int4*>(
+                                        local + L.combineRowOffset(phase, experts[k], token)) +
+                                    c);
+            const __nv_bfloat162* y = reinterpret_cast<const __nv_bfloat162*>(&raw);
+            for (int j = 0; j < 4; ++j) {
+                acc[2 * j] = fmaf(w, __low2float(y[j]), acc[2 * j]);
+                acc[2 * j + 1] = fmaf(w, __high2float(y[j]), acc[2 * j + 1]);
             }
-            int4 packed;
-            __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&packed);
-            for (int j = 0; j < 4; ++j)
-                o[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
-            out[c] = packed;
         }
+        int4 packed;
+        __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&packed);
+        for (int j = 0; j < 4; ++j)
+            o[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
+        out[c] = packed;
     }
-    __syncthreads();
+    __syncthreads();  // `experts` and `included` are reused by the next token
+}
+
+// A combine receive block: reduces tokens blockIdx.x, + gridDim.x, ... (see
+// epCombineReceiveToken), then finishes the operation. The grid has at
+// least one block even with no tokens. `shared` holds 2 * top_k ints.
+template <typename Wait>
+__device__ void epCombineReceiveBlock(const EpGroupArgs& g, const CombineArgs& a, int* shared,
+                                      Wait wait) {
+    EpState* state = epState(g.local_buffer);
+    const uint64_t seq = state->combine_seq + 1;
+    for (int token = blockIdx.x; token < a.num_tokens; token += gridDim.x)
+        epCombineReceiveToken(g, a, token, shared, shared + a.top_k, wait);
     if (threadIdx.x == 0)
         epFinishOperation(&state->combine_done, &state->combine_seq, seq);
 }

@@ -34,6 +34,10 @@ struct EpGroupArgs {
     // sets its peer's entry to 0 and goes on.
     int32_t* active_ranks = nullptr;
     int64_t timeout_ns = -1;  // per wait; < 0 waits without a deadline
+    // How many ranks of the group run their kernels on this rank's GPU (one
+    // per GPU in production; several processes on one GPU under MPS in
+    // tests). It bounds the grids whose blocks spin on peers' signals.
+    int ranks_per_device = 1;
 };
 
 struct DispatchArgs {
@@ -71,6 +75,16 @@ MC_EP_HD inline EpLayout epLayoutOf(const EpGroupArgs& g) {
 Status checkGroupArgs(const EpGroupArgs& g);
 Status checkDispatchArgs(const EpGroupArgs& g, const DispatchArgs& a);
 Status checkCombineArgs(const EpGroupArgs& g, const CombineArgs& a);
+
+// Blocks of a combine receive grid (each loops over tokens) on a GPU of
+// `sms` SMs. Receive blocks spin until their peers' send kernels signal;
+// when ranks share the GPU, a grid of one block per token could fill every
+// SM and keep a peer's send kernel from ever being scheduled, so the ranks
+// sharing a GPU together keep their spinning blocks to a quarter of its
+// threads. Pure: the launch passes the current device's SM count.
+int epCombineReceiveBlocks(const EpGroupArgs& g, int num_tokens, int sms);
+// The current device's SM count (16 when it cannot be asked).
+int currentDeviceSmCount();
 
 // Enqueue on `stream`; kInternal when the launch itself fails.
 Status launchDispatch(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t stream);

@@ -1,4 +1,8 @@
-// Host-side argument checks shared by the dispatch and combine launches.
+// Host-side argument checks and grid sizes shared by the dispatch and
+// combine launches.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
 #include <string>
 
 #include "mooncake-ep/kernels/ep_kernels.h"
@@ -40,7 +44,31 @@ Status checkGroupArgs(const EpGroupArgs& g) {
         return bad("peer_buffers is null, expected a device array of num_ranks buffer pointers");
     if (g.active_ranks == nullptr)
         return bad("active_ranks is null, expected a device int32 array of num_ranks entries");
+    if (g.ranks_per_device < 1 || g.ranks_per_device > g.num_ranks)
+        return bad("ranks_per_device is " + str(g.ranks_per_device) + ", expected in [1, " +
+                   str(g.num_ranks) + "]");
     return Status::OK();
+}
+
+int epCombineReceiveBlocks(const EpGroupArgs& g, int num_tokens, int sms) {
+    const int wanted = std::max(1, num_tokens);
+    if (g.ranks_per_device <= 1)
+        return wanted;  // its own send kernel finished before its receive began
+    // An SM holds eight 256-thread receive blocks; two per SM across the
+    // sharing ranks is a quarter of them.
+    constexpr int kSpinningBlocksPerSm = 2;
+    return std::min(wanted, std::max(1, kSpinningBlocksPerSm * sms / g.ranks_per_device));
+}
+
+int currentDeviceSmCount() {
+    int device = 0;
+    int sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 16;  // a conservative share when the device cannot be asked
+    }
+    return sms;
 }
 
 namespace {

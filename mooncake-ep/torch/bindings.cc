@@ -101,7 +101,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     py::class_<FastBuffer>(m, "Buffer")
         .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, std::string key_prefix,
                          std::string secret, int rank, int num_ranks, int64_t num_bytes, int device,
-                         int64_t timeout_ms) {
+                         int64_t timeout_ms, int ranks_per_device) {
                  FastBufferOptions o;
                  o.rank = rank;
                  o.num_ranks = num_ranks;
@@ -110,11 +110,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                  o.key_prefix = std::move(key_prefix);
                  o.secret = std::move(secret);
                  o.timeout_ms = timeout_ms;
+                 o.ranks_per_device = ranks_per_device;
                  py::gil_scoped_release no_gil;
                  return std::make_unique<FastBuffer>(store, std::move(o));
              }),
              py::arg("store"), py::arg("key_prefix"), py::arg("secret"), py::arg("rank"),
-             py::arg("num_ranks"), py::arg("num_bytes"), py::arg("device"), py::arg("timeout_ms"))
+             py::arg("num_ranks"), py::arg("num_bytes"), py::arg("device"), py::arg("timeout_ms"),
+             py::arg("ranks_per_device") = 1)
         .def("local_address", &FastBuffer::localAddress)
         .def("connect", &FastBuffer::connect, py::arg("peer_addresses"),
              py::call_guard<py::gil_scoped_release>())

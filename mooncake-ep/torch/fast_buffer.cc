@@ -18,6 +18,10 @@ FastBuffer::FastBuffer(const c10::intrusive_ptr<c10d::Store>& store, FastBufferO
         throw std::invalid_argument("Mooncake EP fast path: rank " + std::to_string(options_.rank) +
                                     " of " + std::to_string(options_.num_ranks) +
                                     " ranks, expected 0 <= rank < num_ranks");
+    if (options_.ranks_per_device < 1 || options_.ranks_per_device > options_.num_ranks)
+        throw std::invalid_argument(
+            "Mooncake EP fast path: ranks_per_device=" + std::to_string(options_.ranks_per_device) +
+            ", expected in [1, num_ranks = " + std::to_string(options_.num_ranks) + "]");
     if (options_.num_bytes < kEpStateBytes)
         throw std::invalid_argument(
             "Mooncake EP fast path: num_ep_buffer_bytes=" + std::to_string(options_.num_bytes) +
@@ -111,6 +115,7 @@ EpGroupArgs FastBuffer::groupArgs(const at::Tensor& active_ranks, int64_t max_to
     g.peer_buffers = static_cast<void* const*>(peer_table_.data_ptr());
     g.active_ranks = active_ranks.data_ptr<int32_t>();
     g.timeout_ns = timeout_us < 0 ? -1 : timeout_us * 1000;
+    g.ranks_per_device = options_.ranks_per_device;
     return g;
 }
 

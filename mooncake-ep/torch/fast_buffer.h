@@ -34,6 +34,7 @@ struct FastBufferOptions {
     int num_ranks = 0;
     int64_t num_bytes = 0;
     int device = 0;
+    int ranks_per_device = 1;  // ranks of the group on this GPU (EpGroupArgs)
     std::string key_prefix;  // unique per Buffer connection, agreed by the ranks
     std::string secret;      // shared by the ranks, from rank 0
     int64_t timeout_ms = 30000;

@@ -60,6 +60,12 @@ def host_id():
         zlib.adler32(socket.gethostname().encode()) << 31)
 
 
+def device_id(device):
+    """A 62-bit id of CUDA device `device` (ranks with equal ids share one GPU)."""
+    uuid = str(torch.cuda.get_device_properties(device).uuid).encode()
+    return zlib.crc32(uuid) | (zlib.adler32(uuid) & 0x3FFFFFFF) << 32
+
+
 def local_reason(num_bytes):
     """None when this rank could run the fast path, else why not."""
     reason = _ep_runtime.unavailable_reason()
@@ -83,8 +89,12 @@ def _group_store(group, nonce):
     return dist.PrefixStore(f"mooncake_ep/{nonce:016x}/", store)
 
 
-def connect(group, rank, num_ranks, num_bytes, nonce, comm_device):
-    """(runtime Buffer or None, reason or None); every rank gets the same outcome."""
+def connect(group, rank, num_ranks, num_bytes, nonce, comm_device, ranks_per_device=1):
+    """(runtime Buffer or None, reason or None); every rank gets the same outcome.
+
+    `ranks_per_device`: how many ranks of the group run on this rank's GPU
+    (several processes on one GPU bound the kernels' spinning grids).
+    """
     module = _ep_runtime.runtime()
     device = torch.cuda.current_device()
     timeout_ms = int(os.environ.get(SETUP_TIMEOUT_ENV, "30000"))
@@ -94,7 +104,8 @@ def connect(group, rank, num_ranks, num_bytes, nonce, comm_device):
         if rank == 0:
             store.set("secret", secrets.token_hex(16))
         secret = store.get("secret").decode()
-        fast = module.Buffer(store, "", secret, rank, num_ranks, num_bytes, device, timeout_ms)
+        fast = module.Buffer(store, "", secret, rank, num_ranks, num_bytes, device, timeout_ms,
+                             ranks_per_device)
         addr = fast.local_address()
     except Exception as e:  # noqa: BLE001 - reported to every rank below
         error = f"{type(e).__name__}: {e}"

@@ -27,7 +27,7 @@ from mooncake._ep_fallback import EPRankFailure, fp8_dequantize, fp8_quantize
 
 __all__ = ["Buffer", "EPRankFailure", "EventOverlap", "fp8_dequantize", "fp8_quantize"]
 
-_META_VERSION = 2  # bumps when the exchanged metadata changes meaning
+_META_VERSION = 3  # bumps when the exchanged metadata changes meaning
 
 _buffer_ids = itertools.count(1)
 
@@ -131,8 +131,9 @@ class Buffer:
         cuda_device = torch.cuda.current_device() if can_fast else -1
         # Not the generation: a replacement process starts a fresh Buffer while
         # survivors call update_ep_member(), and both must connect.
+        device_id = fast.device_id(cuda_device) if can_fast else 0
         mine = [_META_VERSION, self.num_ep_buffer_bytes, can_fast, fast.host_id(), cuda_device,
-                secrets.randbits(62)]
+                secrets.randbits(62), device_id]
         device = fallback.comm_device(self.group, torch.device("cpu"))
         table = fast._all_gather_ints(mine, self.group, device)
         sizes = table[:, 1]
@@ -159,9 +160,11 @@ class Buffer:
             self.fast_path_reason = (f"the ranks are on {hosts} hosts; the fast path (cuda_ipc) "
                                      f"needs every rank on one host")
         else:
+            sharing = int(((table[:, 3] == table[self.rank, 3]) &
+                           (table[:, 6] == device_id)).sum())
             self._fast, self.fast_path_reason = fast.connect(
                 self.group, self.rank, self.group_size, self.num_ep_buffer_bytes,
-                int(table[0, 5]), device)
+                int(table[0, 5]), device, ranks_per_device=sharing)
             if self._fast is not None:
                 self.use_fast_path = True
                 self._device = torch.device("cuda", cuda_device)

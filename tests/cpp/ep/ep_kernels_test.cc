@@ -92,6 +92,7 @@ struct RankContext {
         g.peer_buffers = peers;
         g.active_ranks = active;
         g.timeout_ns = timeout_ns;
+        g.ranks_per_device = s.num_ranks;  // every rank's process runs on GPU 0
         return g;
     }
 };
@@ -548,6 +549,17 @@ TEST(EpKernels, FourProcessesHidden7168) {
     runRanks({Shape{/*num_ranks=*/4, /*num_experts=*/16, /*max_tokens=*/32, /*hidden=*/7168,
                     /*top_k=*/8},
               /*inactive_rank=*/1, /*absent_rank=*/2});
+}
+
+// More tokens than the combine receive grid has blocks when four ranks share
+// the GPU (2 * SMs / 4 of them: 66 on an H200, at most 128 on a GPU of 256
+// SMs), so each block reduces several tokens. Every rank sends 160 to 320.
+// (The parent makes no CUDA call: the ranks are forked from it.)
+TEST(EpKernels, FourProcessesSharingTheGpuLoopOverTokens) {
+    SKIP_WITHOUT_GPU();
+    runRanks({Shape{/*num_ranks=*/4, /*num_experts=*/16, /*max_tokens=*/320, /*hidden=*/1024,
+                    /*top_k=*/8},
+              /*inactive_rank=*/3, /*absent_rank=*/1});
 }
 
 TEST(EpKernels, GraphReplayTwoProcesses) {

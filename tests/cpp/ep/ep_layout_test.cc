@@ -123,6 +123,22 @@ TEST(EpLaunchChecks, NameTheArgumentTheValueAndTheExpectation) {
     expectInvalid(launchCombine(validGroup(), cb, nullptr), "x, src_info or layout_range is null");
 }
 
+TEST(EpLaunchChecks, CombineReceiveGridIsBoundedOnlyWhenRanksShareTheGpu) {
+    constexpr int kH200Sms = 132;
+    EpGroupArgs g = validGroup();                          // two ranks, one per GPU
+    EXPECT_EQ(epCombineReceiveBlocks(g, 0, kH200Sms), 1);  // a block finishes an empty op
+    EXPECT_EQ(epCombineReceiveBlocks(g, 4096, kH200Sms), 4096);
+    g.ranks_per_device = 2;  // 2 blocks per SM shared by both ranks
+    EXPECT_EQ(epCombineReceiveBlocks(g, 4096, kH200Sms), 132);
+    EXPECT_EQ(epCombineReceiveBlocks(g, 100, kH200Sms), 100);
+    EXPECT_EQ(epCombineReceiveBlocks(g, 0, kH200Sms), 1);
+    EXPECT_EQ(epCombineReceiveBlocks(g, 4096, 1), 1);  // never an empty grid
+    g.ranks_per_device = 3;
+    expectInvalid(checkGroupArgs(g), "ranks_per_device is 3, expected in [1, 2]");
+    g.ranks_per_device = 0;
+    expectInvalid(checkGroupArgs(g), "ranks_per_device is 0, expected in [1, 2]");
+}
+
 TEST(EpReference, QuantizerFollowsTheRule) {
     // One group: amax 3.5 -> scale 3.5 / 448, 3.5 maps to 448 (E4M3 0x7e), 0 to 0.
     std::vector<uint16_t> row(128, test::bf16Bits(0.0f));
