@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The GPU machine's EP benchmark runs (scripts/gpu_check.sh runs it via MC_GPU_BENCH).
 
-8 processes on the one GPU (MPS), a mooncake-cpu control group, 128 tokens
-per rank, hidden 7168, top-8, 256 experts, FP8 dispatch / BF16 combine:
+8 processes on the one GPU (MPS), a mooncake-cpu control group (MC_EP_GROUP
+names another, e.g. mooncake for the CUDA one; the file names then carry
+it), 128 tokens per rank, hidden 7168, top-8, 256 experts, FP8 dispatch / BF16 combine:
   1. --compare --align-ranks: fast path and fallback in one run (JSON + plot),
      each op timed after a barrier (8 ranks share the GPU: without it an op's
      latency is mostly the other ranks' expert forward),
@@ -25,12 +26,16 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(os.environ.get("OUT", "/tmp"), "bench")
-COMMON = ["--pg-backend", "mooncake-cpu", "--num-tokens", "128", "--hidden-size", "7168",
+GROUP = os.environ.get("MC_EP_GROUP", "mooncake-cpu")
+TAG = "" if GROUP == "mooncake-cpu" else f"_{GROUP}"
+COMMON = ["--pg-backend", GROUP, "--num-tokens", "128", "--hidden-size", "7168",
           "--top-k", "8", "--num-experts", "256", "--dtype", "fp8"]
 CONFIGS = ("cuda_uniform", "cuda_incast_k_hot", "cuda_zipfian")
 
 
 def run(name, extra, ranks, timeout_s, port, common=COMMON):
+    if common is COMMON:
+        name += TAG
     out = os.path.join(OUT, f"{name}_{ranks}.json")
     cmd = [sys.executable, os.path.join(HERE, "run_ep_benchmark.py"), "--num-ranks", str(ranks),
            "--master-port", str(port), "--json-output", out, *common, *extra]

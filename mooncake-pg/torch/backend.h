@@ -332,8 +332,11 @@ private:
     // The core's op for `op` (PREMUL_SUM: kSum over premultiplied inputs).
     ReduceOp checkReduceOp(const c10d::ReduceOp& op, DataType dtype, const char* op_name) const;
     // PREMUL_SUM: `t` multiplied by the op's factor, in place or as a new
-    // tensor, on the caller's current stream; any other op: `t` itself.
-    at::Tensor premultiplied(const c10d::ReduceOp& op, const at::Tensor& t, bool in_place) const;
+    // tensor, on the caller's current stream; any other op: `t` itself. In
+    // place only on an open group (checkOpen(op_name) first): an op refused
+    // there leaves the caller's tensor as it was.
+    at::Tensor premultiplied(const c10d::ReduceOp& op, const at::Tensor& t, bool in_place,
+                             const char* op_name) const;
     void checkRank(int64_t rank, const char* op, const char* what) const;
     void checkSingle(const std::vector<at::Tensor>& tensors, const char* op) const;
     void checkOpen(const char* op) const;

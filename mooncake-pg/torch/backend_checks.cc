@@ -122,9 +122,11 @@ ReduceOp MooncakeBackend::checkReduceOp(const c10d::ReduceOp& op, DataType dtype
 }
 
 at::Tensor MooncakeBackend::premultiplied(const c10d::ReduceOp& op, const at::Tensor& t,
-                                          bool in_place) const {
+                                          bool in_place, const char* op_name) const {
     if (op.op_ != c10d::ReduceOp::PREMUL_SUM)
         return t;
+    if (in_place)
+        checkOpen(op_name);
     // checkReduceOp() has seen the supplement; torch makes it only through
     // _make_nccl_premul_sum, as this type (its own backend casts it alike).
     const auto& factor = static_cast<const c10d::NCCLPreMulSumSupplement&>(*op.supplement_);

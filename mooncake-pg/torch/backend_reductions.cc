@@ -25,7 +25,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allreduce(Tensors& tensors,
     const DataType dtype = checkDtype(user, op, "tensor");
     const ReduceOp rop = checkReduceOp(opts.reduceOp, dtype, op);
     // The result replaces the tensor anyway.
-    premultiplied(opts.reduceOp, user, /*in_place=*/true);
+    premultiplied(opts.reduceOp, user, /*in_place=*/true, op);
     if (auto work = maybeKernel(
             KernelCall{device::CudaCollective::kAllReduce, op, OpType::ALLREDUCE, user, user, dtype,
                        rop, 0, static_cast<uint64_t>(user.numel()), 0,
@@ -62,7 +62,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allreduce_coalesced(
         rops.push_back(checkReduceOp(opts.reduceOp, dtypes.back(), op));
     }
     for (const auto& t : tensors)
-        premultiplied(opts.reduceOp, t, /*in_place=*/true);
+        premultiplied(opts.reduceOp, t, /*in_place=*/true, op);
     Staging st(op);
     const Tensors staged = st.inOut(tensors, "tensors");
     for (const auto& t : staged)
@@ -92,7 +92,8 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce(Tensors& tensors,
     const int root = static_cast<int>(opts.rootRank);
     // The root's tensor takes the result; the others keep their input, so
     // they reduce a premultiplied copy.
-    const at::Tensor operand = premultiplied(opts.reduceOp, user, /*in_place=*/getRank() == root);
+    const at::Tensor operand =
+        premultiplied(opts.reduceOp, user, /*in_place=*/getRank() == root, op);
     Staging st(op);
     const at::Tensor t = st.inOut(operand, "tensor");
     at::Tensor buf = inOutBuffer(t);
@@ -119,7 +120,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce_scatter(
     checkPerRankList(inputs[0], user_out, op, "input_list");
     Tensors operands;
     for (const auto& t : inputs[0])
-        operands.push_back(premultiplied(opts.reduceOp, t, /*in_place=*/false));
+        operands.push_back(premultiplied(opts.reduceOp, t, /*in_place=*/false, op));
     Staging st(op);
     const at::Tensor out = st.inOut(user_out, "output");
     const Tensors ins = st.in(operands, "input_list");
@@ -143,7 +144,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::_reduce_scatter_base(
     checkOutputDtype(output, input, op);
     checkGroupMultiple(input, "input", output, "output", groupSize(), op);
     // The input is read only: a premultiplied copy (PREMUL_SUM).
-    const at::Tensor operand = premultiplied(opts.reduceOp, input, /*in_place=*/false);
+    const at::Tensor operand = premultiplied(opts.reduceOp, input, /*in_place=*/false, op);
     if (auto work = maybeKernel(
             KernelCall{device::CudaCollective::kReduceScatter, op, OpType::_REDUCE_SCATTER_BASE,
                        operand, output, dtype, rop, 0, static_cast<uint64_t>(output.numel()),
@@ -191,7 +192,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce_scatter_tensor_coalesced(
     }
     Tensors operands;
     for (const auto& t : inputs)
-        operands.push_back(premultiplied(opts.reduceOp, t, /*in_place=*/false));
+        operands.push_back(premultiplied(opts.reduceOp, t, /*in_place=*/false, op));
     Staging st(op);
     const Tensors ins = st.in(operands, "inputs");
     const Tensors outs = st.inOut(outputs, "outputs");

@@ -350,3 +350,48 @@ def test_group_usable_after_argument_errors(backend, group_name):
         o = per["__after__"]
         assert o["raised"] is None, f"rank {r}: all_reduce after the {group_name} errors raised {o['raised']}"
         assert o["value"] == [1.0] * 3, f"rank {r}: all_reduce after the {group_name} errors gave {o['value']}"
+
+
+# --------------------------------------------------------------------------- closed group
+
+_CLOSED_GROUP_SCRIPT = r"""
+import torch, torch.distributed as dist
+import mooncake.pg  # noqa: F401
+
+store = dist.TCPStore("127.0.0.1", 0, 1, True)
+dist.init_process_group("mooncake-cpu", store=store, rank=0, world_size=1)
+g = dist.group.WORLD
+premul = dist._make_nccl_premul_sum(2.0)
+t = torch.ones(4)
+dist.all_reduce(t, op=premul)
+assert t.tolist() == [2.0] * 4, t
+dist.destroy_process_group()
+
+ar = dist.AllreduceOptions(); ar.reduceOp = premul
+arc = dist.AllreduceCoalescedOptions(); arc.reduceOp = premul
+red = dist.ReduceOptions(); red.reduceOp = premul; red.rootRank = 0
+for name, call in (("all_reduce", lambda: g.allreduce([t], ar)),
+                   ("all_reduce_coalesced", lambda: g.allreduce_coalesced([t], arc)),
+                   ("reduce", lambda: g.reduce([t], red))):
+    try:
+        call()
+    except RuntimeError as e:
+        assert f"{name} on group" in str(e) and "after the group was shut down" in str(e), e
+    else:
+        raise SystemExit(f"{name} on a closed group did not raise")
+    # PREMUL_SUM multiplies in place only once the group is known to be open.
+    assert t.tolist() == [2.0] * 4, (name, t)
+print("closed-group checks passed")
+"""
+
+
+def test_premul_sum_on_a_closed_group_raises_and_leaves_the_tensor():
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    env = dict(os.environ, PYTHONPATH=os.path.join(root, "python"))
+    proc = subprocess.run([sys.executable, "-c", _CLOSED_GROUP_SCRIPT], env=env, timeout=JOB_TIMEOUT_S,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and "closed-group checks passed" in proc.stdout, proc.stdout + proc.stderr
