@@ -83,8 +83,9 @@ Status checkCombineArgs(const EpGroupArgs& g, const CombineArgs& a);
 // sharing a GPU together keep their spinning blocks to a quarter of its
 // threads. Pure: the launch passes the current device's SM count.
 int epCombineReceiveBlocks(const EpGroupArgs& g, int num_tokens, int sms);
-// The current device's SM count (16 when it cannot be asked).
-int currentDeviceSmCount();
+// The same for a launch on the current device, which is asked for its SM
+// count only when ranks share it (the grid depends on it only then).
+int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens);
 
 // Enqueue on `stream`; kInternal when the launch itself fails.
 Status launchDispatch(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t stream);

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "mooncake-ep/kernels/ep_kernels.h"
+#include "mooncake-transfer-engine/common/cuda_launch.h"
 
 namespace mooncake::ep {
 namespace {
@@ -60,15 +61,9 @@ int epCombineReceiveBlocks(const EpGroupArgs& g, int num_tokens, int sms) {
     return std::min(wanted, std::max(1, kSpinningBlocksPerSm * sms / g.ranks_per_device));
 }
 
-int currentDeviceSmCount() {
-    int device = 0;
-    int sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 16;  // a conservative share when the device cannot be asked
-    }
-    return sms;
+int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens) {
+    return epCombineReceiveBlocks(g, num_tokens,
+                                  g.ranks_per_device > 1 ? currentDeviceSmCount() : 0);
 }
 
 namespace {

@@ -242,7 +242,7 @@ Status launchNcclCombine(const NcclEpDevice& d, const EpGroupArgs& g, const Comb
     const int nle = g.num_experts / g.num_ranks;
     ncclCombineSend<<<nle * g.num_ranks, kSendThreads, 0, stream>>>(p);
     MC_RETURN_IF_ERROR(cudaLaunchStatus("NCCL combine send"));
-    const int blocks = epCombineReceiveBlocks(g, a.num_tokens, currentDeviceSmCount());
+    const int blocks = epCombineReceiveGrid(g, a.num_tokens);
     const size_t shared_bytes = 2 * sizeof(int) * static_cast<size_t>(a.top_k);
     ncclCombineReceive<<<blocks, kCombineRecvThreads, shared_bytes, stream>>>(p);
     return cudaLaunchStatus("NCCL combine receive");

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "mooncake-transfer-engine/common/cuda_launch.h"
+
 namespace mooncake::pg::device {
 
 namespace {
@@ -13,13 +15,7 @@ namespace {
 constexpr uint64_t kBytesPerBlock = 512 * 16 * 4;
 
 int deviceShareBlocks(int size) {
-    int device = 0;
-    int sms = 0;
-    if (cudaGetDevice(&device) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-        (void)cudaGetLastError();
-        sms = 16;  // a conservative share when the device cannot be asked
-    }
+    const int sms = currentDeviceSmCount();
     // Two 512-thread blocks fit an SM (the kernels are built for it), and the
     // kernels of all `size` members must be resident together.
     return std::max(1, 2 * sms / std::max(1, size));

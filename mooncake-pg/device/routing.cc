@@ -172,6 +172,21 @@ CudaRoute routeFor(CudaPath path, const RouteQuery& q, std::string* why) {
     return CudaRoute::kKernel;
 }
 
+namespace {
+
+// A timeout's detail: the last flag value the waiting rank saw from the peer
+// (0: none since the window was created), as "call N step S of epoch E".
+std::string lastSignal(uint64_t tag) {
+    if (tag == 0)
+        return " (no signal from it yet)";
+    const uint64_t seq_and_step = tag & kSeqMask;
+    return " (its last signal: call " + std::to_string(seq_and_step >> kStepBits) + " step " +
+           std::to_string(seq_and_step & (kMaxStepsPerCall - 1)) + " of epoch " +
+           std::to_string(tag >> kSeqBits) + ")";
+}
+
+}  // namespace
+
 Status resultStatus(const DeviceOpResult& r, const char* what, std::vector<int>* failed) {
     failed->clear();
     const std::string op(what);
@@ -182,7 +197,7 @@ Status resultStatus(const DeviceOpResult& r, const char* what, std::vector<int>*
             if (r.culprit >= 0) {
                 failed->push_back(r.culprit);
                 return Timeout(op + ": waiting for rank " + std::to_string(r.culprit) +
-                               " on the device");
+                               " on the device" + lastSignal(r.detail));
             }
             return Timeout(op + ": waiting on the device");
         case DeviceStatus::kAborted:

@@ -69,7 +69,8 @@ __device__ __forceinline__ bool waitFlag(const DeviceGroupView& g, const uint64_
             }
             if (g.timeout_ns >= 0 &&
                 globalTimerNs() - start_ns > static_cast<uint64_t>(g.timeout_ns)) {
-                failCall(result, fail, DeviceStatus::kTimeout, peer, 0);
+                // The peer's last signal says how far it got (resultStatus).
+                failCall(result, fail, DeviceStatus::kTimeout, peer, loadAcquireSys(flag));
                 return false;
             }
             if (callFailed(fail))

@@ -1,5 +1,6 @@
-// The status of the kernel launches just queued on this thread, for the host
-// side of CUDA sources (which link the CUDA runtime).
+// Launch-side helpers for the host side of CUDA sources (which link the CUDA
+// runtime): the status of the kernel launches just queued on this thread,
+// and the SM count grids are sized by.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,6 +17,19 @@ inline Status cudaLaunchStatus(const std::string& what) {
     if (err == cudaSuccess)
         return Status::OK();
     return Internal(what + " launch failed: " + cudaGetErrorString(err));
+}
+
+// The current device's SM count; 16, a conservative share, when the device
+// cannot be asked (the error is cleared so later launches do not report it).
+inline int currentDeviceSmCount() {
+    int device = 0;
+    int sms = 0;
+    if (cudaGetDevice(&device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 16;
+    }
+    return sms;
 }
 
 }  // namespace mooncake

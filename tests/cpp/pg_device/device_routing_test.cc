@@ -154,6 +154,15 @@ TEST(DeviceRouting, ResultBecomesStatusAndHint) {
     EXPECT_NE(st.message().find("waiting for rank 2"), std::string::npos) << st.toString();
     EXPECT_EQ(failed, std::vector<int>{2});
 
+    EXPECT_NE(st.message().find("(no signal from it yet)"), std::string::npos) << st.toString();
+    // The detail is the peer's last flag: how far it got.
+    st = resultStatus(result(DeviceStatus::kTimeout, 1, stepTag(2, 5, 3)), "all_reduce", &failed);
+    EXPECT_NE(st.message().find("waiting for rank 1 on the device (its last signal: call 5 step 3 "
+                                "of epoch 2)"),
+              std::string::npos)
+        << st.toString();
+    EXPECT_EQ(failed, std::vector<int>{1});
+
     st = resultStatus(result(DeviceStatus::kTimeout, -1, 0), "all_reduce", &failed);
     EXPECT_EQ(st.code(), StatusCode::kTimeout);
     EXPECT_TRUE(failed.empty());
