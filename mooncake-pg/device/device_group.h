@@ -80,6 +80,16 @@ MC_HOST_DEVICE inline constexpr uint64_t callTag(uint64_t epoch, uint64_t seq) {
 MC_HOST_DEVICE inline constexpr uint64_t stepTag(uint64_t epoch, uint64_t seq, uint64_t step) {
     return callTag(epoch, (seq << kStepBits) | step);
 }
+// stepTag's fields back from a flag value (for messages).
+struct StepTagFields {
+    uint64_t epoch = 0;
+    uint64_t seq = 0;
+    uint64_t step = 0;
+};
+MC_HOST_DEVICE inline constexpr StepTagFields stepTagFields(uint64_t tag) {
+    return StepTagFields{tag >> kSeqBits, (tag & kSeqMask) >> kStepBits,
+                         tag & (kMaxStepsPerCall - 1)};
+}
 MC_HOST_DEVICE inline constexpr int stepParity(uint64_t seq, uint64_t step) {
     return static_cast<int>((seq + step) & 1);
 }

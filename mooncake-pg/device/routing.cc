@@ -179,10 +179,9 @@ namespace {
 std::string lastSignal(uint64_t tag) {
     if (tag == 0)
         return " (no signal from it yet)";
-    const uint64_t seq_and_step = tag & kSeqMask;
-    return " (its last signal: call " + std::to_string(seq_and_step >> kStepBits) + " step " +
-           std::to_string(seq_and_step & (kMaxStepsPerCall - 1)) + " of epoch " +
-           std::to_string(tag >> kSeqBits) + ")";
+    const StepTagFields f = stepTagFields(tag);
+    return " (its last signal: call " + std::to_string(f.seq) + " step " + std::to_string(f.step) +
+           " of epoch " + std::to_string(f.epoch) + ")";
 }
 
 }  // namespace
