@@ -16,9 +16,13 @@ constexpr uint64_t kBytesPerBlock = 512 * 16 * 4;
 
 int deviceShareBlocks(int size) {
     const int sms = currentDeviceSmCount();
-    // Two 512-thread blocks fit an SM (the kernels are built for it), and the
-    // kernels of all `size` members must be resident together.
-    return std::max(1, 2 * sms / std::max(1, size));
+    // The members' kernels spin on each other's flags, so while one member's
+    // kernel waits, the others' must still find room to run. One block per
+    // SM per member keeps the spinning blocks of all but one member below the
+    // SM count, whatever the packing. Two per SM (all the kernels are built
+    // to fit) hung 4 processes on one H200 under MPS: 3 x 66 spinning blocks
+    // left no room for the 4th member's first kernel.
+    return std::max(1, sms / std::max(1, size));
 }
 
 }  // namespace
