@@ -66,7 +66,9 @@ Status GroupWindow::init() {
     MC_RETURN_IF_ERROR(cudaStatus(cudaHostGetDevicePointer(&dev, words, 0),
                                   "mapping the abort/epoch/result words"));
     device_words_ = static_cast<const volatile uint64_t*>(dev);
-    device_result_ = reinterpret_cast<DeviceOpResult*>(static_cast<uint64_t*>(dev) + 2);
+    static_assert(kResultWord * sizeof(uint64_t) + kResultSlots * sizeof(DeviceOpResult) <= 4096,
+                  "the result slots must fit the host-mapped page");
+    device_results_ = reinterpret_cast<DeviceOpResult*>(static_cast<uint64_t*>(dev) + kResultWord);
 
     // Peers check the layout before they map: every member must have the
     // same slot size (MC_PG_CUDA_SLOT_BYTES) and reservation.
@@ -164,9 +166,10 @@ DeviceGroupView GroupWindow::nextCall(int64_t timeout_ns, uint64_t* seq) {
     return v;
 }
 
-DeviceOpResult GroupWindow::hostResult() const {
+DeviceOpResult GroupWindow::hostResult(int slot) const {
     // Written by the device: read each field once, through volatile.
-    const auto* r = reinterpret_cast<const volatile DeviceOpResult*>(host_words_ + 2);
+    const auto* r =
+        reinterpret_cast<const volatile DeviceOpResult*>(host_words_ + kResultWord) + slot;
     DeviceOpResult out;
     out.status = r->status;
     out.culprit = r->culprit;
@@ -174,8 +177,8 @@ DeviceOpResult GroupWindow::hostResult() const {
     return out;
 }
 
-void GroupWindow::clearResult() {
-    auto* r = reinterpret_cast<volatile DeviceOpResult*>(host_words_ + 2);
+void GroupWindow::clearResult(int slot) {
+    auto* r = reinterpret_cast<volatile DeviceOpResult*>(host_words_ + kResultWord) + slot;
     r->status = 0;
     r->culprit = -1;
     r->detail = 0;

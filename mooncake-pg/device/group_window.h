@@ -9,7 +9,8 @@
 //     secret guards the exchange; one mapping per peer process (segment),
 //     kept until destruction, so a view change re-maps only newcomers;
 //   * host-mapped words the kernels read: the abort word, the group's
-//     current epoch and the result of the call in flight.
+//     current epoch, and a ring of call results (calls queued back to back
+//     each write their own, so the host reads them after the fact).
 //
 // The torch layer creates it at the group's first kernel collective (every
 // member reaches that call, so the exchange is collective) and calls
@@ -24,6 +25,7 @@
 #include <vector>
 
 #include "mooncake-pg/device/device_group.h"
+#include "mooncake-pg/device/routing.h"
 #include "mooncake-transfer-engine/common/deadline.h"
 #include "mooncake-transfer-engine/common/status.h"
 #include "mooncake-transfer-engine/engine/transfer_engine.h"
@@ -67,11 +69,14 @@ public:
     // sequence number (the same on every member for the same call).
     DeviceGroupView nextCall(int64_t timeout_ns, uint64_t* seq);
 
-    // The result of the call in flight, as the host reads it (once its
-    // stream work has completed) and as the kernels write it.
-    DeviceOpResult hostResult() const;
-    DeviceOpResult* deviceResult() const { return device_result_; }
-    void clearResult();
+    // Result slots: calls in flight at once each hold one until the host
+    // has read it, so at most this many calls are queued unread.
+    static constexpr int kResultSlots = kMaxKernelCallsInFlight;
+    // A call's result (slot in [0, kResultSlots)), as the host reads it once
+    // the call's stream work has completed and as the kernels write it.
+    DeviceOpResult hostResult(int slot = 0) const;
+    DeviceOpResult* deviceResult(int slot = 0) const { return device_results_ + slot; }
+    void clearResult(int slot = 0);
 
     // Any thread: evidence of a failure (routing.h kAbort*); the first
     // nonzero reason stays until clearAbort.
@@ -92,10 +97,12 @@ private:
     const GroupWindowOptions options_;
     uint64_t window_bytes_ = 0;
     char* window_ = nullptr;
-    // Host-mapped: [0] abort word, [1] current epoch, [2..3] the result.
+    // Host-mapped: [0] abort word, [1] current epoch, from kResultWord the
+    // result slots.
+    static constexpr int kResultWord = 8;
     uint64_t* host_words_ = nullptr;
     const volatile uint64_t* device_words_ = nullptr;
-    DeviceOpResult* device_result_ = nullptr;
+    DeviceOpResult* device_results_ = nullptr;
     std::map<std::string, char*> mapped_;  // by peer segment
     DeviceGroupView view_;
     uint64_t next_seq_ = 0;

@@ -45,6 +45,16 @@ Result<uint64_t> parseSlotBytes(const char* value) {
     return static_cast<uint64_t>(v);
 }
 
+Result<bool> parseBlockingWait(const char* value) {
+    if (value == nullptr || *value == '\0' || std::strcmp(value, "0") == 0)
+        return false;
+    if (std::strcmp(value, "1") == 0)
+        return true;
+    return InvalidArgument(std::string(kCudaBlockingWaitEnv) + "='" + value +
+                           "' is not a wait mode; expected '0' (wait() returns once the kernels "
+                           "are queued) or '1' (wait() blocks until they have finished)");
+}
+
 Result<uint64_t> groupWindowBytes(int max_group_size, uint64_t slot_bytes) {
     if (max_group_size < 1 || max_group_size > kMaxDeviceRanks) {
         return InvalidArgument(

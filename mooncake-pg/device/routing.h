@@ -48,6 +48,18 @@ Result<uint64_t> parseSlotBytes(const char* value);
 // kInvalidArgument for sizes outside [1, kMaxDeviceRanks].
 Result<uint64_t> groupWindowBytes(int max_group_size, uint64_t slot_bytes);
 
+// MC_PG_CUDA_BLOCKING_WAIT: "1": Work::wait() on a kernel call blocks the
+// CPU until its kernels have finished and raises their failure (for
+// debugging and for scripts that rely on wait() raising); "0", null or
+// empty (the default): wait() returns once the kernels are queued, with
+// the caller's current stream waiting on them, as NCCL's does.
+inline constexpr const char* kCudaBlockingWaitEnv = "MC_PG_CUDA_BLOCKING_WAIT";
+Result<bool> parseBlockingWait(const char* value);
+
+// Kernel calls a group may have queued on its stream before the worker has
+// read their results: each holds one result slot of the group window.
+inline constexpr int kMaxKernelCallsInFlight = 128;
+
 enum class CudaRoute {
     kHostStaging,  // device -> pinned host, the host core, host -> device
     kKernel,       // a device kernel over the members' mapped windows

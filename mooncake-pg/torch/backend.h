@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -212,6 +213,35 @@ private:
         // The executor of the op's device and what it issued for the op.
         Executor* executor = nullptr;
         std::shared_ptr<DeviceOp> device_op;
+        // Routed to the device kernels: it may queue behind kernel calls
+        // still in flight instead of waiting for them (cuda_pipeline.cc).
+        bool kernel_call = false;
+    };
+    // A kernel call queued on the communication stream whose Work is not
+    // complete yet: the worker completes it once its fence has completed,
+    // from its result slot (cuda_pipeline.cc).
+    struct KernelInFlight {
+        c10::intrusive_ptr<MooncakeWork> work;
+        const char* op_name = "";
+        std::chrono::milliseconds timeout{0};
+        Deadline deadline = Deadline::never();  // the op's, for evidence reporting
+        std::shared_ptr<DeviceFence> fence;
+        int slot = 0;            // its result slot in the group window
+        int size = 0;            // the applied view's size at launch
+        uint64_t epoch = 0;      // applied_epoch_ at launch
+        int64_t timeout_ns = 0;  // the kernels' own deadline, from their start
+        // Armed when the call becomes the oldest in flight (its kernels run
+        // from about then): its kernel deadline plus a grace.
+        bool front = false;
+        Deadline host_deadline = Deadline::never();
+        bool abort_sent = false;
+    };
+    // What runKernelCall queued, for runTask to put in flight.
+    struct KernelLaunch {
+        int slot = 0;
+        int size = 0;
+        uint64_t epoch = 0;
+        int64_t timeout_ns = 0;
     };
 
     void bootstrap(const c10::intrusive_ptr<c10d::Store>& store);
@@ -235,7 +265,17 @@ private:
     void reportFailure(const std::vector<int>& failed, Deadline op_deadline);
     std::vector<uint32_t> slotList(const std::vector<int64_t>& ranks, const char* fn) const;
     void workerLoop();
+    // Worker thread: what the worker does before it takes `next` (null: the
+    // group is shutting down): kernel calls in flight are completed first
+    // unless `next` may queue behind them.
+    void settleBefore(const Task* next);
     void runTask(Task& task);
+    // Worker thread: completes `work` as failed (runTask's and the kernel
+    // pipeline's common tail); `evidence`: the failure came from the core
+    // or the kernels of the applied view, so it is reported per failure mode.
+    void failWork(const c10::intrusive_ptr<MooncakeWork>& work, const char* op_name,
+                  std::chrono::milliseconds timeout, Deadline deadline, const Status& status,
+                  const std::vector<int>& failed, bool evidence);
     void stopWorker(bool abort_pending);
     // Stops the poster and the control plane, then flushes staged P2P sends
     // (for up to flush_p2p's bound) and destroys the P2P engine and fabric.
@@ -254,7 +294,8 @@ private:
     c10::intrusive_ptr<MooncakeWork> enqueue(c10d::OpType type, const char* op_name,
                                              std::vector<at::Tensor> outputs,
                                              std::chrono::milliseconds requested_timeout,
-                                             GroupSized sized, Staging staging, CoreOp run);
+                                             GroupSized sized, Staging staging, CoreOp run,
+                                             bool kernel_call = false);
     // The executor for an op whose tensors `staging` holds (backend_executors.cc):
     // the CPU executor for host tensors (and ops without tensors), else the
     // group's CUDA executor, created on the first CUDA op; throws c10::Error
@@ -276,9 +317,15 @@ private:
     // Worker thread: the group window set up for the applied view's `size`
     // members (created at the first kernel call, re-mapped per epoch).
     Status setUpDeviceWindow(int size, Deadline deadline);
-    // Worker thread: waits for the call's kernels, turning host evidence
-    // (dead peer, abort, deactivation) into the abort word meanwhile.
-    Status awaitKernels(int size, Deadline deadline);
+    // ---- kernel calls in flight (cuda_pipeline.cc; no-ops without CUDA).
+    // Worker thread: completes the oldest calls whose fences have completed,
+    // and for the oldest still running turns host evidence (dead peer,
+    // abort, deactivation) and its deadline into the abort word. Never blocks.
+    void pollKernelCalls();
+    // Worker thread: completes calls in flight, oldest first, until at most
+    // `keep` remain (returns early if a completion destroyed the backend).
+    void finishKernelCalls(size_t keep);
+    bool kernelCallsInFlight() const { return !kernels_in_flight_.empty(); }
     // Any thread: makes running kernels return (the group is aborted).
     void abortDeviceCalls();
     // After the worker stopped, before the fabric (and its engine) goes.
@@ -431,6 +478,15 @@ private:
     // its failed ranks are kernel_failed_, not the Communicator's).
     bool kernel_ran_ = false;
     std::vector<int> kernel_failed_;
+    // MC_PG_CUDA_BLOCKING_WAIT=1: wait() on a kernel call blocks until its
+    // kernels have finished and raises their failure; otherwise it returns
+    // once they are queued (the current stream waits on them).
+    bool cuda_blocking_wait_ = false;
+    // Worker thread: the kernel pipeline (cuda_pipeline.cc).
+    std::optional<KernelLaunch> kernel_launch_;
+    std::deque<KernelInFlight> kernels_in_flight_;
+    int next_result_slot_ = 0;
+    std::chrono::steady_clock::time_point next_kernel_watch_{};
     std::atomic<uint64_t> device_calls_{0};
     // Worker thread: set once kernels outlived their deadline and the abort
     // word. They may still run and read this group's words, so every later

@@ -49,6 +49,8 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall,
 void MooncakeBackend::configureCuda() {}
 void MooncakeBackend::abortDeviceCalls() {}
 void MooncakeBackend::releaseDeviceWindow() {}
+void MooncakeBackend::pollKernelCalls() {}
+void MooncakeBackend::finishKernelCalls(size_t) {}
 void MooncakeBackend::GroupWindowDeleter::operator()(device::GroupWindow*) const {}
 #endif
 

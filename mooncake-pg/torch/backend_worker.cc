@@ -19,7 +19,8 @@ namespace mooncake::pg {
 
 c10::intrusive_ptr<MooncakeWork> MooncakeBackend::enqueue(
     c10d::OpType type, const char* op_name, std::vector<at::Tensor> outputs,
-    std::chrono::milliseconds requested_timeout, GroupSized sized, Staging staging, CoreOp run) {
+    std::chrono::milliseconds requested_timeout, GroupSized sized, Staging staging, CoreOp run,
+    bool kernel_call) {
     {
         // Checked before the executor queues any device work for the op.
         std::lock_guard<std::mutex> lock(queue_mu_);
@@ -36,7 +37,7 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::enqueue(
         TORCH_CHECK(accepting_, "Mooncake PG: ", op_name, " on group '", config_.group_name,
                     "' after the group was shut down or aborted");
         queue_.push_back(Task{work, op_name, opTimeout(requested_timeout), std::move(run),
-                              groupSize(), sized, executor, std::move(device_op)});
+                              groupSize(), sized, executor, std::move(device_op), kernel_call});
         queued_.store(queue_.size(), std::memory_order_release);
     }
     // Costs no system call while the worker is still polling (workerLoop).
@@ -49,19 +50,54 @@ void MooncakeBackend::workerLoop() {
     // Copy-backs into user tensors (non-contiguous outputs, list outputs)
     // must not be recorded by autograd, whatever the caller's grad mode.
     at::NoGradGuard no_grad;
+    // While kernel calls are in flight the worker polls them between ops,
+    // sleeping this long at most once a poll found nothing to do.
+    constexpr auto kInFlightPollSleep = std::chrono::microseconds(50);
     while (true) {
         Task task;
         bool aborted = false;
+        auto idle_since = std::chrono::steady_clock::now();
+        while (kernelCallsInFlight() && queued_.load(std::memory_order_acquire) == 0) {
+            const size_t before = kernels_in_flight_.size();
+            pollKernelCalls();
+            if (ownerGone())
+                return;
+            if (kernels_in_flight_.size() != before)
+                idle_since = std::chrono::steady_clock::now();
+            if (std::chrono::steady_clock::now() - idle_since < spinBudget()) {
+                std::this_thread::yield();
+                continue;
+            }
+            std::unique_lock<std::mutex> lock(queue_mu_);
+            if (!accepting_)
+                break;
+            queue_cv_.wait_for(lock, kInFlightPollSleep, [this] { return !queue_.empty(); });
+        }
         // The next op of a caller that issues ops back to back comes within
         // microseconds; polling for it first spares both sides a futex
         // round trip and the wake-up latency (core/spin_wait.h). Shutdown
         // needs no poll: it is seen under the lock below.
-        spinUntil([this] { return queued_.load(std::memory_order_acquire) != 0; }, spinBudget());
+        if (!kernelCallsInFlight())
+            spinUntil([this] { return queued_.load(std::memory_order_acquire) != 0; },
+                      spinBudget());
         {
             std::unique_lock<std::mutex> lock(queue_mu_);
-            queue_cv_.wait(lock, [this] { return !queue_.empty() || !accepting_; });
-            if (queue_.empty())
+            if (!kernelCallsInFlight())
+                queue_cv_.wait(lock, [this] { return !queue_.empty() || !accepting_; });
+            const Task* next = queue_.empty() ? nullptr : &queue_.front();
+            if (next || !accepting_) {
+                // Only this thread pops the queue, so `next` stays put.
+                lock.unlock();
+                settleBefore(next);
+                if (ownerGone())
+                    return;
+                lock.lock();
+            }
+            if (queue_.empty()) {
+                if (accepting_)
+                    continue;  // a poll found nothing queued yet
                 return;
+            }
             task = std::move(queue_.front());
             queue_.pop_front();
             queued_.store(queue_.size(), std::memory_order_relaxed);
@@ -79,11 +115,25 @@ void MooncakeBackend::workerLoop() {
     }
 }
 
+void MooncakeBackend::settleBefore(const Task* next) {
+    if (!kernelCallsInFlight())
+        return;
+    // A kernel call of the same membership view queues behind the calls in
+    // flight (up to the window's result slots); anything else (a host op, a
+    // view change to apply first, shutdown) waits for them, so their
+    // failures are reported and their views applied in issue order.
+    const bool may_queue = next != nullptr && next->kernel_call &&
+                           latest_epoch_.load() == kernels_in_flight_.back().epoch &&
+                           applied_epoch_.load() == kernels_in_flight_.back().epoch;
+    finishKernelCalls(may_queue ? device::kMaxKernelCallsInFlight - 1 : 0);
+}
+
 void MooncakeBackend::runTask(Task& task) {
     const Deadline deadline = Deadline::after(task.timeout);
     bool from_core = true;
     kernel_ran_ = false;
     kernel_failed_.clear();
+    kernel_launch_.reset();
     Status status = task.executor->beforeCore(*task.device_op, deadline);
     if (status.ok()) {
         status = runElastic(task, deadline, &from_core);
@@ -94,6 +144,27 @@ void MooncakeBackend::runTask(Task& task) {
     if (status.ok() && !finished.ok()) {
         status = finished;
         from_core = false;
+    }
+    if (status.ok() && kernel_launch_) {
+        // Queued on the device: the Work completes once the worker has read
+        // the kernels' result (pollKernelCalls).
+        KernelInFlight k;
+        k.work = task.work;
+        k.op_name = task.op_name;
+        k.timeout = task.timeout;
+        k.deadline = deadline;
+        k.fence = task.device_op->fence();
+        k.slot = kernel_launch_->slot;
+        k.size = kernel_launch_->size;
+        k.epoch = kernel_launch_->epoch;
+        k.timeout_ns = kernel_launch_->timeout_ns;
+        kernel_launch_.reset();
+        kernels_in_flight_.push_back(std::move(k));
+        task.run = nullptr;
+        task.device_op.reset();
+        if (!cuda_blocking_wait_)
+            task.work->markLaunched();
+        return;
     }
     // The closure holds the host mirrors and user tensors; the executor
     // holds what its queued device work still touches.
@@ -106,7 +177,14 @@ void MooncakeBackend::runTask(Task& task) {
     std::vector<int> failed;
     if (from_core)
         failed = kernel_ran_ ? kernel_failed_ : comm_->lastFailure().failed_ranks;
-    std::string message = failureMessage(task.op_name, status, task.timeout);
+    failWork(task.work, task.op_name, task.timeout, deadline, status, failed, from_core);
+}
+
+void MooncakeBackend::failWork(const c10::intrusive_ptr<MooncakeWork>& work, const char* op_name,
+                               std::chrono::milliseconds timeout, Deadline deadline,
+                               const Status& status, const std::vector<int>& failed,
+                               bool from_core) {
+    std::string message = failureMessage(op_name, status, timeout);
     // Mismatched calls and ops refused because an earlier one broke the
     // epoch are not new evidence.
     const bool evidence = from_core && status.code() != StatusCode::kInvalidArgument &&
@@ -128,7 +206,7 @@ void MooncakeBackend::runTask(Task& task) {
         reportFailure(failed,
                       status.code() == StatusCode::kTimeout ? Deadline::after({}) : deadline);
     }
-    task.work->markFailed(message, failed);
+    work->markFailed(message, failed);
 }
 
 std::string MooncakeBackend::failureMessage(const char* op_name, const Status& status,
@@ -183,6 +261,10 @@ void MooncakeBackend::stopWorker(bool abort_pending) {
                 runTask(task);
             }
         }
+        if (abort_pending)
+            abortDeviceCalls();
+        // The window goes with the group: its calls in flight complete first.
+        finishKernelCalls(0);
     }
     if (abort_pending)
         abortDeviceCalls();

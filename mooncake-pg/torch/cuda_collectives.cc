@@ -38,9 +38,6 @@ using namespace collective_tensors;  // NOLINT(build/namespaces): the op family'
 
 namespace {
 
-// How long the kernels get past the op's deadline to notice it (their own
-// %globaltimer deadline is the op's) or the abort word, and return.
-constexpr auto kKernelGrace = std::chrono::seconds(2);
 // Bounds the deadline arithmetic (Deadline::never() has no end).
 constexpr std::chrono::nanoseconds kMaxKernelWait = std::chrono::hours(24 * 365);
 
@@ -64,8 +61,11 @@ void MooncakeBackend::configureCuda() {
     TORCH_CHECK_VALUE(path.ok(), "Mooncake PG: ", path.status().message());
     auto slot = device::parseSlotBytes(std::getenv(device::kCudaSlotBytesEnv));
     TORCH_CHECK_VALUE(slot.ok(), "Mooncake PG: ", slot.status().message());
+    auto blocking = device::parseBlockingWait(std::getenv(device::kCudaBlockingWaitEnv));
+    TORCH_CHECK_VALUE(blocking.ok(), "Mooncake PG: ", blocking.status().message());
     cuda_path_ = path.value();
     cuda_slot_bytes_ = slot.value();
+    cuda_blocking_wait_ = blocking.value();
 }
 
 c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
@@ -91,8 +91,10 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
     const char* op_name = call.op_name;
     at::Tensor output = call.output;
     const GroupSized sized = movesBlocks(call.collective) ? GroupSized::kBlocks : GroupSized::kNo;
-    return enqueue(type, op_name, {output}, timeout, sized, std::move(st),
-                   [this, call = std::move(call)](Deadline dl) { return runKernelCall(call, dl); });
+    return enqueue(
+        type, op_name, {output}, timeout, sized, std::move(st),
+        [this, call = std::move(call)](Deadline dl) { return runKernelCall(call, dl); },
+        /*kernel_call=*/true);
 }
 
 Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline) {
@@ -132,14 +134,21 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
     // not would wait for tags one call behind for the rest of the epoch.
     uint64_t seq = 0;
     const device::DeviceGroupView view = w.nextCall(timeout_ns, &seq);
-    w.clearResult();
-    w.clearAbort();
+    // Evidence against earlier calls still in flight stays set for them (it
+    // holds for this call too); with none in flight it was for calls done.
+    if (kernels_in_flight_.empty())
+        w.clearAbort();
+    // The worker keeps fewer calls in flight than there are slots
+    // (settleBefore), so this slot's previous call has been read.
+    const int slot = next_result_slot_;
+    next_result_slot_ = (slot + 1) % device::GroupWindow::kResultSlots;
+    w.clearResult(slot);
 
     // Contiguous stand-ins, made on the communication stream (current here).
     const bool in_place = call.input.is_same(call.output);
     at::Tensor dst = in_place ? inOutBuffer(call.output) : outBuffer(call.output);
     at::Tensor src = in_place ? dst : inBuffer(call.input, call.output);
-    device::DeviceOpResult* result = w.deviceResult();
+    device::DeviceOpResult* result = w.deviceResult(slot);
     const cudaStream_t stream = exec->stream().stream();
     Status launched;
     switch (call.collective) {
@@ -172,65 +181,11 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
         return Internal("queuing the device " + std::string(call.op_name) + ": " +
                         launched.toString());
     device_calls_.fetch_add(1);
-    MC_RETURN_IF_ERROR(awaitKernels(size, deadline));
-    Status st = device::resultStatus(w.hostResult(), call.op_name, &kernel_failed_);
-    if (st.code() == StatusCode::kTimeout && kernel_failed_.size() == 1 &&
-        fabric_->peerFailed(kernel_failed_[0])) {
-        // The peer it waited on is gone, not slow: say so, as the core does.
-        st = PeerFailure(std::string(call.op_name) + ": rank " + std::to_string(kernel_failed_[0]) +
-                         " failed");
-    }
-    w.clearAbort();
-    MC_RETURN_IF_ERROR(st);
+    // In stream order after the kernels: a failed call's output holds
+    // whatever they wrote, as on the contiguous path.
     copyBack(call.output, dst);
+    kernel_launch_ = KernelLaunch{slot, size, applied_epoch_.load(), timeout_ns};
     return Status::OK();
-}
-
-Status MooncakeBackend::awaitKernels(int size, Deadline deadline) {
-    auto* exec = static_cast<CudaExecutor*>(cuda_executor_ptr_.load(std::memory_order_acquire));
-    device::GroupWindow& w = *device_window_;
-    const uint64_t epoch_at_start = applied_epoch_.load();
-    const std::function<void()> watch = [&] {
-        {
-            // abort(), not shutdown(): queued calls still run at shutdown.
-            std::lock_guard<std::mutex> lock(queue_mu_);
-            if (abort_pending_) {
-                w.setAbort(device::kAbortGroupAborted);
-                return;
-            }
-        }
-        for (int p = 0; p < size; ++p) {
-            if (p != config_.rank && fabric_->peerFailed(p)) {
-                w.setAbort(device::abortPeerDead(p));
-                return;
-            }
-        }
-        if (host_ && latest_epoch_.load() != epoch_at_start) {
-            const control_plane::GroupView v = host_->view();
-            for (int p = 0; p < size; ++p) {
-                if (!v.isActive(static_cast<uint32_t>(p))) {
-                    w.setAbort(device::kAbortDeactivated);
-                    return;
-                }
-            }
-        }
-    };
-    const Deadline with_grace =
-        Deadline::after(std::min(deadline.remaining(), kMaxKernelWait) + kKernelGrace);
-    Status st = exec->drain(with_grace, "the device collective's kernels", watch);
-    if (st.code() != StatusCode::kTimeout)
-        return st;
-    // Past the kernels' own deadline: ask them to stop, once more. What they
-    // report is a timeout naming the peer they waited on.
-    w.setAbort(device::kAbortDeadline);
-    st = exec->drain(Deadline::after(kKernelGrace), "the device collective's kernels after abort");
-    if (st.ok())
-        return Status::OK();
-    device_stuck_ =
-        "the group's device collective kernels did not return after their deadline "
-        "and the abort word; the GPU may be stuck (" +
-        st.toString() + ")";
-    return Internal(device_stuck_);
 }
 
 Status MooncakeBackend::setUpDeviceWindow(int size, Deadline deadline) {

@@ -75,27 +75,40 @@ void MooncakeWork::synchronize() {
     if (fences_.empty())
         return;
     {
-        // Without rethrowing: a failure is wait()'s to report.
         std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [this] { return completed_; });
+        cv_.wait(lock, [this] { return completed_ || launched_.load(); });
     }
     for (auto& f : fences_)
         f->block();
+    // A kernel call completes once the worker has read its result, shortly
+    // after its fence; the kernels' own deadline bounds that.
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [this] { return completed_; });
+    const std::exception_ptr error = exception_;
+    lock.unlock();
+    future_->wait();
+    if (error)
+        std::rethrow_exception(error);
 }
 
 void MooncakeWork::waitHost(std::chrono::milliseconds timeout) {
     auto budget = spinBudget();
     if (timeout != kNoTimeout)
         budget = std::min<std::chrono::microseconds>(budget, timeout);
-    spinUntil([this] { return done_.load(std::memory_order_acquire); }, budget);
+    const auto host_part_done = [this] {
+        return done_.load(std::memory_order_acquire) || launched_.load(std::memory_order_acquire);
+    };
+    spinUntil(host_part_done, budget);
     std::unique_lock<std::mutex> lock(mutex_);
     if (timeout == kNoTimeout) {
-        cv_.wait(lock, [this] { return completed_; });
-    } else if (!cv_.wait_for(lock, timeout, [this] { return completed_; })) {
+        cv_.wait(lock, host_part_done);
+    } else if (!cv_.wait_for(lock, timeout, host_part_done)) {
         TORCH_CHECK_WITH(DistBackendError, false, "Mooncake PG: ", c10d::opTypeToString(opType_),
                          " did not complete within ", timeout.count(),
                          " ms of wait(); it is still running");
     }
+    if (!completed_)
+        return;  // queued on the device; it completes (or fails) later
     const std::exception_ptr error = exception_;
     lock.unlock();
     // The completing thread settles the future right after it releases
@@ -167,13 +180,36 @@ bool MooncakeWork::complete(std::exception_ptr error, const std::string& message
     return true;
 }
 
+bool MooncakeWork::claimFuture() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (future_claimed_)
+        return false;
+    future_claimed_ = true;
+    return true;
+}
+
+void MooncakeWork::markLaunched() {
+    // As NCCL's: the Future completes once the kernels are queued. Its CUDA
+    // events, recorded on this thread's current stream (the communication
+    // stream, after the kernels), order its consumers after them. A later
+    // failure is the Work's (exception(), synchronize()), not the Future's.
+    if (claimFuture())
+        future_->markCompleted(c10::IValue(outputs_));
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        launched_.store(true, std::memory_order_release);
+    }
+    cv_.notify_all();
+}
+
 void MooncakeWork::markSucceeded() {
     std::vector<Callback> callbacks;
     if (!complete(nullptr, {}, {}, &callbacks))
         return;
     // Outside the lock: Future callbacks (DDP hooks, then()) may call back
     // into this Work.
-    future_->markCompleted(c10::IValue(outputs_));
+    if (claimFuture())
+        future_->markCompleted(c10::IValue(outputs_));
     for (auto& cb : callbacks)
         cb(*this);
 }
@@ -183,7 +219,8 @@ void MooncakeWork::markFailed(const std::string& message, const std::vector<int>
     std::exception_ptr error = makeBackendError(message);
     if (!complete(error, message, failed_ranks, &callbacks))
         return;
-    future_->setError(error);
+    if (claimFuture())
+        future_->setError(error);
     for (auto& cb : callbacks)
         cb(*this);
 }

@@ -6,6 +6,9 @@
 // coalesced batch): its host part completes when the core op is done and
 // the copies back to the user's tensors are queued on the group's
 // communication stream; the fences complete when those copies have run.
+// A kernel call's host part is done once its kernels are queued
+// (markLaunched, which also completes the Future, as NCCL's): the Work
+// completes later, when the worker has read the kernels' result.
 #pragma once
 
 #include <atomic>
@@ -54,15 +57,20 @@ public:
     bool isSuccess() const override;
     std::exception_ptr exception() const override;
     std::vector<at::Tensor> result() override;
-    // Waits for the host part (as wait() does), then blocks on the fences.
+    // Waits for the host part (as wait() does), blocks on the fences, then
+    // waits for the Work to complete and rethrows its failure (a kernel
+    // call's failure is known only once its kernels have run).
     // CPU work: nothing to order on a stream, so this is a no-op.
     void synchronize() override;
     // Blocks the calling CPU thread until the op's host part is done
     // (kNoTimeout: as long as it takes; the op itself is bounded by its
-    // deadline), then rethrows the failure as c10::DistBackendError carrying
-    // the core's message. With fences, the caller's current stream then waits
-    // on them, so work it queues afterwards sees the outputs; the CPU does not
-    // wait for the device. It polls for up to spinBudget()
+    // deadline), then rethrows the failure, if the Work has failed by then,
+    // as c10::DistBackendError carrying the core's message. With fences, the
+    // caller's current stream then waits on them, so work it queues
+    // afterwards sees the outputs; the CPU does not wait for the device (a
+    // kernel call that fails later reports it through synchronize(),
+    // exception() and is_success(); its Future completed at launch). It
+    // polls for up to spinBudget()
     // (core/spin_wait.h) before it sleeps, so a small op that completes
     // within microseconds is not delayed by a wake-up.
     bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
@@ -88,6 +96,9 @@ public:
     std::string errorMessage() const;
     std::vector<int> failedRanks() const;
 
+    // The host part of a kernel call is done: its kernels and fences are
+    // queued, so wait() may return before the Work completes.
+    void markLaunched();
     // Completion. Callable from any thread; the first call wins and later
     // ones are ignored (an aborted Work stays aborted).
     void markSucceeded();
@@ -102,6 +113,8 @@ private:
 
     // wait() without the fences; returns after rethrowing any failure.
     void waitHost(std::chrono::milliseconds timeout);
+    // Whether the caller is the one to complete future_ (first call only).
+    bool claimFuture();
 
     const std::vector<at::Tensor> outputs_;
     const int hint_size_;
@@ -113,11 +126,14 @@ private:
     // mutex_ (the completing thread needs it). Set under mutex_ after
     // everything wait() reads, so an acquire load that sees true sees them.
     std::atomic<bool> done_{false};
+    // Set under mutex_ by markLaunched (wait()'s host part is done).
+    std::atomic<bool> launched_{false};
     // Guarded by Work::mutex_, like completed_ and exception_.
     bool local_success_ = false;
     std::string error_message_;
     std::vector<int> failed_ranks_;
     std::vector<Callback> callbacks_;
+    bool future_claimed_ = false;
 };
 
 // A c10::DistBackendError as an exception_ptr, for Work and Future errors.

@@ -1,5 +1,5 @@
 // The host-side policy of the device collectives (routing.h), no GPU needed:
-// the MC_PG_CUDA_PATH and MC_PG_CUDA_SLOT_BYTES settings, the routing
+// the MC_PG_CUDA_PATH, MC_PG_CUDA_SLOT_BYTES and MC_PG_CUDA_BLOCKING_WAIT settings, the routing
 // decision table, the window arithmetic, and how a kernel's result word
 // becomes the op's Status and failed-ranks hint.
 #include <gtest/gtest.h>
@@ -43,6 +43,23 @@ TEST(DeviceRouting, SlotBytesSetting) {
                   std::string::npos)
             << r.status().message();
         EXPECT_NE(r.status().message().find("multiple of 16"), std::string::npos);
+    }
+}
+
+TEST(DeviceRouting, BlockingWaitSettingDefaultsToOffAndNamesBadValues) {
+    EXPECT_FALSE(parseBlockingWait(nullptr).value());
+    EXPECT_FALSE(parseBlockingWait("").value());
+    EXPECT_FALSE(parseBlockingWait("0").value());
+    EXPECT_TRUE(parseBlockingWait("1").value());
+    for (const char* bad : {"true", "yes", "2", " 1", "01"}) {
+        auto r = parseBlockingWait(bad);
+        ASSERT_FALSE(r.ok()) << bad;
+        EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(r.status().message().find("MC_PG_CUDA_BLOCKING_WAIT='" + std::string(bad) + "'"),
+                  std::string::npos)
+            << r.status().message();
+        EXPECT_NE(r.status().message().find("'0'"), std::string::npos);
+        EXPECT_NE(r.status().message().find("'1'"), std::string::npos);
     }
 }
 

@@ -187,19 +187,23 @@ def work_facts(work, error):
     return facts
 
 
-def wait_facts(work):
-    """work.wait(), then work_facts(); the exception wait() raised is kept, not swallowed."""
+def wait_facts(work, sync=False):
+    """work.wait(), then work_facts(); the exception wait() raised is kept, not swallowed.
+    sync: then work.synchronize() too, which is where a CUDA kernel call that fails
+    after wait() returned (wait() only orders the stream) reports its failure."""
     error = None
     try:
         work.wait()
+        if sync:
+            work.synchronize()
     except Exception as e:  # noqa: BLE001 - a failed op raises from wait(); checked by the caller
         error = e
     return work_facts(work, error)
 
 
-def outcome(work, started):
+def outcome(work, started, sync=False):
     """Waits for `work` and reads what a failed Work offers (work_facts), plus the time."""
-    res = wait_facts(work)
+    res = wait_facts(work, sync)
     res["elapsed_s"] = time.monotonic() - started
     return res
 
@@ -208,12 +212,14 @@ def outcome(work, started):
 FAILED_RANKS_RE = re.compile(r"\[failed ranks:((?: \d+)+)\]")
 
 
-def check_failed_work(res, max_group_size, hint_ranks, message_re):
+def check_failed_work(res, max_group_size, hint_ranks, message_re, future_fails=True):
     """The documented contract of a failed Work (pg-elastic.md, Failure modes):
     wait() raises DistBackendError whose message matches `message_re`;
     is_completed() True, is_success() False, exception() and the future's error
     are that same DistBackendError; local_success() False; failed_ranks_hint()
-    an int32 tensor of max_group_size entries marking exactly `hint_ranks`."""
+    an int32 tensor of max_group_size entries marking exactly `hint_ranks`.
+    future_fails=False: a CUDA kernel call's Work (pg-cuda.md), whose Future
+    completed when its kernels were queued, as NCCL's does, so it holds no error."""
     err = res["error"]
     assert err is not None, "wait() returned normally; expected a DistBackendError"
     name, is_backend_error, message = err
@@ -223,8 +229,9 @@ def check_failed_work(res, max_group_size, hint_ranks, message_re):
     assert res["is_success"] is False, "is_success() is True for a failed Work"
     assert res["exception"] == err, f"exception() is {res['exception']}, expected what wait() raised: {err}"
     assert res["future_done"] is True, "get_future().done() is False after wait() raised"
-    assert res["future_error"] == err, (
-        f"get_future().wait() raised {res['future_error']}, expected what wait() raised: {err}")
+    want_future = err if future_fails else None
+    assert res["future_error"] == want_future, (
+        f"get_future().wait() raised {res['future_error']}, expected {want_future}")
     assert res["local_success"] is False, f"local_success() is True for a failed Work ({message[:200]})"
     hint = res["hint"]
     assert isinstance(hint, torch.Tensor), f"failed_ranks_hint is {type(hint)}, expected a tensor"
@@ -235,10 +242,10 @@ def check_failed_work(res, max_group_size, hint_ranks, message_re):
     assert hint.tolist() == want, f"failed_ranks_hint {hint.tolist()}, expected {want}"
 
 
-def check_failed_op(res, bad, max_group_size, self_rank, bound_s):
+def check_failed_op(res, bad, max_group_size, self_rank, bound_s, future_fails=True):
     """A survivor's op failed because rank `bad` died or stalled: the failed-Work
     contract, the message names exactly `bad` (and nothing else), in time."""
-    check_failed_work(res, max_group_size, {bad}, FAILED_RANKS_RE)
+    check_failed_work(res, max_group_size, {bad}, FAILED_RANKS_RE, future_fails)
     named = sorted(int(r) for r in FAILED_RANKS_RE.search(res["error"][2]).group(1).split())
     assert named == [bad], f"the message names failed ranks {named}, expected [{bad}]: {res['error'][2][:400]}"
     assert self_rank != bad

@@ -33,6 +33,8 @@ OP_TIMEOUT_S = 60
 PATHS = {
     "staged": {"MC_PG_CUDA_PATH": "staged"},
     "kernels": {"MC_PG_CUDA_PATH": "kernels"},
+    # wait() blocks until the kernels have finished and raises their failure.
+    "kernels-blocking-wait": {"MC_PG_CUDA_PATH": "kernels", "MC_PG_CUDA_BLOCKING_WAIT": "1"},
     # 4 KiB slots: a 24 MiB all_reduce runs thousands of chunks.
     "kernels-small-slots": {"MC_PG_CUDA_PATH": "kernels", "MC_PG_CUDA_SLOT_BYTES": "4096"},
 }
@@ -420,7 +422,85 @@ def test_bad_input_on_cuda():
         assert r["after"] == [1.0, 1.0, 1.0], (rank, r)
 
 
-def _killed_during_all_reduce(ctx, victim):
+# More calls queued back to back than the group window has result slots (128).
+PIPELINE_OPS = 200
+
+
+def _pipelined(ctx):
+    """Async kernel calls queued back to back, each on its own tensor: the values
+    are exact, every Work succeeds, and wait() only ordered the stream."""
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    ws, rank = ctx.world_size, ctx.rank
+    failures = []
+    calls_before = _device_calls()
+    ts = [torch.full((1000,), float(rank + 1 + i), device=dev) for i in range(PIPELINE_OPS)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    for w in works:
+        w.wait()
+    got = torch.stack(ts).cpu()  # on the current stream, after every wait()
+    want = torch.stack([torch.full((1000,), float(sum(r + 1 + i for r in range(ws))))
+                        for i in range(PIPELINE_OPS)])
+    if not torch.equal(got, want):
+        bad = [i for i in range(PIPELINE_OPS) if not torch.equal(got[i], want[i])]
+        failures.append(f"rank {rank}: calls {bad[:10]} (of {len(bad)}) hold wrong sums, "
+                        f"first {got[bad[0]][:3].tolist()} vs {want[bad[0]][:3].tolist()}")
+    for i, w in enumerate(works):
+        w.synchronize()
+        if not (w.is_completed() and w.is_success()):
+            failures.append(f"rank {rank}: call {i} completed={w.is_completed()} "
+                            f"success={w.is_success()}")
+    calls = _device_calls() - calls_before
+    if calls != PIPELINE_OPS:
+        failures.append(f"rank {rank}: {calls} device calls for {PIPELINE_OPS} all_reduces")
+    return failures
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_kernel_calls_queued_back_to_back(world_size):
+    res = harness.run_ranks(_pipelined, world_size, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            ref_group=False, env=PATHS["kernels"], pg_timeout_s=OP_TIMEOUT_S)
+    failures = [f for per_rank in res for f in per_rank]
+    assert not failures, "\n".join(failures[:20])
+
+
+def _mismatch_among_queued_calls(ctx):
+    """Four async all_reduces queued back to back; in the second, rank 0 passes 16
+    more elements than the others. That call fails on every rank, naming the
+    mismatch, once synchronize() has it; the calls around it keep exact values."""
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    ws, rank = ctx.world_size, ctx.rank
+    counts = [256, 256 + (16 if rank == 0 else 0), 256, 256]
+    ts = [torch.full((n,), float(rank + 1 + i), device=dev) for i, n in enumerate(counts)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    out = []
+    for i, w in enumerate(works):
+        try:
+            w.wait()
+            w.synchronize()
+            out.append({"ok": True, "values": sorted(set(ts[i].cpu().tolist()))})
+        except Exception as e:  # noqa: BLE001 - the failure is the result
+            out.append({"ok": False, "type": type(e).__name__, "message": str(e)[:600],
+                        "success": w.is_success()})
+    return out
+
+
+def test_mismatch_among_queued_kernel_calls_fails_that_call_only():
+    ws = 2
+    res = harness.run_ranks(_mismatch_among_queued_calls, ws, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            ref_group=False, env=PATHS["kernels"], pg_timeout_s=OP_TIMEOUT_S)
+    for rank, calls in enumerate(res):
+        for i in (0, 2, 3):
+            want = float(sum(r + 1 + i for r in range(ws)))
+            assert calls[i] == {"ok": True, "values": [want]}, (rank, i, calls[i])
+        bad = calls[1]
+        assert bad["ok"] is False and bad["success"] is False, (rank, bad)
+        assert bad["type"] == "DistBackendError", (rank, bad)
+        assert "mismatch" in bad["message"], (rank, bad)
+
+
+def _killed_during_all_reduce(ctx, victim, sync):
     from elastic_checks import ELASTIC_ENV, check_failed_op, outcome  # noqa: F401
     torch.cuda.set_device(0)
     dev = torch.device("cuda", 0)
@@ -443,8 +523,11 @@ def _killed_during_all_reduce(ctx, victim):
     t0 = time.monotonic()
     work = dist.all_reduce(big, async_op=True)
     ctx.signal(f"entered_{ctx.rank}")
-    res = outcome(work, t0)
-    check_failed_op(res, victim, 3, ctx.rank, bound_s=30.0)
+    # On the kernel path wait() returns once the kernels are queued (the
+    # failure comes later): synchronize() reports it. With blocking wait,
+    # and on the staged path, wait() itself raises.
+    res = outcome(work, t0, sync=sync)
+    check_failed_op(res, victim, 3, ctx.rank, bound_s=30.0, future_fails=not sync)
     calls_before = _device_calls()
     # The CUDA context and the group stay usable: the survivors take the
     # victim out and the next CUDA all_reduce succeeds (victim 2: on the
@@ -464,13 +547,13 @@ def _killed_during_all_reduce(ctx, victim):
             "device_calls": [calls_before, _device_calls()]}
 
 
-@pytest.mark.parametrize("path", ["staged", "kernels"])
+@pytest.mark.parametrize("path", ["staged", "kernels", "kernels-blocking-wait"])
 @pytest.mark.parametrize("victim", [1, 2])
 def test_sigkilled_rank_during_cuda_all_reduce(victim, path):
     from elastic_checks import ELASTIC_ENV
     res = harness.run_ranks(_killed_during_all_reduce, 3, BACKEND, timeout_s=JOB_TIMEOUT_S,
-                            env={**ELASTIC_ENV, **PATHS[path]}, args=(victim,), init=False,
-                            ref_group=False, expect_killed=[victim])
+                            env={**ELASTIC_ENV, **PATHS[path]}, args=(victim, path == "kernels"),
+                            init=False, ref_group=False, expect_killed=[victim])
     want = float(sum(r + 1 for r in range(3) if r != victim))
     for r in range(3):
         if r == victim:

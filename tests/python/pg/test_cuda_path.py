@@ -1,4 +1,5 @@
-"""MC_PG_CUDA_PATH and MC_PG_CUDA_SLOT_BYTES: checked when a `mooncake` group is created.
+"""MC_PG_CUDA_PATH, MC_PG_CUDA_SLOT_BYTES and MC_PG_CUDA_BLOCKING_WAIT: checked when a
+`mooncake` group is created.
 
 A bad value fails init_process_group with the variable, the value and the
 accepted ones named, on any machine (the settings are read before any CUDA
@@ -31,6 +32,7 @@ def _init_outcome(ctx):
     ("MC_PG_CUDA_PATH", "NCCL", ["MC_PG_CUDA_PATH='NCCL'", "'staged'", "'kernels'"]),
     ("MC_PG_CUDA_SLOT_BYTES", "1000", ["MC_PG_CUDA_SLOT_BYTES='1000'", "multiple of 16"]),
     ("MC_PG_CUDA_SLOT_BYTES", "1M", ["MC_PG_CUDA_SLOT_BYTES='1M'", "multiple of 16"]),
+    ("MC_PG_CUDA_BLOCKING_WAIT", "yes", ["MC_PG_CUDA_BLOCKING_WAIT='yes'", "'0'", "'1'"]),
 ])
 def test_bad_setting_fails_init_naming_it(var, value, expect):
     res = harness.run_ranks(_init_outcome, 1, BACKEND, timeout_s=JOB_TIMEOUT_S, init=False,

@@ -1,0 +1,150 @@
+// MooncakeBackend's kernel calls in flight: the worker queues a kernel
+// call's kernels on the communication stream and takes the next op at once;
+// the call's Work is completed later, when the worker finds the call's
+// fence completed and reads its result slot (docs/design/pg-cuda.md).
+//
+// Calls complete in issue order. While one runs, the worker turns host
+// evidence (abort(), a dead peer, a newer view that deactivates a member)
+// into the group's abort word and, past the kernels' own deadline plus a
+// grace, sets the word itself; kernels that outlive that too leave the
+// group unusable (device_stuck_). Anything but a kernel call of the same
+// view waits for the calls in flight first (settleBefore), so failures are
+// reported, and views applied, in issue order.
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "mooncake-pg/control_plane/member_host.h"
+#include "mooncake-pg/core/engine_fabric.h"
+#include "mooncake-pg/device/group_window.h"
+#include "mooncake-pg/torch/backend.h"
+#include "mooncake-transfer-engine/common/logging.h"
+
+namespace mooncake::pg {
+
+namespace {
+
+// How long the kernels get past their own deadline (the op's timeout, from
+// when they start) to notice it or the abort word, and return.
+constexpr auto kKernelGrace = std::chrono::seconds(2);
+// How often the evidence behind the abort word is checked while a call runs.
+constexpr auto kKernelWatchPeriod = std::chrono::milliseconds(1);
+
+}  // namespace
+
+void MooncakeBackend::pollKernelCalls() {
+    while (!kernels_in_flight_.empty()) {
+        KernelInFlight& front = kernels_in_flight_.front();
+        device::GroupWindow& w = *device_window_;
+        if (!front.front) {
+            // Its predecessors have finished, so its kernels run from about now.
+            front.front = true;
+            front.host_deadline =
+                Deadline::after(std::chrono::nanoseconds(front.timeout_ns) + kKernelGrace);
+        }
+        if (!front.fence->ready()) {
+            const auto now = std::chrono::steady_clock::now();
+            if (now >= next_kernel_watch_) {
+                next_kernel_watch_ = now + kKernelWatchPeriod;
+                {
+                    // abort(), not shutdown(): queued calls still run at shutdown.
+                    std::lock_guard<std::mutex> lock(queue_mu_);
+                    if (abort_pending_)
+                        w.setAbort(device::kAbortGroupAborted);
+                }
+                for (int p = 0; p < front.size; ++p) {
+                    if (p != config_.rank && fabric_->peerFailed(p)) {
+                        w.setAbort(device::abortPeerDead(p));
+                        break;
+                    }
+                }
+                if (host_ && latest_epoch_.load() != front.epoch) {
+                    const control_plane::GroupView v = host_->view();
+                    for (int p = 0; p < front.size; ++p) {
+                        if (!v.isActive(static_cast<uint32_t>(p))) {
+                            w.setAbort(device::kAbortDeactivated);
+                            break;
+                        }
+                    }
+                }
+            }
+            if (!front.host_deadline.expired())
+                return;
+            if (!front.abort_sent) {
+                // Past the kernels' own deadline: ask them to stop, once
+                // more. What they report is a timeout naming the peer they
+                // waited on.
+                w.setAbort(device::kAbortDeadline);
+                front.abort_sent = true;
+                front.host_deadline = Deadline::after(kKernelGrace);
+                return;
+            }
+            // The abort word stays set: the kernels may still run.
+            device_stuck_ =
+                "the group's device collective kernels did not return after their deadline and "
+                "the abort word; the GPU may be stuck";
+            while (!kernels_in_flight_.empty()) {
+                KernelInFlight k = std::move(kernels_in_flight_.front());
+                kernels_in_flight_.pop_front();
+                k.work->markFailed(
+                    failureMessage(k.op_name,
+                                   Internal(std::string(k.op_name) + ": " + device_stuck_),
+                                   k.timeout),
+                    {});
+                if (ownerGone())
+                    return;
+            }
+            return;
+        }
+        KernelInFlight k = std::move(front);
+        kernels_in_flight_.pop_front();
+        std::vector<int> failed;
+        Status st = device::resultStatus(w.hostResult(k.slot), k.op_name, &failed);
+        if (st.code() == StatusCode::kTimeout && failed.size() == 1 &&
+            fabric_->peerFailed(failed[0])) {
+            // The peer it waited on is gone, not slow: say so, as the core does.
+            st = PeerFailure(std::string(k.op_name) + ": rank " + std::to_string(failed[0]) +
+                             " failed");
+        }
+        // Evidence set while calls ran was for them; the next call starts clean.
+        if (kernels_in_flight_.empty() && device_stuck_.empty())
+            w.clearAbort();
+        if (st.ok()) {
+            k.work->markSucceeded();
+        } else {
+            // wait() may have returned already: say it where it is seen.
+            MC_LOG(kWarn, "pg") << "rank " << config_.rank << ": " << k.op_name
+                                << " failed after its kernels were queued: " << st.toString()
+                                << " (slot " << k.slot << ", epoch " << k.epoch << ")";
+            // A call of an older view than the applied one (completed after
+            // a failure before it changed the view) is not new evidence.
+            failWork(k.work, k.op_name, k.timeout, k.deadline, st, failed,
+                     k.epoch == applied_epoch_.load());
+        }
+        // Completing the Work may have destroyed the backend.
+        if (ownerGone())
+            return;
+    }
+}
+
+void MooncakeBackend::finishKernelCalls(size_t keep) {
+    int spins = 0;
+    while (kernels_in_flight_.size() > keep) {
+        const size_t before = kernels_in_flight_.size();
+        pollKernelCalls();
+        if (ownerGone())
+            return;
+        if (kernels_in_flight_.size() != before) {
+            spins = 0;
+        } else if (++spins < 256) {
+            std::this_thread::yield();
+        } else {
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+    }
+}
+
+}  // namespace mooncake::pg
