@@ -217,6 +217,13 @@ private:
         // still in flight instead of waiting for them (cuda_pipeline.cc).
         bool kernel_call = false;
     };
+    // What runKernelCall queued, for runTask to put in flight.
+    struct KernelLaunch {
+        int slot = 0;            // its result slot in the group window
+        int size = 0;            // the applied view's size at launch
+        uint64_t epoch = 0;      // applied_epoch_ at launch
+        int64_t timeout_ns = 0;  // the kernels' own deadline, from their start
+    };
     // A kernel call queued on the communication stream whose Work is not
     // complete yet: the worker completes it once its fence has completed,
     // from its result slot (cuda_pipeline.cc).
@@ -226,22 +233,12 @@ private:
         std::chrono::milliseconds timeout{0};
         Deadline deadline = Deadline::never();  // the op's, for evidence reporting
         std::shared_ptr<DeviceFence> fence;
-        int slot = 0;            // its result slot in the group window
-        int size = 0;            // the applied view's size at launch
-        uint64_t epoch = 0;      // applied_epoch_ at launch
-        int64_t timeout_ns = 0;  // the kernels' own deadline, from their start
+        KernelLaunch launch;
         // Armed when the call becomes the oldest in flight (its kernels run
         // from about then): its kernel deadline plus a grace.
         bool front = false;
         Deadline host_deadline = Deadline::never();
         bool abort_sent = false;
-    };
-    // What runKernelCall queued, for runTask to put in flight.
-    struct KernelLaunch {
-        int slot = 0;
-        int size = 0;
-        uint64_t epoch = 0;
-        int64_t timeout_ns = 0;
     };
 
     void bootstrap(const c10::intrusive_ptr<c10d::Store>& store);

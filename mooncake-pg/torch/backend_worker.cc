@@ -123,8 +123,8 @@ void MooncakeBackend::settleBefore(const Task* next) {
     // view change to apply first, shutdown) waits for them, so their
     // failures are reported and their views applied in issue order.
     const bool may_queue = next != nullptr && next->kernel_call &&
-                           latest_epoch_.load() == kernels_in_flight_.back().epoch &&
-                           applied_epoch_.load() == kernels_in_flight_.back().epoch;
+                           latest_epoch_.load() == kernels_in_flight_.back().launch.epoch &&
+                           applied_epoch_.load() == kernels_in_flight_.back().launch.epoch;
     finishKernelCalls(may_queue ? device::kMaxKernelCallsInFlight - 1 : 0);
 }
 
@@ -154,10 +154,7 @@ void MooncakeBackend::runTask(Task& task) {
         k.timeout = task.timeout;
         k.deadline = deadline;
         k.fence = task.device_op->fence();
-        k.slot = kernel_launch_->slot;
-        k.size = kernel_launch_->size;
-        k.epoch = kernel_launch_->epoch;
-        k.timeout_ns = kernel_launch_->timeout_ns;
+        k.launch = *kernel_launch_;
         kernel_launch_.reset();
         kernels_in_flight_.push_back(std::move(k));
         task.run = nullptr;
@@ -240,6 +237,8 @@ void MooncakeBackend::stopWorker(bool abort_pending) {
             abort_pending_ = true;
     }
     queue_cv_.notify_all();
+    if (abort_pending)
+        abortDeviceCalls();
     if (worker_.get_id() == std::this_thread::get_id()) {
         // Destroyed from a callback on the worker: what is queued runs (or
         // fails) here, since the worker is let go once this returns.
@@ -261,13 +260,10 @@ void MooncakeBackend::stopWorker(bool abort_pending) {
                 runTask(task);
             }
         }
-        if (abort_pending)
-            abortDeviceCalls();
-        // The window goes with the group: its calls in flight complete first.
+        // The window goes with the group: its calls in flight complete first
+        // (told to stop above when aborting).
         finishKernelCalls(0);
     }
-    if (abort_pending)
-        abortDeviceCalls();
     if (abort_pending && fabric_) {
         // The running collective waits on peers' flags; marking every peer
         // failed turns those waits into immediate errors instead of waits to

@@ -43,7 +43,7 @@ void MooncakeBackend::pollKernelCalls() {
             // Its predecessors have finished, so its kernels run from about now.
             front.front = true;
             front.host_deadline =
-                Deadline::after(std::chrono::nanoseconds(front.timeout_ns) + kKernelGrace);
+                Deadline::after(std::chrono::nanoseconds(front.launch.timeout_ns) + kKernelGrace);
         }
         if (!front.fence->ready()) {
             const auto now = std::chrono::steady_clock::now();
@@ -55,15 +55,15 @@ void MooncakeBackend::pollKernelCalls() {
                     if (abort_pending_)
                         w.setAbort(device::kAbortGroupAborted);
                 }
-                for (int p = 0; p < front.size; ++p) {
+                for (int p = 0; p < front.launch.size; ++p) {
                     if (p != config_.rank && fabric_->peerFailed(p)) {
                         w.setAbort(device::abortPeerDead(p));
                         break;
                     }
                 }
-                if (host_ && latest_epoch_.load() != front.epoch) {
+                if (host_ && latest_epoch_.load() != front.launch.epoch) {
                     const control_plane::GroupView v = host_->view();
-                    for (int p = 0; p < front.size; ++p) {
+                    for (int p = 0; p < front.launch.size; ++p) {
                         if (!v.isActive(static_cast<uint32_t>(p))) {
                             w.setAbort(device::kAbortDeactivated);
                             break;
@@ -102,7 +102,7 @@ void MooncakeBackend::pollKernelCalls() {
         KernelInFlight k = std::move(front);
         kernels_in_flight_.pop_front();
         std::vector<int> failed;
-        Status st = device::resultStatus(w.hostResult(k.slot), k.op_name, &failed);
+        Status st = device::resultStatus(w.hostResult(k.launch.slot), k.op_name, &failed);
         if (st.code() == StatusCode::kTimeout && failed.size() == 1 &&
             fabric_->peerFailed(failed[0])) {
             // The peer it waited on is gone, not slow: say so, as the core does.
@@ -118,11 +118,12 @@ void MooncakeBackend::pollKernelCalls() {
             // wait() may have returned already: say it where it is seen.
             MC_LOG(kWarn, "pg") << "rank " << config_.rank << ": " << k.op_name
                                 << " failed after its kernels were queued: " << st.toString()
-                                << " (slot " << k.slot << ", epoch " << k.epoch << ")";
+                                << " (slot " << k.launch.slot << ", epoch " << k.launch.epoch
+                                << ")";
             // A call of an older view than the applied one (completed after
             // a failure before it changed the view) is not new evidence.
             failWork(k.work, k.op_name, k.timeout, k.deadline, st, failed,
-                     k.epoch == applied_epoch_.load());
+                     k.launch.epoch == applied_epoch_.load());
         }
         // Completing the Work may have destroyed the backend.
         if (ownerGone())
