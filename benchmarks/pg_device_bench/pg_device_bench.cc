@@ -8,7 +8,8 @@
 // all_reduce, reduce_scatter and all_to_all, the output of all_gather, the
 // buffer of broadcast). The limit: a collective must read every input byte
 // once and write every output byte once, over all ranks:
-//   all_reduce (one-shot, two-shot, chosen)   2 * N * S
+//   all_reduce (one-shot, two-shot, direct,   2 * N * S
+//               chosen)
 //   all_gather, reduce_scatter                (N + 1) * S
 //   all_to_all                                2 * N * S
 //   broadcast                                 N * S (root reads, others write)
@@ -56,13 +57,15 @@ enum class Coll {
     kAllReduce,
     kOneShot,
     kTwoShot,
+    kDirect,
     kAllGather,
     kReduceScatter,
     kAllToAll,
     kBroadcast
 };
-constexpr Coll kColls[] = {Coll::kAllReduce,     Coll::kOneShot,  Coll::kTwoShot,  Coll::kAllGather,
-                           Coll::kReduceScatter, Coll::kAllToAll, Coll::kBroadcast};
+constexpr Coll kColls[] = {Coll::kAllReduce, Coll::kOneShot,   Coll::kTwoShot,
+                           Coll::kDirect,    Coll::kAllGather, Coll::kReduceScatter,
+                           Coll::kAllToAll,  Coll::kBroadcast};
 
 constexpr uint64_t kSizes[] = {8,           64,          1 << 10,      16 << 10,
                                64 << 10,    256 << 10,   1ull << 20,   4ull << 20,
@@ -76,6 +79,8 @@ const char* collName(Coll c) {
             return "all_reduce_one_shot";
         case Coll::kTwoShot:
             return "all_reduce_two_shot";
+        case Coll::kDirect:
+            return "all_reduce_direct";
         case Coll::kAllGather:
             return "all_gather";
         case Coll::kReduceScatter:
@@ -114,8 +119,9 @@ double trafficBytes(Coll c, int n, uint64_t s) {
 }
 
 // Queues one op of the row's collective on S bytes per rank (float32 for the
-// reductions, bytes otherwise).
-Status queueOp(Coll c, Rank& r, char* in, char* out, uint64_t s, uint64_t seq) {
+// reductions, bytes otherwise). `members`: every rank's in and out, mapped.
+Status queueOp(Coll c, Rank& r, char* in, char* out, const MemberBuffers& members, uint64_t s,
+               uint64_t seq) {
     const int n = r.size;
     DeviceOpResult* res = r.deviceResult();
     switch (c) {
@@ -128,6 +134,9 @@ Status queueOp(Coll c, Rank& r, char* in, char* out, uint64_t s, uint64_t seq) {
         case Coll::kTwoShot:
             return twoShotAllReduce(r.view, in, out, s / 4, DataType::kFloat32, ReduceOp::kSum, seq,
                                     res, r.stream);
+        case Coll::kDirect:
+            return directAllReduce(r.view, members, s / 4, DataType::kFloat32, ReduceOp::kSum, seq,
+                                   res, r.stream);
         case Coll::kAllGather:
             return allGather(r.view, in, out, s / n, DataType::kUInt8, seq, res, r.stream);
         case Coll::kReduceScatter:
@@ -146,6 +155,7 @@ bool applies(Coll c, int n, uint64_t s, uint64_t slot_bytes) {
     switch (c) {
         case Coll::kAllReduce:
         case Coll::kTwoShot:
+        case Coll::kDirect:
             return s >= 4;
         case Coll::kOneShot:
             return s >= 4 && s <= slot_bytes;
@@ -191,6 +201,11 @@ int runRank(const Options& o, const std::string& dir, int rank, int n) {
     CUDA_CHILD_OK(cudaMemset(in, 0, o.max_bytes));
     CUDA_CHILD_OK(cudaDeviceSynchronize());
     CHILD_OK(test::barrier(*r.store, "allocated", n));
+    test::Sharing sharing;
+    MemberBuffers members;
+    if (int rc = test::shareMemberBuffers(r, sharing, "bench", in, out, o.max_bytes, &members);
+        rc != 0)
+        return rc;
     double copy_gbps = 0;
     if (rank == 0) {
         if (int rc = copyBandwidth(in, out, o.max_bytes, r.stream, &copy_gbps); rc != 0)
@@ -217,10 +232,10 @@ int runRank(const Options& o, const std::string& dir, int rank, int n) {
             CHILD_OK(test::barrier(*r.store, "row" + std::to_string(row++), n));
             r.clearResult();
             for (int i = 0; i < warmup; ++i)
-                CHILD_OK(queueOp(c, r, in, out, s, seq++));
+                CHILD_OK(queueOp(c, r, in, out, members, s, seq++));
             CUDA_CHILD_OK(cudaEventRecord(start, r.stream));
             for (int i = 0; i < iters; ++i)
-                CHILD_OK(queueOp(c, r, in, out, s, seq++));
+                CHILD_OK(queueOp(c, r, in, out, members, s, seq++));
             CUDA_CHILD_OK(cudaEventRecord(stop, r.stream));
             CUDA_CHILD_OK(cudaEventSynchronize(stop));
             const DeviceOpResult res = *r.hostResult();
@@ -274,6 +289,8 @@ int runRank(const Options& o, const std::string& dir, int rank, int n) {
     }
     // The child ends with _exit, which does not flush stdio.
     std::fflush(stdout);
+    // The peers' buffers unmapped before their owners exit.
+    sharing.peers.clear();
     CHILD_OK(test::barrier(*r.store, "end", n));
     return 0;
 }
