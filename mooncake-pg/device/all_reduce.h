@@ -33,6 +33,11 @@
 namespace mooncake::pg::device {
 
 inline constexpr uint8_t kAllReduceCollective = 1;
+// Messages from this size take the direct path when every member's buffers
+// can be shared (the backend's choice; cuda_direct.cc). Below it the host
+// exchange that shares them (two host all_gathers) would cost more than the
+// window copies it saves. Not yet measured: set from the two-shot's cost.
+inline constexpr uint64_t kDirectMinBytes = uint64_t{4} << 20;
 // Its own id, so ranks that took different paths fail with kMismatch.
 inline constexpr uint8_t kDirectAllReduceCollective = 6;
 

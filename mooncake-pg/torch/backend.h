@@ -30,6 +30,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "mooncake-pg/core/types.h"
+#include "mooncake-pg/device/member_buffers.h"
 #include "mooncake-pg/device/routing.h"
 #include "mooncake-pg/torch/executor.h"
 #include "mooncake-pg/torch/kernel_call.h"
@@ -314,6 +315,13 @@ private:
     // Worker thread: the group window set up for the applied view's `size`
     // members (created at the first kernel call, re-mapped per epoch).
     Status setUpDeviceWindow(int size, Deadline deadline);
+    // Worker thread: offers this rank's `in` and `out` (`bytes` each) to the
+    // applied view's `size` members through the host core and maps theirs
+    // into `members` (cuda_direct.cc). False on every rank when any member
+    // cannot share or map (the call then goes through the window); an error
+    // when the exchange itself fails.
+    Result<bool> shareDirectBuffers(const void* in, void* out, uint64_t bytes, int size,
+                                    Deadline deadline, device::MemberBuffers* members);
     // ---- kernel calls in flight (cuda_pipeline.cc; no-ops without CUDA).
     // Worker thread: completes the oldest calls whose fences have completed,
     // and for the oldest still running turns host evidence (dead peer,

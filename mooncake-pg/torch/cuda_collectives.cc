@@ -152,10 +152,26 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
     const cudaStream_t stream = exec->stream().stream();
     Status launched;
     switch (call.collective) {
-        case device::CudaCollective::kAllReduce:
-            launched = device::allReduce(view, ptrOf(src), ptrOf(dst), call.count, call.dtype,
-                                         call.op, seq, result, stream);
+        case device::CudaCollective::kAllReduce: {
+            const uint64_t bytes = static_cast<uint64_t>(call.count) * dataTypeSize(call.dtype);
+            device::MemberBuffers members;
+            bool direct = false;
+            if (bytes >= device::kDirectMinBytes) {
+                auto shared =
+                    shareDirectBuffers(ptrOf(src), ptrOf(dst), bytes, size, deadline, &members);
+                if (!shared.ok()) {
+                    // A host exchange: its failure names the core's culprits.
+                    kernel_failed_ = comm_->lastFailure().failed_ranks;
+                    return shared.status();
+                }
+                direct = shared.value();
+            }
+            launched = direct ? device::directAllReduce(view, members, call.count, call.dtype,
+                                                        call.op, seq, result, stream)
+                              : device::allReduce(view, ptrOf(src), ptrOf(dst), call.count,
+                                                  call.dtype, call.op, seq, result, stream);
             break;
+        }
         case device::CudaCollective::kAllGather:
             launched = device::allGather(view, ptrOf(src), ptrOf(dst), call.count, call.dtype, seq,
                                          result, stream);
