@@ -162,6 +162,7 @@ public:
     // How many collectives ran on the device kernels so far (tests tell the
     // kernel path from the staged one by it).
     uint64_t deviceCollectiveCalls() const { return device_calls_.load(); }
+    uint64_t directCollectiveCalls() const { return direct_calls_.load(); }
 
     // ---- elastic membership (backend_elastic.cc); each throws c10::Error
     // subclasses naming the call and the control plane's reason. Blocking
@@ -493,6 +494,7 @@ private:
     int next_result_slot_ = 0;
     std::chrono::steady_clock::time_point next_kernel_watch_{};
     std::atomic<uint64_t> device_calls_{0};
+    std::atomic<uint64_t> direct_calls_{0};
     // Worker thread: set once kernels outlived their deadline and the abort
     // word. They may still run and read this group's words, so every later
     // kernel call fails with it at once and the abort word stays set.

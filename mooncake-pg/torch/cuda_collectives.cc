@@ -166,6 +166,8 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
                 }
                 direct = shared.value();
             }
+            if (direct)
+                direct_calls_.fetch_add(1);
             launched = direct ? device::directAllReduce(view, members, call.count, call.dtype,
                                                         call.op, seq, result, stream)
                               : device::allReduce(view, ptrOf(src), ptrOf(dst), call.count,

@@ -35,7 +35,9 @@ PATHS = {
     "kernels": {"MC_PG_CUDA_PATH": "kernels"},
     # wait() blocks until the kernels have finished and raises their failure.
     "kernels-blocking-wait": {"MC_PG_CUDA_PATH": "kernels", "MC_PG_CUDA_BLOCKING_WAIT": "1"},
-    # 4 KiB slots: a 24 MiB all_reduce runs thousands of chunks.
+    # 4 KiB slots: the all_reduces between 1 and 4 MiB, and the other large
+    # collectives, run thousands of chunks (a 24 MiB all_reduce reads the
+    # members' buffers directly, whatever the slots).
     "kernels-small-slots": {"MC_PG_CUDA_PATH": "kernels", "MC_PG_CUDA_SLOT_BYTES": "4096"},
 }
 
@@ -43,6 +45,11 @@ PATHS = {
 def _device_calls():
     from mooncake import pg
     return int(pg._lib._device_collective_calls(dist.group.WORLD))
+
+
+def _direct_calls():
+    from mooncake import pg
+    return int(pg._lib._direct_collective_calls(dist.group.WORLD))
 # Small values: sums, products and averages are exact in every dtype below.
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64,
           torch.int8, torch.uint8)
@@ -311,7 +318,7 @@ def _values(ctx):
         if objs != [{"rank": r} for r in range(ws)]:
             c.failures.append(f"rank {rank}: all_gather_object gave {objs}")
     c.run("cpu on mooncake", cpu_on_mooncake)
-    return {"failures": c.failures, "device_calls": _device_calls()}
+    return {"failures": c.failures, "device_calls": _device_calls(), "direct_calls": _direct_calls()}
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
@@ -331,6 +338,9 @@ def test_collective_values_on_cuda(world_size, path):
         # all_gather_into_tensor x3, reduce_scatter_tensor x2, all_to_all_single x2
         # at least; every rank the same.
         assert len(set(calls)) == 1 and calls[0] >= 40, f"kernel path device calls: {calls}"
+        # The 24 MiB all_reduce read the members' buffers directly.
+        direct = [r["direct_calls"] for r in res]
+        assert len(set(direct)) == 1 and direct[0] >= 1, f"direct path calls: {direct}"
 
 
 # Long enough that an op which did not wait for the producer reads zeros.
