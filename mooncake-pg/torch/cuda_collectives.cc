@@ -63,6 +63,9 @@ void MooncakeBackend::configureCuda() {
     TORCH_CHECK_VALUE(slot.ok(), "Mooncake PG: ", slot.status().message());
     auto blocking = device::parseBlockingWait(std::getenv(device::kCudaBlockingWaitEnv));
     TORCH_CHECK_VALUE(blocking.ok(), "Mooncake PG: ", blocking.status().message());
+    auto direct = device::parseDirect(std::getenv(device::kCudaDirectEnv));
+    TORCH_CHECK_VALUE(direct.ok(), "Mooncake PG: ", direct.status().message());
+    cuda_direct_ = direct.value();
     cuda_path_ = path.value();
     cuda_slot_bytes_ = slot.value();
     cuda_blocking_wait_ = blocking.value();
@@ -156,7 +159,7 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
             const uint64_t bytes = static_cast<uint64_t>(call.count) * dataTypeSize(call.dtype);
             device::MemberBuffers members;
             bool direct = false;
-            if (bytes >= device::kDirectMinBytes) {
+            if (cuda_direct_ && bytes >= device::kDirectMinBytes) {
                 auto shared =
                     shareDirectBuffers(ptrOf(src), ptrOf(dst), bytes, size, deadline, &members);
                 if (!shared.ok()) {

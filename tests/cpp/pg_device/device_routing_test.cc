@@ -46,6 +46,18 @@ TEST(DeviceRouting, SlotBytesSetting) {
     }
 }
 
+TEST(DeviceRouting, DirectSettingDefaultsToOnAndNamesBadValues) {
+    EXPECT_TRUE(parseDirect(nullptr).value());
+    EXPECT_TRUE(parseDirect("").value());
+    EXPECT_TRUE(parseDirect("1").value());
+    EXPECT_FALSE(parseDirect("0").value());
+    auto bad = parseDirect("yes");
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find("MC_PG_CUDA_DIRECT='yes'"), std::string::npos)
+        << bad.status().message();
+}
+
 TEST(DeviceRouting, BlockingWaitSettingDefaultsToOffAndNamesBadValues) {
     EXPECT_FALSE(parseBlockingWait(nullptr).value());
     EXPECT_FALSE(parseBlockingWait("").value());

@@ -35,10 +35,9 @@ PATHS = {
     "kernels": {"MC_PG_CUDA_PATH": "kernels"},
     # wait() blocks until the kernels have finished and raises their failure.
     "kernels-blocking-wait": {"MC_PG_CUDA_PATH": "kernels", "MC_PG_CUDA_BLOCKING_WAIT": "1"},
-    # 4 KiB slots: the all_reduces between 1 and 4 MiB, and the other large
-    # collectives, run thousands of chunks (a 24 MiB all_reduce reads the
-    # members' buffers directly, whatever the slots).
-    "kernels-small-slots": {"MC_PG_CUDA_PATH": "kernels", "MC_PG_CUDA_SLOT_BYTES": "4096"},
+    # 4 KiB slots, no direct path: a 24 MiB all_reduce runs thousands of chunks.
+    "kernels-small-slots": {"MC_PG_CUDA_PATH": "kernels", "MC_PG_CUDA_SLOT_BYTES": "4096",
+                            "MC_PG_CUDA_DIRECT": "0"},
 }
 
 
@@ -338,9 +337,13 @@ def test_collective_values_on_cuda(world_size, path):
         # all_gather_into_tensor x3, reduce_scatter_tensor x2, all_to_all_single x2
         # at least; every rank the same.
         assert len(set(calls)) == 1 and calls[0] >= 40, f"kernel path device calls: {calls}"
-        # The 24 MiB all_reduce read the members' buffers directly.
+        # The 24 MiB all_reduce read the members' buffers directly, unless
+        # the direct path is off.
         direct = [r["direct_calls"] for r in res]
-        assert len(set(direct)) == 1 and direct[0] >= 1, f"direct path calls: {direct}"
+        if PATHS[path].get("MC_PG_CUDA_DIRECT") == "0":
+            assert direct == [0] * world_size, f"direct path calls with it off: {direct}"
+        else:
+            assert len(set(direct)) == 1 and direct[0] >= 1, f"direct path calls: {direct}"
 
 
 # Long enough that an op which did not wait for the producer reads zeros.
