@@ -9,18 +9,6 @@ namespace mooncake::pg::device {
 
 namespace {
 
-// Step 0 only signals (the inputs are ready in stream order); step 1's
-// kernel reduces this rank's piece; step 2's gathers the others' pieces;
-// the kernel after it waits until every member has gathered.
-constexpr uint64_t kDirectSteps = 3;
-
-template <typename T>
-struct MemberPieces {
-    const void* const* bases;
-    uint64_t lo;
-    __device__ const T* operator()(int src) const { return static_cast<const T*>(bases[src]) + lo; }
-};
-
 template <typename T, ReduceOp kOp>
 struct DirectAllReduceAlgo {
     MemberBuffers buffers;
@@ -32,7 +20,7 @@ struct DirectAllReduceAlgo {
         T* own = static_cast<T*>(buffers.outputs[g.rank]);
         if (a.wait_step == 0) {
             memberPiece<T>(count, g.size, g.rank, &lo, &hi);
-            gridReduceCopies<T, kOp>(g.size, MemberPieces<T>{buffers.inputs, lo},
+            gridReduceCopies<T, kOp>(g.size, MemberBufferCopies<T>{buffers.inputs, lo},
                                      input_bits | (lo * sizeof(T)), own + lo, nullptr, hi - lo);
         } else if (a.wait_step == 1) {
             for (int src = 0; src < g.size; ++src) {
@@ -59,15 +47,8 @@ Status directAllReduce(const DeviceGroupView& group, const MemberBuffers& buffer
     if (!reduceOpSupported(op, dtype, &why))
         return InvalidArgument(std::string(kWhat) + ": " + why);
     const uint64_t bytes = static_cast<uint64_t>(count) * dataTypeSize(dtype);
-    uintptr_t input_bits = 0;
-    for (int r = 0; r < group.size; ++r) {
-        const std::string member = "rank " + std::to_string(r) + "'s ";
-        MC_RETURN_IF_ERROR(
-            checkBuffer(buffers.inputs[r], bytes, (member + "input").c_str(), kWhat));
-        MC_RETURN_IF_ERROR(
-            checkBuffer(buffers.outputs[r], bytes, (member + "output").c_str(), kWhat));
-        input_bits |= reinterpret_cast<uintptr_t>(buffers.inputs[r]);
-    }
+    MC_RETURN_IF_ERROR(checkMemberBuffers(group, buffers, bytes, bytes, true, kWhat));
+    const uintptr_t input_bits = inputAddressBits(buffers, group.size);
     const uint64_t signature = callSignature(
         kDirectAllReduceCollective, static_cast<uint8_t>(dtype), static_cast<uint8_t>(op), count);
     return visitReduce(dtype, op, [&](auto type, auto op_tag) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "mooncake-pg/device/member_buffers.h"
 #include "mooncake-pg/device/reduce_ops.cuh"
 #include "mooncake-pg/device/step_kernel.cuh"
 
@@ -31,6 +32,14 @@ struct WindowCopies {
     __device__ const T* operator()(int src) const {
         return memberCopy(g, src, parity, window_offset, own);
     }
+};
+
+// Member `src`'s copy at `lo` elements into its own buffer (mapped here).
+template <typename T>
+struct MemberBufferCopies {
+    const void* const* bases;
+    uint64_t lo;
+    __device__ const T* operator()(int src) const { return static_cast<const T*>(bases[src]) + lo; }
 };
 
 // out[i] (and out2[i] when out2 is not null) = the `size` members' element i
