@@ -316,13 +316,21 @@ private:
     // Worker thread: the group window set up for the applied view's `size`
     // members (created at the first kernel call, re-mapped per epoch).
     Status setUpDeviceWindow(int size, Deadline deadline);
-    // Worker thread: offers this rank's `in` and `out` (`bytes` each) to the
-    // applied view's `size` members through the host core and maps theirs
-    // into `members` (cuda_direct.cc). False on every rank when any member
-    // cannot share or map (the call then goes through the window); an error
-    // when the exchange itself fails.
-    Result<bool> shareDirectBuffers(const void* in, void* out, uint64_t bytes, int size,
+    // Worker thread: offers this rank's `in` (`in_bytes`) and `out`
+    // (`out_bytes`) to the applied view's `size` members through the host
+    // core and maps theirs into `members` (their outputs only when
+    // `peers_read_outputs`; cuda_direct.cc). False on every rank when any
+    // member cannot share or map (the call then goes through the window); an
+    // error when the exchange itself fails.
+    Result<bool> shareDirectBuffers(const void* in, uint64_t in_bytes, void* out,
+                                    uint64_t out_bytes, bool peers_read_outputs, int size,
                                     Deadline deadline, device::MemberBuffers* members);
+    // Worker thread: shareDirectBuffers for a call of `bytes` (the larger
+    // side) when the direct path is on and the call is large enough; false
+    // otherwise. Counts the calls that go direct.
+    Result<bool> maybeDirect(uint64_t bytes, const void* in, uint64_t in_bytes, void* out,
+                             uint64_t out_bytes, bool peers_read_outputs, int size,
+                             Deadline deadline, device::MemberBuffers* members);
     // ---- kernel calls in flight (cuda_pipeline.cc; no-ops without CUDA).
     // Worker thread: completes the oldest calls whose fences have completed,
     // and for the oldest still running turns host evidence (dead peer,

@@ -153,38 +153,43 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
     at::Tensor src = in_place ? dst : inBuffer(call.input, call.output);
     device::DeviceOpResult* result = w.deviceResult(slot);
     const cudaStream_t stream = exec->stream().stream();
+    // A rank's part: the whole message of all_reduce, one block otherwise.
+    const uint64_t bytes = static_cast<uint64_t>(call.count) * dataTypeSize(call.dtype);
     Status launched;
     switch (call.collective) {
         case device::CudaCollective::kAllReduce: {
-            const uint64_t bytes = static_cast<uint64_t>(call.count) * dataTypeSize(call.dtype);
             device::MemberBuffers members;
-            bool direct = false;
-            if (cuda_direct_ && bytes >= device::kDirectMinBytes) {
-                auto shared =
-                    shareDirectBuffers(ptrOf(src), ptrOf(dst), bytes, size, deadline, &members);
-                if (!shared.ok()) {
-                    // A host exchange: its failure names the core's culprits.
-                    kernel_failed_ = comm_->lastFailure().failed_ranks;
-                    return shared.status();
-                }
-                direct = shared.value();
-            }
-            if (direct)
-                direct_calls_.fetch_add(1);
+            MC_ASSIGN_OR_RETURN(const bool direct,
+                                maybeDirect(bytes, ptrOf(src), bytes, ptrOf(dst), bytes, true, size,
+                                            deadline, &members));
             launched = direct ? device::directAllReduce(view, members, call.count, call.dtype,
                                                         call.op, seq, result, stream)
                               : device::allReduce(view, ptrOf(src), ptrOf(dst), call.count,
                                                   call.dtype, call.op, seq, result, stream);
             break;
         }
-        case device::CudaCollective::kAllGather:
-            launched = device::allGather(view, ptrOf(src), ptrOf(dst), call.count, call.dtype, seq,
-                                         result, stream);
+        case device::CudaCollective::kAllGather: {
+            device::MemberBuffers members;
+            MC_ASSIGN_OR_RETURN(const bool direct,
+                                maybeDirect(bytes * size, ptrOf(src), bytes, ptrOf(dst),
+                                            bytes * size, false, size, deadline, &members));
+            launched = direct ? device::directAllGather(view, members, call.count, call.dtype, seq,
+                                                        result, stream)
+                              : device::allGather(view, ptrOf(src), ptrOf(dst), call.count,
+                                                  call.dtype, seq, result, stream);
             break;
-        case device::CudaCollective::kReduceScatter:
-            launched = device::reduceScatter(view, ptrOf(src), ptrOf(dst), call.count, call.dtype,
-                                             call.op, seq, result, stream);
+        }
+        case device::CudaCollective::kReduceScatter: {
+            device::MemberBuffers members;
+            MC_ASSIGN_OR_RETURN(const bool direct,
+                                maybeDirect(bytes * size, ptrOf(src), bytes * size, ptrOf(dst),
+                                            bytes, false, size, deadline, &members));
+            launched = direct ? device::directReduceScatter(view, members, call.count, call.dtype,
+                                                            call.op, seq, result, stream)
+                              : device::reduceScatter(view, ptrOf(src), ptrOf(dst), call.count,
+                                                      call.dtype, call.op, seq, result, stream);
             break;
+        }
         case device::CudaCollective::kAllToAll:
             launched = device::allToAll(view, ptrOf(src), ptrOf(dst), call.count, call.dtype, seq,
                                         result, stream);

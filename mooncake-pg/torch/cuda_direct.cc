@@ -1,5 +1,6 @@
 // MooncakeBackend's sharing of the caller's buffers for the direct device
-// collectives (device/peer_buffers.h): per call, the members offer the
+// collectives (all_reduce, all_gather, reduce_scatter of kDirectMinBytes and
+// more; device/peer_buffers.h): per call, the members offer the
 // allocations behind their input and output through the host core's
 // all_gather, map each other's (once per allocation), and agree through a
 // second all_gather that every member could, so all take the same path.
@@ -10,6 +11,7 @@
 
 #include "mooncake-pg/core/communicator.h"
 #include "mooncake-pg/core/engine_fabric.h"
+#include "mooncake-pg/device/all_reduce.h"
 #include "mooncake-pg/device/peer_buffers.h"
 #include "mooncake-pg/torch/backend.h"
 #include "mooncake-transfer-engine/common/logging.h"
@@ -46,15 +48,34 @@ std::string segmentOf(const std::string& endpoint) {
 
 }  // namespace
 
-Result<bool> MooncakeBackend::shareDirectBuffers(const void* in, void* out, uint64_t bytes,
+Result<bool> MooncakeBackend::maybeDirect(uint64_t bytes, const void* in, uint64_t in_bytes,
+                                          void* out, uint64_t out_bytes, bool peers_read_outputs,
+                                          int size, Deadline deadline,
+                                          device::MemberBuffers* members) {
+    if (!cuda_direct_ || bytes < device::kDirectMinBytes)
+        return false;
+    auto shared = shareDirectBuffers(in, in_bytes, out, out_bytes, peers_read_outputs, size,
+                                     deadline, members);
+    if (!shared.ok()) {
+        // A host exchange: its failure names the core's culprits.
+        kernel_failed_ = comm_->lastFailure().failed_ranks;
+        return shared.status();
+    }
+    if (shared.value())
+        direct_calls_.fetch_add(1);
+    return shared.value();
+}
+
+Result<bool> MooncakeBackend::shareDirectBuffers(const void* in, uint64_t in_bytes, void* out,
+                                                 uint64_t out_bytes, bool peers_read_outputs,
                                                  int size, Deadline deadline,
                                                  device::MemberBuffers* members) {
     ProcessBuffers& pb = processBuffers();
     DirectOffer mine;
     {
         std::lock_guard<std::mutex> lock(pb.mu);
-        MC_ASSIGN_OR_RETURN(mine.in, pb.exports.describe(in, bytes));
-        MC_ASSIGN_OR_RETURN(mine.out, pb.exports.describe(out, bytes));
+        MC_ASSIGN_OR_RETURN(mine.in, pb.exports.describe(in, in_bytes));
+        MC_ASSIGN_OR_RETURN(mine.out, pb.exports.describe(out, out_bytes));
     }
     std::vector<DirectOffer> offers(static_cast<size_t>(size));
     MC_RETURN_IF_ERROR(comm_->allGather(&mine, offers.data(), sizeof(DirectOffer), deadline));
@@ -76,8 +97,12 @@ Result<bool> MooncakeBackend::shareDirectBuffers(const void* in, void* out, uint
                 break;
             }
             const std::string peer = segmentOf(fabric_->peerEndpoint(p));
-            auto peer_in = pb.peers.map(peer, offers[p].in, bytes);
-            auto peer_out = peer_in.ok() ? pb.peers.map(peer, offers[p].out, bytes) : peer_in;
+            auto peer_in = pb.peers.map(peer, offers[p].in, in_bytes);
+            Result<char*> peer_out = static_cast<char*>(nullptr);
+            if (!peer_in.ok())
+                peer_out = peer_in;
+            else if (peers_read_outputs)
+                peer_out = pb.peers.map(peer, offers[p].out, out_bytes);
             if (!peer_out.ok()) {
                 MC_LOG(kWarn, "pg")
                     << "rank " << config_.rank << ": the direct path cannot map rank " << p
