@@ -43,12 +43,10 @@ int checkOne(Rank& r, Sharing& s, DataType dtype, ReduceOp op, size_t count, T* 
     CUDA_CHILD_OK(cudaStreamSynchronize(r.stream));
     CHILD_CHECK(r.hostResult()->status == 0);
     CUDA_CHILD_OK(cudaMemcpy(out.get(), d_out, count * sizeof(T), cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < count; ++i) {
-        if (!sameBits(out[i], expectedElement<T>(op, r.size, i))) {
-            std::fprintf(stderr, "rank %d dtype %s op %s count %zu element %zu differs\n", r.rank,
-                         dataTypeName(dtype), reduceOpName(op), count, i);
-            return 1;
-        }
+    if (size_t i = firstWrongElement(out.get(), op, r.size, 0, count); i < count) {
+        std::fprintf(stderr, "rank %d dtype %s op %s count %zu element %zu differs\n", r.rank,
+                     dataTypeName(dtype), reduceOpName(op), count, i);
+        return 1;
     }
     return 0;
 }
@@ -56,25 +54,14 @@ int checkOne(Rank& r, Sharing& s, DataType dtype, ReduceOp op, size_t count, T* 
 template <typename T>
 int checkDtype(Rank& r, Sharing& s, DataType dtype, uint64_t* seq) {
     constexpr size_t kCount = 1003;  // an odd tail after the 16-byte vectors
-    T* d_in = nullptr;
-    T* d_out = nullptr;
-    CUDA_CHILD_OK(cudaMalloc(&d_in, (kCount + 1) * sizeof(T)));
-    CUDA_CHILD_OK(cudaMalloc(&d_out, (kCount + 1) * sizeof(T)));
-    int rc = 0;
-    for (ReduceOp op : kAllOps) {
-        if (rc != 0 || !reduceOpSupported(op, dtype, nullptr))
-            continue;
+    return forEachSupportedOp<T>(dtype, kCount + 1, [&](T* d_in, T* d_out, ReduceOp op) {
         // Out of place aligned, one element in (unaligned for all but
         // bytes), in place.
-        rc = checkOne<T>(r, s, dtype, op, kCount, d_in, d_out, (*seq)++);
+        int rc = checkOne<T>(r, s, dtype, op, kCount, d_in, d_out, (*seq)++);
         if (rc == 0)
             rc = checkOne<T>(r, s, dtype, op, kCount, d_in + 1, d_out + 1, (*seq)++);
-        if (rc == 0)
-            rc = checkOne<T>(r, s, dtype, op, kCount, d_out, d_out, (*seq)++);
-    }
-    cudaFree(d_in);
-    cudaFree(d_out);
-    return rc;
+        return rc != 0 ? rc : checkOne<T>(r, s, dtype, op, kCount, d_out, d_out, (*seq)++);
+    });
 }
 
 int everyDtypeAndOp(const std::string& dir, int rank, int size) {
@@ -132,12 +119,10 @@ int reduceScatterOnce(Rank& r, Sharing& s, DataType dtype, ReduceOp op, size_t c
         CUDA_CHILD_OK(cudaStreamSynchronize(r.stream));
         CHILD_CHECK(r.hostResult()->status == 0);
         CUDA_CHILD_OK(cudaMemcpy(out.get(), d_out, count * sizeof(T), cudaMemcpyDeviceToHost));
-        for (size_t i = 0; i < count && rc == 0; ++i) {
-            if (!sameBits(out[i], expectedElement<T>(op, r.size, r.rank * count + i))) {
-                std::fprintf(stderr, "rank %d reduce_scatter %s %s element %zu differs\n", r.rank,
-                             dataTypeName(dtype), reduceOpName(op), i);
-                rc = 1;
-            }
+        if (size_t i = firstWrongElement(out.get(), op, r.size, r.rank * count, count); i < count) {
+            std::fprintf(stderr, "rank %d reduce_scatter %s %s element %zu differs\n", r.rank,
+                         dataTypeName(dtype), reduceOpName(op), i);
+            rc = 1;
         }
     }
     // Nobody reads this rank's input once every member's call completed.

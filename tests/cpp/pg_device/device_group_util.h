@@ -21,6 +21,7 @@
 #include "mooncake-pg/device/peer_buffers.h"
 #include "mooncake-transfer-engine/engine/transfer_engine.h"
 #include "mooncake-transfer-engine/metadata/kv_store.h"
+#include "tests/cpp/pg_device/reduce_reference.h"
 #include "tests/cpp/te/cuda_test_util.h"
 #include "tests/cpp/te/shm_test_util.h"
 
@@ -39,6 +40,24 @@ using te::test::TempDir;
             return 1;                                                                   \
         }                                                                               \
     } while (0)
+
+// check(d_in, d_out, op) for every op that dtype supports, over two device
+// buffers of `elements` T each; stops at the first nonzero return.
+template <typename T, typename Check>
+int forEachSupportedOp(DataType dtype, size_t elements, Check&& check) {
+    T* d_in = nullptr;
+    T* d_out = nullptr;
+    CUDA_CHILD_OK(cudaMalloc(&d_in, elements * sizeof(T)));
+    CUDA_CHILD_OK(cudaMalloc(&d_out, elements * sizeof(T)));
+    int rc = 0;
+    for (ReduceOp op : kAllOps) {
+        if (rc == 0 && reduceOpSupported(op, dtype, nullptr))
+            rc = check(d_in, d_out, op);
+    }
+    cudaFree(d_in);
+    cudaFree(d_out);
+    return rc;
+}
 
 // Everything one rank holds.
 struct Rank {
