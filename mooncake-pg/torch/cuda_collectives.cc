@@ -190,10 +190,24 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
                                                       call.dtype, call.op, seq, result, stream);
             break;
         }
-        case device::CudaCollective::kAllToAll:
-            launched = device::allToAll(view, ptrOf(src), ptrOf(dst), call.count, call.dtype, seq,
-                                        result, stream);
+        case device::CudaCollective::kAllToAll: {
+            // The members read this rank's input while it writes its output:
+            // with the two overlapping it offers nothing (a null input), and
+            // every member takes the window path.
+            const uint64_t total = bytes * size;
+            const auto* in = static_cast<const char*>(ptrOf(src));
+            const auto* out = static_cast<const char*>(ptrOf(dst));
+            const bool overlap = in < out + total && out < in + total;
+            device::MemberBuffers members;
+            MC_ASSIGN_OR_RETURN(const bool direct,
+                                maybeDirect(total, overlap ? nullptr : in, total, ptrOf(dst), total,
+                                            false, size, deadline, &members));
+            launched = direct ? device::directAllToAll(view, members, call.count, call.dtype, seq,
+                                                       result, stream)
+                              : device::allToAll(view, ptrOf(src), ptrOf(dst), call.count,
+                                                 call.dtype, seq, result, stream);
             break;
+        }
         case device::CudaCollective::kBroadcast:
             launched = device::broadcast(view, ptrOf(dst), call.count, call.dtype, call.root, seq,
                                          result, stream);

@@ -3,7 +3,7 @@
 // host core in the backend) and no byte goes through the windows. Exact
 // all_reduce results for every dtype and op on constructed inputs, out of
 // place (aligned and not) and in place, a message of many grid passes;
-// reduce_scatter and all_gather exact at odd sizes; and the
+// reduce_scatter, all_gather and all_to_all exact at odd sizes; and the
 // bounds check of a peer's descriptor, which needs no GPU.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -15,6 +15,7 @@
 
 #include "mooncake-pg/device/all_gather.h"
 #include "mooncake-pg/device/all_reduce.h"
+#include "mooncake-pg/device/all_to_all.h"
 #include "mooncake-pg/device/reduce_scatter.h"
 #include "tests/cpp/pg_device/device_group_util.h"
 #include "tests/cpp/pg_device/reduce_reference.h"
@@ -132,40 +133,53 @@ int reduceScatterOnce(Rank& r, Sharing& s, DataType dtype, ReduceOp op, size_t c
     return rc;
 }
 
-int allGatherOnce(Rank& r, Sharing& s, size_t bytes, uint64_t seq) {
+enum class BlockMove { kAllGather, kAllToAll };
+
+// all_gather: block p of every rank's output is rank p's input of `bytes`;
+// all_to_all: it is block `rank` of rank p's input of size blocks. Returns 0
+// or a failing exit code.
+int blockMoveOnce(Rank& r, Sharing& s, BlockMove move, size_t bytes, uint64_t seq) {
     const auto pattern = [](int rank, size_t i) {
         return static_cast<uint8_t>((rank * 37 + i * 7) % 251);
     };
-    std::vector<uint8_t> in(bytes), out(bytes * r.size);
-    for (size_t i = 0; i < bytes; ++i)
+    const size_t in_bytes = move == BlockMove::kAllGather ? bytes : bytes * r.size;
+    std::vector<uint8_t> in(in_bytes), out(bytes * r.size);
+    for (size_t i = 0; i < in_bytes; ++i)
         in[i] = pattern(r.rank, i);
     uint8_t* d_in = nullptr;
     uint8_t* d_out = nullptr;
-    CUDA_CHILD_OK(cudaMalloc(&d_in, bytes));
+    CUDA_CHILD_OK(cudaMalloc(&d_in, in_bytes));
     CUDA_CHILD_OK(cudaMalloc(&d_out, bytes * r.size));
-    CUDA_CHILD_OK(cudaMemcpy(d_in, in.data(), bytes, cudaMemcpyHostToDevice));
+    CUDA_CHILD_OK(cudaMemcpy(d_in, in.data(), in_bytes, cudaMemcpyHostToDevice));
     MemberBuffers b;
-    int rc = shareMemberBuffers(r, s, "ag" + std::to_string(seq), d_in, d_in, bytes, &b);
+    int rc = shareMemberBuffers(r, s, "bm" + std::to_string(seq), d_in, d_in, in_bytes, &b);
     b.outputs[r.rank] = d_out;
+    const char* name = move == BlockMove::kAllGather ? "all_gather" : "all_to_all";
     if (rc == 0) {
         r.clearResult();
-        CHILD_OK(
-            directAllGather(r.view, b, bytes, DataType::kUInt8, seq, r.deviceResult(), r.stream));
+        if (move == BlockMove::kAllGather) {
+            CHILD_OK(directAllGather(r.view, b, bytes, DataType::kUInt8, seq, r.deviceResult(),
+                                     r.stream));
+        } else {
+            CHILD_OK(directAllToAll(r.view, b, bytes, DataType::kUInt8, seq, r.deviceResult(),
+                                    r.stream));
+        }
         CUDA_CHILD_OK(cudaStreamSynchronize(r.stream));
         CHILD_CHECK(r.hostResult()->status == 0);
         CUDA_CHILD_OK(cudaMemcpy(out.data(), d_out, bytes * r.size, cudaMemcpyDeviceToHost));
+        const size_t from = move == BlockMove::kAllGather ? 0 : r.rank * bytes;
         for (int p = 0; p < r.size && rc == 0; ++p) {
             for (size_t i = 0; i < bytes; ++i) {
-                if (out[p * bytes + i] != pattern(p, i)) {
-                    std::fprintf(stderr, "rank %d all_gather block %d byte %zu differs\n", r.rank,
-                                 p, i);
+                if (out[p * bytes + i] != pattern(p, from + i)) {
+                    std::fprintf(stderr, "rank %d %s block %d byte %zu differs\n", r.rank, name, p,
+                                 i);
                     rc = 1;
                     break;
                 }
             }
         }
     }
-    CHILD_OK(barrier(*r.store, "ag_done" + std::to_string(seq), r.size));
+    CHILD_OK(barrier(*r.store, "bm_done" + std::to_string(seq), r.size));
     cudaFree(d_in);
     cudaFree(d_out);
     return rc;
@@ -187,9 +201,11 @@ int scatterAndGather(const std::string& dir, int rank, int size) {
     if (rc == 0)
         rc = reduceScatterOnce<int64_t>(r, s, DataType::kInt64, ReduceOp::kBxor, 777, seq++);
     // Odd sizes (no 16-byte vectors), then many grid passes.
-    for (size_t bytes : {size_t{1}, size_t{4097}, size_t{5} << 20}) {
-        if (rc == 0)
-            rc = allGatherOnce(r, s, bytes, seq++);
+    for (BlockMove move : {BlockMove::kAllGather, BlockMove::kAllToAll}) {
+        for (size_t bytes : {size_t{1}, size_t{4097}, size_t{5} << 20}) {
+            if (rc == 0)
+                rc = blockMoveOnce(r, s, move, bytes, seq++);
+        }
     }
     s.peers.clear();
     if (rc == 0)
@@ -210,7 +226,7 @@ INSTANTIATE_TEST_SUITE_P(Ranks, DeviceDirectAllReduce, ::testing::Values(2, 3, 4
 
 class DeviceDirectScatterGather : public ::testing::TestWithParam<int> {};
 
-TEST_P(DeviceDirectScatterGather, ReduceScatterAndAllGatherAreExact) {
+TEST_P(DeviceDirectScatterGather, ReduceScatterAllGatherAndAllToAllAreExact) {
     SKIP_WITHOUT_GPU();
     TempDir dir;
     const int size = GetParam();

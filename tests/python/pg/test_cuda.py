@@ -513,8 +513,19 @@ def test_mismatch_among_queued_kernel_calls_fails_that_call_only():
         assert "mismatch" in bad["message"], (rank, bad)
 
 
-def _killed_during_all_reduce(ctx, victim, sync):
-    from elastic_checks import ELASTIC_ENV, check_failed_op, outcome  # noqa: F401
+# A stalled rank's peers wait this long (the group's timeout) before their op
+# fails; kept short so the test spends seconds, not minutes, on it.
+STALL_OP_TIMEOUT_S = 5
+
+
+def _faulted_during_collective(ctx, victim, sync, fault, collective):
+    """`victim` is SIGKILLed (fault "kill") or stays alive without calling the op
+    (fault "stall") while the other two ranks run `collective` (all_reduce or
+    all_to_all) on CUDA tensors. The survivors' op fails naming exactly the
+    victim, in time; they take it out and run exact all_reduces after."""
+    import datetime
+
+    from elastic_checks import check_failed_op, outcome
     torch.cuda.set_device(0)
     dev = torch.device("cuda", 0)
     from mooncake import pg
@@ -524,23 +535,38 @@ def _killed_during_all_reduce(ctx, victim, sync):
     t = torch.ones(8, device=dev)
     dist.all_reduce(t)
     assert t.cpu().tolist() == [3.0] * 8, t
-    big = torch.full((4 << 20,), ctx.rank + 1, dtype=torch.int32, device=dev)
+    if fault == "stall":
+        # After init, whose bootstrap gets the default timeout.
+        dist.group.WORLD.set_timeout(datetime.timedelta(seconds=STALL_OP_TIMEOUT_S))
+    # 16 MiB per rank (3 blocks of 4 MiB for all_to_all): the kernels, the
+    # direct path included.
+    big = torch.full((3 << 20,), ctx.rank + 1, dtype=torch.int32, device=dev)
     if ctx.rank == victim:
-        # Dies while the survivors' all_reduce waits for it. Not after joining
-        # the call: a 16 MiB kernel all_reduce finishes in well under a
-        # millisecond, so a victim that joined would finish it first.
+        # Faults while the survivors' op waits for it. Not after joining the
+        # call: a 12 MiB kernel call finishes in well under a millisecond, so
+        # a victim that joined would finish it first.
         for r in range(3):
             if r != victim:
                 ctx.wait_for(f"entered_{r}", 60)
-        ctx.kill_self()
+        if fault == "kill":
+            ctx.kill_self()
+        # Stalled: alive, silent, until the survivors have recovered without it.
+        ctx.wait_for("survivors_done", 120)
+        dist.destroy_process_group()
+        return {"stalled": True}
     t0 = time.monotonic()
-    work = dist.all_reduce(big, async_op=True)
+    if collective == "all_reduce":
+        work = dist.all_reduce(big, async_op=True)
+    else:
+        out = torch.empty_like(big)
+        work = dist.all_to_all_single(out, big, async_op=True)
     ctx.signal(f"entered_{ctx.rank}")
     # On the kernel path wait() returns once the kernels are queued (the
     # failure comes later): synchronize() reports it. With blocking wait,
     # and on the staged path, wait() itself raises.
     res = outcome(work, t0, sync=sync)
-    check_failed_op(res, victim, 3, ctx.rank, bound_s=30.0, future_fails=not sync)
+    bound = STALL_OP_TIMEOUT_S + 25.0 if fault == "stall" else 30.0
+    check_failed_op(res, victim, 3, ctx.rank, bound_s=bound, future_fails=not sync)
     calls_before = _device_calls()
     # The CUDA context and the group stay usable: the survivors take the
     # victim out and the next CUDA all_reduce succeeds (victim 2: on the
@@ -556,17 +582,14 @@ def _killed_during_all_reduce(ctx, victim, sync):
     dist.all_reduce(t)
     big = torch.full((3 << 20,), ctx.rank + 1, dtype=torch.int32, device=dev)
     dist.all_reduce(big)
+    ctx.signal(f"recovered_{ctx.rank}")
+    if all(ctx.signalled(f"recovered_{r}") for r in range(3) if r != victim):
+        ctx.signal("survivors_done")
     return {"small": t.cpu().tolist(), "big": sorted(set(big.cpu().tolist())),
             "device_calls": [calls_before, _device_calls()]}
 
 
-@pytest.mark.parametrize("path", ["staged", "kernels", "kernels-blocking-wait"])
-@pytest.mark.parametrize("victim", [1, 2])
-def test_sigkilled_rank_during_cuda_all_reduce(victim, path):
-    from elastic_checks import ELASTIC_ENV
-    res = harness.run_ranks(_killed_during_all_reduce, 3, BACKEND, timeout_s=JOB_TIMEOUT_S,
-                            env={**ELASTIC_ENV, **PATHS[path]}, args=(victim, path == "kernels"),
-                            init=False, ref_group=False, expect_killed=[victim])
+def _check_survivors(res, victim, path):
     want = float(sum(r + 1 for r in range(3) if r != victim))
     for r in range(3):
         if r == victim:
@@ -580,3 +603,31 @@ def test_sigkilled_rank_during_cuda_all_reduce(victim, path):
             # hole (victim 1) the host path, else the kernels again.
             assert before >= 2, res[r]
             assert after == (before if victim == 1 else before + 2), res[r]
+
+
+@pytest.mark.parametrize("path", ["staged", "kernels", "kernels-blocking-wait"])
+@pytest.mark.parametrize("victim", [1, 2])
+def test_sigkilled_rank_during_cuda_all_reduce(victim, path):
+    from elastic_checks import ELASTIC_ENV
+    res = harness.run_ranks(_faulted_during_collective, 3, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            env={**ELASTIC_ENV, **PATHS[path]},
+                            args=(victim, path == "kernels", "kill", "all_reduce"),
+                            init=False, ref_group=False, expect_killed=[victim])
+    _check_survivors(res, victim, path)
+
+
+@pytest.mark.parametrize("path", ["staged", "kernels"])
+@pytest.mark.parametrize("fault,collective", [("kill", "all_to_all"), ("stall", "all_reduce"),
+                                              ("stall", "all_to_all")])
+def test_faulted_rank_during_cuda_collective(fault, collective, path):
+    """Rank 2 SIGKILLed during all_to_all, or stalled (alive, not calling) during
+    all_reduce and all_to_all: the survivors fail naming it, then recover."""
+    from elastic_checks import ELASTIC_ENV
+    victim = 2
+    res = harness.run_ranks(_faulted_during_collective, 3, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            env={**ELASTIC_ENV, **PATHS[path]},
+                            args=(victim, path == "kernels", fault, collective), init=False,
+                            ref_group=False, expect_killed=[victim] if fault == "kill" else [])
+    if fault == "stall":
+        assert res[victim] == {"stalled": True}, res[victim]
+    _check_survivors(res, victim, path)
