@@ -518,7 +518,7 @@ def test_mismatch_among_queued_kernel_calls_fails_that_call_only():
 STALL_OP_TIMEOUT_S = 5
 
 
-def _faulted_during_collective(ctx, victim, sync, fault, collective):
+def _faulted_during_collective(ctx, victim, sync, fault, collective, queued_first=False):
     """`victim` is SIGKILLed (fault "kill") or stays alive without calling the op
     (fault "stall") while the other two ranks run `collective` (all_reduce or
     all_to_all) on CUDA tensors. The survivors' op fails naming exactly the
@@ -566,7 +566,12 @@ def _faulted_during_collective(ctx, victim, sync, fault, collective):
     # and on the staged path, wait() itself raises.
     res = outcome(work, t0, sync=sync)
     bound = STALL_OP_TIMEOUT_S + 25.0 if fault == "stall" else 30.0
-    check_failed_op(res, victim, 3, ctx.rank, bound_s=bound, future_fails=not sync)
+    # On the kernel path the failure may come before the kernels are queued
+    # (the direct path's exchange of buffers through the host), which fails
+    # the Future as well, or after, when the Future has completed; through
+    # the windows (queued_first) always after.
+    future_fails = (False if queued_first else None) if sync else True
+    check_failed_op(res, victim, 3, ctx.rank, bound_s=bound, future_fails=future_fails)
     calls_before = _device_calls()
     # The CUDA context and the group stay usable: the survivors take the
     # victim out and the next CUDA all_reduce succeeds (victim 2: on the
@@ -590,6 +595,7 @@ def _faulted_during_collective(ctx, victim, sync, fault, collective):
 
 
 def _check_survivors(res, victim, path):
+    path = "kernels" if path == "kernels-windows" else path
     want = float(sum(r + 1 for r in range(3) if r != victim))
     for r in range(3):
         if r == victim:
@@ -605,13 +611,20 @@ def _check_survivors(res, victim, path):
             assert after == (before if victim == 1 else before + 2), res[r]
 
 
-@pytest.mark.parametrize("path", ["staged", "kernels", "kernels-blocking-wait"])
+# The kernels through the windows only: the failure always comes after the
+# kernels were queued, in the kernels.
+WINDOW_ONLY = {"MC_PG_CUDA_PATH": "kernels", "MC_PG_CUDA_DIRECT": "0"}
+
+
+@pytest.mark.parametrize("path", ["staged", "kernels", "kernels-blocking-wait", "kernels-windows"])
 @pytest.mark.parametrize("victim", [1, 2])
 def test_sigkilled_rank_during_cuda_all_reduce(victim, path):
     from elastic_checks import ELASTIC_ENV
+    env = WINDOW_ONLY if path == "kernels-windows" else PATHS[path]
+    sync = path in ("kernels", "kernels-windows")
     res = harness.run_ranks(_faulted_during_collective, 3, BACKEND, timeout_s=JOB_TIMEOUT_S,
-                            env={**ELASTIC_ENV, **PATHS[path]},
-                            args=(victim, path == "kernels", "kill", "all_reduce"),
+                            env={**ELASTIC_ENV, **env},
+                            args=(victim, sync, "kill", "all_reduce", path == "kernels-windows"),
                             init=False, ref_group=False, expect_killed=[victim])
     _check_survivors(res, victim, path)
 
