@@ -225,6 +225,12 @@ Status resultStatus(const DeviceOpResult& r, const char* what, std::vector<int>*
                 failed->push_back(dead);
                 return PeerFailure(op + ": rank " + std::to_string(dead) + " failed");
             }
+            if ((r.detail & kAbortDeactivatedBase) != 0) {
+                const int gone = static_cast<int>(r.detail & 0xffffffffu);
+                failed->push_back(gone);
+                return PeerFailure(op + ": rank " + std::to_string(gone) +
+                                   " was deactivated while the call ran");
+            }
             if (r.detail == kAbortDeactivated) {
                 return Aborted(op + ": a member of the call was deactivated while it ran");
             }

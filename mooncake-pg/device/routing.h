@@ -112,6 +112,12 @@ inline constexpr uint64_t kAbortPeerDeadBase = uint64_t{1} << 32;
 inline constexpr uint64_t abortPeerDead(int rank) {
     return kAbortPeerDeadBase | static_cast<uint32_t>(rank);
 }
+// A member the host saw leave the view while the call ran: the failure names
+// it (the Work's failed_ranks_hint), as a dead one's does.
+inline constexpr uint64_t kAbortDeactivatedBase = uint64_t{1} << 33;
+inline constexpr uint64_t abortDeactivated(int rank) {
+    return kAbortDeactivatedBase | static_cast<uint32_t>(rank);
+}
 
 // The Status of a completed call from its result word, with the ranks the
 // failure points at in `failed` (the Work's failed_ranks_hint), in the CPU

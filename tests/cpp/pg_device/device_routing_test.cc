@@ -212,6 +212,12 @@ TEST(DeviceRouting, ResultBecomesStatusAndHint) {
     st = resultStatus(result(DeviceStatus::kAborted, 1, kAbortDeactivated), "broadcast", &failed);
     EXPECT_EQ(st.code(), StatusCode::kAborted);
     EXPECT_NE(st.message().find("deactivated"), std::string::npos) << st.toString();
+    // A member the host saw leave the view is named, as a dead one is.
+    st =
+        resultStatus(result(DeviceStatus::kAborted, 0, abortDeactivated(2)), "all_reduce", &failed);
+    EXPECT_EQ(st.code(), StatusCode::kPeerFailure);
+    EXPECT_NE(st.message().find("rank 2 was deactivated"), std::string::npos) << st.toString();
+    EXPECT_EQ(failed, std::vector<int>{2});
     // The host's deadline is a timeout blaming the peer the kernel waited on
     // (evidence, as the kernel's own timeout is), not an abort of the group.
     st = resultStatus(result(DeviceStatus::kAborted, 2, kAbortDeadline), "all_reduce", &failed);

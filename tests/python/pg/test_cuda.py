@@ -595,6 +595,10 @@ def _faulted_during_collective(ctx, victim, sync, fault, collective, queued_firs
 
 
 def _check_survivors(res, victim, path):
+    # The failed call ran on the kernels through the windows; with the
+    # direct path it may have failed before its kernels were queued, in the
+    # exchange of buffers.
+    first_calls = 2 if path == "kernels-windows" else 1
     path = "kernels" if path == "kernels-windows" else path
     want = float(sum(r + 1 for r in range(3) if r != victim))
     for r in range(3):
@@ -605,9 +609,9 @@ def _check_survivors(res, victim, path):
         if path == "staged":
             assert after == 0, res[r]
         else:
-            # The failed call and the one before it ran on the kernels; after a
-            # hole (victim 1) the host path, else the kernels again.
-            assert before >= 2, res[r]
+            # The call before the failed one ran on the kernels; after a hole
+            # (victim 1) the host path, else the kernels again.
+            assert before >= first_calls, res[r]
             assert after == (before if victim == 1 else before + 2), res[r]
 
 
