@@ -32,7 +32,9 @@ every output byte once (all_reduce of S bytes per rank over N ranks: 2*N*S;
 all_gather and reduce_scatter: (N+1)*S with S the larger side; all_to_all:
 2*N*S), and its limit time is that traffic over the device copy bandwidth
 (read + write) measured on rank 0 in the same run; each row prints its
-fraction of that limit.
+fraction of that limit. The issue_us column is the host's time per op to
+issue the block: when it is close to time_us the host, not the GPU, sets the
+pace.
 """
 
 import argparse
@@ -243,9 +245,12 @@ def sync(torch, args):
 
 def measure(benches, ctrl, args, dist, torch):
     """Times every bench's run() in interleaved blocks (--rounds), so that the backends
-    share the machine's conditions; returns {name: per-iteration times in us (slowest rank)}."""
+    share the machine's conditions; returns {name: per-iteration times in us (slowest rank)}
+    and, on CUDA, {name: host time per op to issue it in us (slowest rank)}: an issue time
+    close to the event time says the host, not the GPU, sets the pace."""
     plans = {name: plan_iters(b, ctrl, args, dist, torch) for name, b in benches.items()}
     local = {name: [] for name in benches}
+    issue = {name: [] for name in benches}
     rounds = max(1, args.rounds)
     for k in range(rounds):
         for name, bench in benches.items():
@@ -259,22 +264,27 @@ def measure(benches, ctrl, args, dist, torch):
                 sync(torch, args)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
+                t0 = time.perf_counter()
                 for _ in range(todo):
                     bench.run()
+                issued = time.perf_counter() - t0
                 end.record()
                 end.synchronize()
                 local[name].extend([start.elapsed_time(end) * 1e-3 / todo] * todo)
+                issue[name].extend([issued / todo] * todo)
                 continue
             for _ in range(todo):
                 t0 = time.perf_counter()
                 bench.run()
                 local[name].append(time.perf_counter() - t0)
-    out = {}
-    for name, ts in local.items():
-        t = torch.tensor(ts, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl)
-        out[name] = (t * 1e6).tolist()
-    return out
+    def slowest(per_name):
+        out = {}
+        for name, ts in per_name.items():
+            t = torch.tensor(ts, dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl)
+            out[name] = (t * 1e6).tolist()
+        return out
+    return slowest(local), (slowest(issue) if args.device == "cuda" else {})
 
 
 def memcpy_rows(torch, sizes_bytes, args):
@@ -444,7 +454,7 @@ def rank_main(rank, n, args, result_path):
                     if err and args.verbose:
                         print(f"[rank {rank}] {b} {coll} {count * elt} B check failed: {err}", flush=True)
                 benches[b] = bench
-            all_times = measure(benches, ctrl, args, dist, torch)
+            all_times, issue_times = measure(benches, ctrl, args, dist, torch)
             for b in benches:
                 times = all_times[b]
                 med, p99 = statistics.median(times), percentile(times, 99)
@@ -456,7 +466,9 @@ def rank_main(rank, n, args, result_path):
                              "nranks": n, "iters": len(times), "time_us_median": med, "time_us_p99": p99,
                              "time_us_mean": statistics.fmean(times), "algbw_GBps": algbw,
                              "busbw_GBps": algbw * bus_factor(coll, n), "check": checks[b],
-                             "engine": args.engine if b == mc else None})
+                             "engine": args.engine if b == mc else None,
+                             "issue_us_median": (statistics.median(issue_times[b])
+                                                 if b in issue_times else None)})
                 if rank == 0 and args.verbose:
                     print(f"  {b:>12} {coll:>14} {size:>12} B  {med:10.1f} us", flush=True)
             del benches
@@ -556,12 +568,15 @@ def print_tables(rows, rats, args, n):
             if not sel:
                 continue
             print(f"#\n# collective={coll} backend={b}  (busbw factor {bus_factor(coll, n):.3f})")
+            cuda = args.device == "cuda"
             print(f"# {'size':>12} {'count':>12} {'type':>8} {'time_us':>11} {'p99_us':>11} "
-                  f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'iters':>6} {'check':>7}")
+                  f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'iters':>6} {'check':>7}"
+                  + (f" {'issue_us':>9}" if cuda else ""))
             for r in sel:
                 print(f"  {r['size']:>12} {r['count']:>12} {r['type']:>8} {r['time_us_median']:>11.2f} "
                       f"{r['time_us_p99']:>11.2f} {r['algbw_GBps']:>12.3f} {r['busbw_GBps']:>12.3f} "
-                      f"{r['iters']:>6} {r['check']:>7}")
+                      f"{r['iters']:>6} {r['check']:>7}"
+                      + (f" {r['issue_us_median']:>9.2f}" if cuda else ""))
         sel = [x for x in rats if x["collective"] == coll]
         if sel:
             print(f"#\n# collective={coll} ratio {mooncake_name(args.device)} / gloo  "

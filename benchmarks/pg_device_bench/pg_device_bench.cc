@@ -8,9 +8,11 @@
 // all_reduce, reduce_scatter and all_to_all, the output of all_gather, the
 // buffer of broadcast). The limit: a collective must read every input byte
 // once and write every output byte once, over all ranks:
-//   all_reduce (one-shot, two-shot, chosen)   2 * N * S
-//   all_gather, reduce_scatter                (N + 1) * S
-//   all_to_all                                2 * N * S
+//   all_reduce (one-shot, two-shot, direct,   2 * N * S
+//               chosen)
+//   all_gather, reduce_scatter (window,       (N + 1) * S
+//               direct)
+//   all_to_all (window, direct)               2 * N * S
 //   broadcast                                 N * S (root reads, others write)
 // limit time = that traffic / the device copy bandwidth measured in the same
 // run (a large cudaMemcpy D2D on rank 0 while the others wait, counting read
@@ -19,7 +21,8 @@
 // Prints one JSON object per line: the copy bandwidth, one per row, and the
 // issue's targets as met or not: >= 60% of the limit with 2 processes and >=
 // 50% with 4 at >= 64 MiB for all_reduce, all_gather, reduce_scatter and
-// all_to_all; an 8-byte all_reduce <= 20 us with 2 processes.
+// all_to_all (their direct rows: the backend's path at those sizes); an
+// 8-byte all_reduce <= 20 us with 2 processes.
 //
 //   pg_device_bench [--ranks 2,4] [--min-bytes N] [--max-bytes N]
 //                   [--slot-bytes N] [--iters N]   (N may end in K, M or G)
@@ -56,13 +59,19 @@ enum class Coll {
     kAllReduce,
     kOneShot,
     kTwoShot,
+    kDirect,
     kAllGather,
     kReduceScatter,
     kAllToAll,
-    kBroadcast
+    kBroadcast,
+    kDirectAllGather,
+    kDirectReduceScatter,
+    kDirectAllToAll
 };
-constexpr Coll kColls[] = {Coll::kAllReduce,     Coll::kOneShot,  Coll::kTwoShot,  Coll::kAllGather,
-                           Coll::kReduceScatter, Coll::kAllToAll, Coll::kBroadcast};
+constexpr Coll kColls[] = {
+    Coll::kAllReduce, Coll::kOneShot,         Coll::kTwoShot,       Coll::kDirect,
+    Coll::kAllGather, Coll::kDirectAllGather, Coll::kReduceScatter, Coll::kDirectReduceScatter,
+    Coll::kAllToAll,  Coll::kDirectAllToAll,  Coll::kBroadcast};
 
 constexpr uint64_t kSizes[] = {8,           64,          1 << 10,      16 << 10,
                                64 << 10,    256 << 10,   1ull << 20,   4ull << 20,
@@ -76,6 +85,8 @@ const char* collName(Coll c) {
             return "all_reduce_one_shot";
         case Coll::kTwoShot:
             return "all_reduce_two_shot";
+        case Coll::kDirect:
+            return "all_reduce_direct";
         case Coll::kAllGather:
             return "all_gather";
         case Coll::kReduceScatter:
@@ -84,6 +95,12 @@ const char* collName(Coll c) {
             return "all_to_all";
         case Coll::kBroadcast:
             return "broadcast";
+        case Coll::kDirectAllGather:
+            return "all_gather_direct";
+        case Coll::kDirectReduceScatter:
+            return "reduce_scatter_direct";
+        case Coll::kDirectAllToAll:
+            return "all_to_all_direct";
     }
     return "?";
 }
@@ -105,6 +122,8 @@ double trafficBytes(Coll c, int n, uint64_t s) {
     switch (c) {
         case Coll::kAllGather:
         case Coll::kReduceScatter:
+        case Coll::kDirectAllGather:
+        case Coll::kDirectReduceScatter:
             return static_cast<double>(n + 1) * s;
         case Coll::kBroadcast:
             return static_cast<double>(n) * s;
@@ -114,8 +133,9 @@ double trafficBytes(Coll c, int n, uint64_t s) {
 }
 
 // Queues one op of the row's collective on S bytes per rank (float32 for the
-// reductions, bytes otherwise).
-Status queueOp(Coll c, Rank& r, char* in, char* out, uint64_t s, uint64_t seq) {
+// reductions, bytes otherwise). `members`: every rank's in and out, mapped.
+Status queueOp(Coll c, Rank& r, char* in, char* out, const MemberBuffers& members, uint64_t s,
+               uint64_t seq) {
     const int n = r.size;
     DeviceOpResult* res = r.deviceResult();
     switch (c) {
@@ -128,6 +148,9 @@ Status queueOp(Coll c, Rank& r, char* in, char* out, uint64_t s, uint64_t seq) {
         case Coll::kTwoShot:
             return twoShotAllReduce(r.view, in, out, s / 4, DataType::kFloat32, ReduceOp::kSum, seq,
                                     res, r.stream);
+        case Coll::kDirect:
+            return directAllReduce(r.view, members, s / 4, DataType::kFloat32, ReduceOp::kSum, seq,
+                                   res, r.stream);
         case Coll::kAllGather:
             return allGather(r.view, in, out, s / n, DataType::kUInt8, seq, res, r.stream);
         case Coll::kReduceScatter:
@@ -137,6 +160,13 @@ Status queueOp(Coll c, Rank& r, char* in, char* out, uint64_t s, uint64_t seq) {
             return allToAll(r.view, in, out, s / n, DataType::kUInt8, seq, res, r.stream);
         case Coll::kBroadcast:
             return broadcast(r.view, in, s, DataType::kUInt8, 0, seq, res, r.stream);
+        case Coll::kDirectAllGather:
+            return directAllGather(r.view, members, s / n, DataType::kUInt8, seq, res, r.stream);
+        case Coll::kDirectReduceScatter:
+            return directReduceScatter(r.view, members, s / 4 / n, DataType::kFloat32,
+                                       ReduceOp::kSum, seq, res, r.stream);
+        case Coll::kDirectAllToAll:
+            return directAllToAll(r.view, members, s / n, DataType::kUInt8, seq, res, r.stream);
     }
     return InvalidArgument("unknown collective");
 }
@@ -146,10 +176,12 @@ bool applies(Coll c, int n, uint64_t s, uint64_t slot_bytes) {
     switch (c) {
         case Coll::kAllReduce:
         case Coll::kTwoShot:
+        case Coll::kDirect:
             return s >= 4;
         case Coll::kOneShot:
             return s >= 4 && s <= slot_bytes;
         case Coll::kReduceScatter:
+        case Coll::kDirectReduceScatter:
             return s >= 4ull * n;
         default:
             return s >= static_cast<uint64_t>(n);
@@ -191,6 +223,11 @@ int runRank(const Options& o, const std::string& dir, int rank, int n) {
     CUDA_CHILD_OK(cudaMemset(in, 0, o.max_bytes));
     CUDA_CHILD_OK(cudaDeviceSynchronize());
     CHILD_OK(test::barrier(*r.store, "allocated", n));
+    test::Sharing sharing;
+    MemberBuffers members;
+    if (int rc = test::shareMemberBuffers(r, sharing, "bench", in, out, o.max_bytes, &members);
+        rc != 0)
+        return rc;
     double copy_gbps = 0;
     if (rank == 0) {
         if (int rc = copyBandwidth(in, out, o.max_bytes, r.stream, &copy_gbps); rc != 0)
@@ -217,10 +254,10 @@ int runRank(const Options& o, const std::string& dir, int rank, int n) {
             CHILD_OK(test::barrier(*r.store, "row" + std::to_string(row++), n));
             r.clearResult();
             for (int i = 0; i < warmup; ++i)
-                CHILD_OK(queueOp(c, r, in, out, s, seq++));
+                CHILD_OK(queueOp(c, r, in, out, members, s, seq++));
             CUDA_CHILD_OK(cudaEventRecord(start, r.stream));
             for (int i = 0; i < iters; ++i)
-                CHILD_OK(queueOp(c, r, in, out, s, seq++));
+                CHILD_OK(queueOp(c, r, in, out, members, s, seq++));
             CUDA_CHILD_OK(cudaEventRecord(stop, r.stream));
             CUDA_CHILD_OK(cudaEventSynchronize(stop));
             const DeviceOpResult res = *r.hostResult();
@@ -244,8 +281,9 @@ int runRank(const Options& o, const std::string& dir, int rank, int n) {
                 n, collName(c), static_cast<unsigned long long>(s), iters, us, s / us / 1e3,
                 traffic, limit_us, fraction);
             std::fflush(stdout);
-            const bool target_coll = c == Coll::kAllReduce || c == Coll::kAllGather ||
-                                     c == Coll::kReduceScatter || c == Coll::kAllToAll;
+            // At these sizes the backend takes the direct kernels.
+            const bool target_coll = c == Coll::kDirect || c == Coll::kDirectAllGather ||
+                                     c == Coll::kDirectReduceScatter || c == Coll::kDirectAllToAll;
             if (target_coll && s >= (uint64_t{64} << 20)) {
                 bandwidth.checked = true;
                 bandwidth.worst = std::min(bandwidth.worst, fraction);
@@ -274,6 +312,8 @@ int runRank(const Options& o, const std::string& dir, int rank, int n) {
     }
     // The child ends with _exit, which does not flush stdio.
     std::fflush(stdout);
+    // The peers' buffers unmapped before their owners exit.
+    sharing.peers.clear();
     CHILD_OK(test::barrier(*r.store, "end", n));
     return 0;
 }

@@ -13,11 +13,13 @@
 
 #include "mooncake-pg/core/types.h"
 #include "mooncake-pg/device/device_group.h"
+#include "mooncake-pg/device/member_buffers.h"
 #include "mooncake-transfer-engine/common/status.h"
 
 namespace mooncake::pg::device {
 
 inline constexpr uint8_t kAllGatherCollective = 2;
+inline constexpr uint8_t kDirectAllGatherCollective = 7;
 
 // Queues the call on `stream`: output (size * count elements) = every
 // member's input (count elements) in rank order. `seq` numbers the group's
@@ -26,5 +28,13 @@ inline constexpr uint8_t kAllGatherCollective = 2;
 // completes. Fails before queuing anything for arguments no kernel can run.
 Status allGather(const DeviceGroupView& group, const void* input, void* output, size_t count,
                  DataType dtype, uint64_t seq, DeviceOpResult* result, cudaStream_t stream);
+
+// Direct: every member's input is mapped here (`buffers.inputs`; outputs
+// are this rank's only): once every member has signalled its input ready,
+// each rank copies the members' inputs into its output, then waits until
+// every member has copied before the call completes (three steps, no window
+// copies). `count` elements per member; the window carries only flags.
+Status directAllGather(const DeviceGroupView& group, const MemberBuffers& buffers, size_t count,
+                       DataType dtype, uint64_t seq, DeviceOpResult* result, cudaStream_t stream);
 
 }  // namespace mooncake::pg::device

@@ -27,11 +27,19 @@
 
 #include "mooncake-pg/core/types.h"
 #include "mooncake-pg/device/device_group.h"
+#include "mooncake-pg/device/member_buffers.h"
 #include "mooncake-transfer-engine/common/status.h"
 
 namespace mooncake::pg::device {
 
 inline constexpr uint8_t kAllReduceCollective = 1;
+// Messages from this size take the direct path when every member's buffers
+// can be shared (the backend's choice; cuda_direct.cc). Below it the host
+// exchange that shares them (two host all_gathers) would cost more than the
+// window copies it saves. Not yet measured: set from the two-shot's cost.
+inline constexpr uint64_t kDirectMinBytes = uint64_t{4} << 20;
+// Its own id, so ranks that took different paths fail with kMismatch.
+inline constexpr uint8_t kDirectAllReduceCollective = 6;
 
 // Messages up to this size (that also fit a slot) take the one-shot path.
 // Measured on one H200 with MPS (docs/design/pg-core.md): the two-shot's
@@ -54,6 +62,18 @@ Status oneShotAllReduce(const DeviceGroupView& group, const void* input, void* o
 Status twoShotAllReduce(const DeviceGroupView& group, const void* input, void* output, size_t count,
                         DataType dtype, ReduceOp op, uint64_t seq, DeviceOpResult* result,
                         cudaStream_t stream);
+
+// Direct: no byte goes through the windows, which then carry only the flags.
+// Every member's input and output are mapped in every member's process
+// (`buffers`), and the call runs three steps: each rank signals that its
+// input is ready; rank r reduces piece r of the members' inputs, in rank
+// order, into piece r of its output; it copies the other pieces from the
+// members' outputs; a last barrier keeps each rank's buffers until no member
+// reads them. Per rank it reads and writes about 2x the message, against
+// about 4x for two-shot. An input may equal its output.
+Status directAllReduce(const DeviceGroupView& group, const MemberBuffers& buffers, size_t count,
+                       DataType dtype, ReduceOp op, uint64_t seq, DeviceOpResult* result,
+                       cudaStream_t stream);
 
 // One-shot or two-shot by size (kOneShotMaxBytes). Every rank picks the same
 // for the same call; a call whose counts differ fails with kMismatch

@@ -16,6 +16,10 @@ constexpr int kThreads = 512;
 // Enough blocks to keep the copy engines of one SM group busy on the reduce;
 // one-shot inputs are small.
 constexpr int kMaxReduceBlocks = 32;
+// Up to this size one block pushes to every member and reduces, in one
+// kernel: a launch costs the host about 8 us under MPS (H200, 2026-12-03),
+// more than a block takes to copy this much.
+constexpr uint64_t kSingleBlockBytes = 16 << 10;
 
 __device__ __forceinline__ bool callIsCurrent(const DeviceGroupView& g, uint64_t tag,
                                               DeviceOpResult* result) {
@@ -30,6 +34,55 @@ __device__ __forceinline__ bool callIsCurrent(const DeviceGroupView& g, uint64_t
         return false;
     }
     return true;
+}
+
+// Every thread of the block: waits for every member's flag of the call and
+// compares its signature; false when the call failed.
+__device__ __forceinline__ bool waitMembers(const DeviceGroupView& g, int parity, uint64_t tag,
+                                            uint64_t signature, DeviceOpResult* result) {
+    __shared__ bool failed;
+    if (threadIdx.x == 0)
+        failed = false;
+    __syncthreads();
+    char* own = g.windows[g.rank];
+    if (threadIdx.x < static_cast<unsigned>(g.size)) {
+        const int src = static_cast<int>(threadIdx.x);
+        const uint64_t start = globalTimerNs();
+        const FailWord fail = failWordOf(g, tag);
+        if (!waitFlag(g, reinterpret_cast<const uint64_t*>(own + flagOffset(parity, src)), tag, src,
+                      start, result, fail, blockIdx.x == 0)) {
+            failed = true;
+        } else {
+            uint64_t theirs =
+                *reinterpret_cast<volatile uint64_t*>(own + signatureOffset(parity, src));
+            if (theirs != signature) {
+                failCall(result, fail, DeviceStatus::kMismatch, src, theirs);
+                failed = true;
+            }
+        }
+    }
+    __syncthreads();
+    return !failed;
+}
+
+// output[i] = the members' slots of element i combined, grid-stride.
+template <typename T, ReduceOp kOp>
+__device__ __forceinline__ void reduceSlots(const DeviceGroupView& g, T* output, uint64_t count,
+                                            int parity) {
+    const char* own = g.windows[g.rank];
+    const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+    for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+         i += stride) {
+        T acc = reinterpret_cast<const T*>(own + slotOffset(parity, 0, g.size, g.slot_bytes))[i];
+        for (int src = 1; src < g.size; ++src) {
+            const T* slot =
+                reinterpret_cast<const T*>(own + slotOffset(parity, src, g.size, g.slot_bytes));
+            acc = combine<T, kOp>(acc, slot[i]);
+        }
+        if constexpr (kOp == ReduceOp::kAvg)
+            acc = divideBy(acc, g.size);
+        output[i] = acc;
+    }
 }
 
 // Block b copies the input into this rank's slot at member b, then publishes
@@ -67,43 +120,41 @@ __global__ void pushKernel(DeviceGroupView g, const char* input, uint64_t bytes,
 template <typename T, ReduceOp kOp>
 __global__ void waitReduceKernel(DeviceGroupView g, T* output, uint64_t count, int parity,
                                  uint64_t tag, uint64_t signature, DeviceOpResult* result) {
-    __shared__ bool failed;
-    if (threadIdx.x == 0)
-        failed = false;
-    __syncthreads();
-    char* own = g.windows[g.rank];
-    if (threadIdx.x < static_cast<unsigned>(g.size)) {
-        const int src = static_cast<int>(threadIdx.x);
-        const uint64_t start = globalTimerNs();
-        const FailWord fail = failWordOf(g, tag);
-        if (!waitFlag(g, reinterpret_cast<const uint64_t*>(own + flagOffset(parity, src)), tag, src,
-                      start, result, fail, blockIdx.x == 0)) {
-            failed = true;
-        } else {
-            uint64_t theirs =
-                *reinterpret_cast<volatile uint64_t*>(own + signatureOffset(parity, src));
-            if (theirs != signature) {
-                failCall(result, fail, DeviceStatus::kMismatch, src, theirs);
-                failed = true;
-            }
-        }
-    }
-    __syncthreads();
-    if (failed)
+    if (!waitMembers(g, parity, tag, signature, result))
         return;
-    const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
-    for (uint64_t i = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-         i += stride) {
-        T acc = reinterpret_cast<const T*>(own + slotOffset(parity, 0, g.size, g.slot_bytes))[i];
-        for (int src = 1; src < g.size; ++src) {
-            const T* slot =
-                reinterpret_cast<const T*>(own + slotOffset(parity, src, g.size, g.slot_bytes));
-            acc = combine<T, kOp>(acc, slot[i]);
-        }
-        if constexpr (kOp == ReduceOp::kAvg)
-            acc = divideBy(acc, g.size);
-        output[i] = acc;
+    reduceSlots<T, kOp>(g, output, count, parity);
+}
+
+// Every member's flag and signature, then the reduction into output: the
+// whole block (the single-kernel call: pushed and reduced by one block).
+template <typename T, ReduceOp kOp>
+__global__ void singleBlockOneShotKernel(DeviceGroupView g, const char* input, T* output,
+                                         uint64_t count, int parity, uint64_t tag,
+                                         uint64_t signature, DeviceOpResult* result) {
+    __shared__ bool ok;
+    if (threadIdx.x == 0)
+        ok = callIsCurrent(g, tag, result);
+    __syncthreads();
+    if (!ok)
+        return;
+    const uint64_t bytes = count * sizeof(T);
+    for (int dst = 0; dst < g.size; ++dst) {
+        char* slot = g.windows[dst] + slotOffset(parity, g.rank, g.size, g.slot_bytes);
+        for (uint64_t i = threadIdx.x; i < bytes; i += blockDim.x)
+            slot[i] = input[i];
     }
+    // Every read of the input is done before any write of the output (they
+    // may be one buffer), and every slot store before the flags.
+    __syncthreads();
+    if (threadIdx.x < static_cast<unsigned>(g.size)) {
+        char* window = g.windows[threadIdx.x];
+        *reinterpret_cast<volatile uint64_t*>(window + signatureOffset(parity, g.rank)) = signature;
+        __threadfence_system();
+        storeReleaseSys(reinterpret_cast<uint64_t*>(window + flagOffset(parity, g.rank)), tag);
+    }
+    if (!waitMembers(g, parity, tag, signature, result))
+        return;
+    reduceSlots<T, kOp>(g, output, count, parity);
 }
 
 template <typename T, ReduceOp kOp>
@@ -139,6 +190,16 @@ Status oneShotAllReduce(const DeviceGroupView& group, const void* input, void* o
     const int parity = stepParity(seq, 0);
     const uint64_t signature = callSignature(kAllReduceCollective, static_cast<uint8_t>(dtype),
                                              static_cast<uint8_t>(op), count);
+    if (bytes <= kSingleBlockBytes) {
+        MC_RETURN_IF_ERROR(visitReduce(dtype, op, [&](auto type, auto op_tag) {
+            using T = typename decltype(type)::type;
+            singleBlockOneShotKernel<T, decltype(op_tag)::value><<<1, kThreads, 0, stream>>>(
+                group, static_cast<const char*>(input), static_cast<T*>(output), count, parity, tag,
+                signature, result);
+            return Status::OK();
+        }));
+        return cudaLaunchStatus("one-shot all_reduce");
+    }
     pushKernel<<<group.size, kThreads, 0, stream>>>(group, static_cast<const char*>(input), bytes,
                                                     parity, tag, signature, result);
     MC_RETURN_IF_ERROR(visitReduce(dtype, op, [&](auto type, auto op_tag) {

@@ -18,16 +18,6 @@ struct TwoShotAlgo {
     uint64_t count;
     uint64_t chunk;  // elements per chunk: size * (slot_bytes / sizeof(T))
 
-    // Member r's piece [*lo, *hi) of a chunk of `len` elements: equal pieces
-    // of whole 16-byte vectors, so every piece starts aligned.
-    __device__ void piece(uint64_t len, int size, int r, uint64_t* lo, uint64_t* hi) const {
-        constexpr uint64_t kPer = 16 / sizeof(T);
-        const uint64_t per = (len + size - 1) / size;
-        const uint64_t rounded = (per + kPer - 1) / kPer * kPer;
-        *lo = min(static_cast<uint64_t>(r) * rounded, len);
-        *hi = min(*lo + rounded, len);
-    }
-
     __device__ void run(const DeviceGroupView& g, const StepArgs& a) const {
         if (a.wait_step >= 0) {
             const uint64_t base = static_cast<uint64_t>(a.wait_step / 2) * chunk;
@@ -35,7 +25,7 @@ struct TwoShotAlgo {
                 const uint64_t len = min(chunk, count - base);
                 uint64_t lo, hi;
                 if (a.wait_step % 2 == 0) {
-                    piece(len, g.size, g.rank, &lo, &hi);
+                    memberPiece<T>(len, g.size, g.rank, &lo, &hi);
                     T* staged = reinterpret_cast<T*>(region(g, g.rank, 1 - a.wait_parity)) + lo;
                     gridReduce<T, kOp>(g, a.wait_parity, lo * sizeof(T), input + base + lo,
                                        output + base + lo, staged, hi - lo);
@@ -43,7 +33,7 @@ struct TwoShotAlgo {
                     for (int src = 0; src < g.size; ++src) {
                         if (src == g.rank)
                             continue;
-                        piece(len, g.size, src, &lo, &hi);
+                        memberPiece<T>(len, g.size, src, &lo, &hi);
                         gridCopy(reinterpret_cast<char*>(output + base + lo),
                                  region(g, src, a.wait_parity) + lo * sizeof(T),
                                  (hi - lo) * sizeof(T));
@@ -57,7 +47,7 @@ struct TwoShotAlgo {
             if (base < count) {
                 const uint64_t len = min(chunk, count - base);
                 uint64_t lo, hi;
-                piece(len, g.size, g.rank, &lo, &hi);
+                memberPiece<T>(len, g.size, g.rank, &lo, &hi);
                 char* own = region(g, g.rank, a.stage_parity);
                 const char* in = reinterpret_cast<const char*>(input + base);
                 gridCopy(own, in, lo * sizeof(T));

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "mooncake-pg/device/member_buffers.h"
 #include "mooncake-pg/device/reduce_ops.cuh"
 #include "mooncake-pg/device/step_kernel.cuh"
 
@@ -21,26 +22,45 @@ __device__ __forceinline__ const T* memberCopy(const DeviceGroupView& g, int src
     return reinterpret_cast<const T*>(region(g, src, parity) + window_offset);
 }
 
-// out[i] (and out2[i] when out2 is not null) = the members' element i
-// combined in rank order, for i in [0, n). 16-byte vectors when every
-// pointer allows, element by element otherwise.
-template <typename T, ReduceOp kOp>
-__device__ void gridReduce(const DeviceGroupView& g, int parity, uint64_t window_offset,
-                           const T* own, T* out, T* out2, uint64_t n) {
+// Member `src`'s copy of element 0 in a window-staged reduction.
+template <typename T>
+struct WindowCopies {
+    const DeviceGroupView& g;
+    int parity;
+    uint64_t window_offset;
+    const T* own;
+    __device__ const T* operator()(int src) const {
+        return memberCopy(g, src, parity, window_offset, own);
+    }
+};
+
+// Member `src`'s copy at `lo` elements into its own buffer (mapped here).
+template <typename T>
+struct MemberBufferCopies {
+    const void* const* bases;
+    uint64_t lo;
+    __device__ const T* operator()(int src) const { return static_cast<const T*>(bases[src]) + lo; }
+};
+
+// out[i] (and out2[i] when out2 is not null) = the `size` members' element i
+// combined in rank order, member src's copy starting at copies(src), for i
+// in [0, n). 16-byte vectors when every pointer allows (`copy_bits`: the
+// copies' addresses or-ed together), element by element otherwise.
+template <typename T, ReduceOp kOp, class Copies>
+__device__ void gridReduceCopies(int size, const Copies& copies, uintptr_t copy_bits, T* out,
+                                 T* out2, uint64_t n) {
     constexpr int kPer = 16 / sizeof(T);
     const uint64_t t = globalThread(), nt = globalThreads();
     uint64_t done = 0;
-    const uintptr_t bits = reinterpret_cast<uintptr_t>(own) | reinterpret_cast<uintptr_t>(out) |
-                           reinterpret_cast<uintptr_t>(out2) | window_offset;
+    const uintptr_t bits =
+        copy_bits | reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(out2);
     if ((bits & 15) == 0) {
         const uint64_t vectors = n / kPer;
         for (uint64_t v = t; v < vectors; v += nt) {
-            int4 acc =
-                reinterpret_cast<const int4*>(memberCopy(g, 0, parity, window_offset, own))[v];
+            int4 acc = reinterpret_cast<const int4*>(copies(0))[v];
             T* a = reinterpret_cast<T*>(&acc);
-            for (int src = 1; src < g.size; ++src) {
-                int4 x = reinterpret_cast<const int4*>(
-                    memberCopy(g, src, parity, window_offset, own))[v];
+            for (int src = 1; src < size; ++src) {
+                int4 x = reinterpret_cast<const int4*>(copies(src))[v];
                 const T* b = reinterpret_cast<const T*>(&x);
 #pragma unroll
                 for (int k = 0; k < kPer; ++k)
@@ -49,7 +69,7 @@ __device__ void gridReduce(const DeviceGroupView& g, int parity, uint64_t window
             if constexpr (kOp == ReduceOp::kAvg) {
 #pragma unroll
                 for (int k = 0; k < kPer; ++k)
-                    a[k] = divideBy(a[k], g.size);
+                    a[k] = divideBy(a[k], size);
             }
             reinterpret_cast<int4*>(out)[v] = acc;
             if (out2)
@@ -58,15 +78,36 @@ __device__ void gridReduce(const DeviceGroupView& g, int parity, uint64_t window
         done = vectors * kPer;
     }
     for (uint64_t i = done + t; i < n; i += nt) {
-        T acc = memberCopy(g, 0, parity, window_offset, own)[i];
-        for (int src = 1; src < g.size; ++src)
-            acc = combine<T, kOp>(acc, memberCopy(g, src, parity, window_offset, own)[i]);
+        T acc = copies(0)[i];
+        for (int src = 1; src < size; ++src)
+            acc = combine<T, kOp>(acc, copies(src)[i]);
         if constexpr (kOp == ReduceOp::kAvg)
-            acc = divideBy(acc, g.size);
+            acc = divideBy(acc, size);
         out[i] = acc;
         if (out2)
             out2[i] = acc;
     }
+}
+
+// The members' copies staged in their windows (this rank's own: `own`).
+template <typename T, ReduceOp kOp>
+__device__ void gridReduce(const DeviceGroupView& g, int parity, uint64_t window_offset,
+                           const T* own, T* out, T* out2, uint64_t n) {
+    // Regions start 16-byte aligned: only the offset and `own` decide.
+    gridReduceCopies<T, kOp>(g.size, WindowCopies<T>{g, parity, window_offset, own},
+                             reinterpret_cast<uintptr_t>(own) | window_offset, out, out2, n);
+}
+
+// Member r's piece [*lo, *hi) of `len` elements split among `size`: equal
+// pieces of whole 16-byte vectors, so every piece starts aligned.
+template <typename T>
+__device__ __forceinline__ void memberPiece(uint64_t len, int size, int r, uint64_t* lo,
+                                            uint64_t* hi) {
+    constexpr uint64_t kPer = 16 / sizeof(T);
+    const uint64_t per = (len + size - 1) / size;
+    const uint64_t rounded = (per + kPer - 1) / kPer * kPer;
+    *lo = min(static_cast<uint64_t>(r) * rounded, len);
+    *hi = min(*lo + rounded, len);
 }
 
 }  // namespace mooncake::pg::device

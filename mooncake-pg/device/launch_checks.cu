@@ -70,6 +70,19 @@ Status checkBuffer(const void* p, uint64_t bytes, const char* name, const char* 
     return Status::OK();
 }
 
+Status checkMemberBuffers(const DeviceGroupView& g, const MemberBuffers& b, uint64_t input_bytes,
+                          uint64_t output_bytes, bool every_output, const char* what) {
+    for (int r = 0; r < g.size; ++r) {
+        const std::string member = "rank " + std::to_string(r) + "'s ";
+        MC_RETURN_IF_ERROR(checkBuffer(b.inputs[r], input_bytes, (member + "input").c_str(), what));
+        if (every_output || r == g.rank) {
+            MC_RETURN_IF_ERROR(
+                checkBuffer(b.outputs[r], output_bytes, (member + "output").c_str(), what));
+        }
+    }
+    return Status::OK();
+}
+
 Status stepsFor(uint64_t chunks, uint64_t steps_per_chunk, const char* what, uint64_t* steps) {
     uint64_t n = std::max<uint64_t>(chunks, 1) * steps_per_chunk;
     n |= 1;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "mooncake-pg/device/device_group.h"
+#include "mooncake-pg/device/member_buffers.h"
 #include "mooncake-transfer-engine/common/status.h"
 
 namespace mooncake::pg::device {
@@ -26,6 +27,10 @@ Status checkCount(uint64_t count, const char* what);
 
 // A buffer of `bytes` > 0 must not be null; `name` is the argument's name.
 Status checkBuffer(const void* p, uint64_t bytes, const char* name, const char* what);
+// Every member's input of `input_bytes`, and the outputs of `output_bytes`
+// (every member's when `every_output`, else this rank's) are mapped.
+Status checkMemberBuffers(const DeviceGroupView& g, const MemberBuffers& b, uint64_t input_bytes,
+                          uint64_t output_bytes, bool every_output, const char* what);
 
 // The number of steps of a call with `chunks` chunks of `steps_per_chunk`
 // steps each (at least one chunk, so that every member signals even for an

@@ -55,6 +55,16 @@ Result<bool> parseBlockingWait(const char* value) {
                            "are queued) or '1' (wait() blocks until they have finished)");
 }
 
+Result<bool> parseDirect(const char* value) {
+    if (value == nullptr || *value == '\0' || std::strcmp(value, "1") == 0)
+        return true;
+    if (std::strcmp(value, "0") == 0)
+        return false;
+    return InvalidArgument(std::string(kCudaDirectEnv) + "='" + value +
+                           "' is not a setting; expected '1' (large all_reduces read the members' "
+                           "buffers directly) or '0' (always through the windows)");
+}
+
 Result<uint64_t> groupWindowBytes(int max_group_size, uint64_t slot_bytes) {
     if (max_group_size < 1 || max_group_size > kMaxDeviceRanks) {
         return InvalidArgument(
@@ -214,6 +224,12 @@ Status resultStatus(const DeviceOpResult& r, const char* what, std::vector<int>*
                 const int dead = static_cast<int>(r.detail & 0xffffffffu);
                 failed->push_back(dead);
                 return PeerFailure(op + ": rank " + std::to_string(dead) + " failed");
+            }
+            if ((r.detail & kAbortDeactivatedBase) != 0) {
+                const int gone = static_cast<int>(r.detail & 0xffffffffu);
+                failed->push_back(gone);
+                return PeerFailure(op + ": rank " + std::to_string(gone) +
+                                   " was deactivated while the call ran");
             }
             if (r.detail == kAbortDeactivated) {
                 return Aborted(op + ": a member of the call was deactivated while it ran");

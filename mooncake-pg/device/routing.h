@@ -56,6 +56,13 @@ Result<uint64_t> groupWindowBytes(int max_group_size, uint64_t slot_bytes);
 inline constexpr const char* kCudaBlockingWaitEnv = "MC_PG_CUDA_BLOCKING_WAIT";
 Result<bool> parseBlockingWait(const char* value);
 
+// MC_PG_CUDA_DIRECT: "1", null or empty (the default): an all_reduce of
+// kDirectMinBytes and more reads the members' own buffers when every member
+// can share them (directAllReduce); "0": it always goes through the windows.
+// The same on every rank (checked when a group is created).
+inline constexpr const char* kCudaDirectEnv = "MC_PG_CUDA_DIRECT";
+Result<bool> parseDirect(const char* value);
+
 // Kernel calls a group may have queued on its stream before the worker has
 // read their results: each holds one result slot of the group window.
 inline constexpr int kMaxKernelCallsInFlight = 128;
@@ -104,6 +111,12 @@ inline constexpr uint64_t kAbortDeadline = 3;
 inline constexpr uint64_t kAbortPeerDeadBase = uint64_t{1} << 32;
 inline constexpr uint64_t abortPeerDead(int rank) {
     return kAbortPeerDeadBase | static_cast<uint32_t>(rank);
+}
+// A member the host saw leave the view while the call ran: the failure names
+// it (the Work's failed_ranks_hint), as a dead one's does.
+inline constexpr uint64_t kAbortDeactivatedBase = uint64_t{1} << 33;
+inline constexpr uint64_t abortDeactivated(int rank) {
+    return kAbortDeactivatedBase | static_cast<uint32_t>(rank);
 }
 
 // The Status of a completed call from its result word, with the ranks the

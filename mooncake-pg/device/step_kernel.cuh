@@ -1,5 +1,6 @@
 // The step protocol of the chunked device collectives (device_group.h), and
-// the kernel that runs it. A call of K steps is K + 1 kernels on the stream:
+// the kernels that run it. A call of K steps is K + 1 kernels on the stream
+// (one when a single block does the call: singleBlockStepsKernel):
 // kernel i waits for every member's flag of step i - 1, consumes that step
 // (reads the members' windows), stages step i (writes this rank's window),
 // and its last block to finish raises step i's flag at every member. Kernel
@@ -178,9 +179,28 @@ __device__ __forceinline__ void blockArrive(const DeviceGroupView& g, const Step
     }
 }
 
+// Kernel i of a call of `steps` steps (0 <= i <= steps).
+MC_HOST_DEVICE inline StepArgs stepArgs(const DeviceGroupView& g, uint64_t steps, uint64_t seq,
+                                        uint64_t signature, uint64_t i) {
+    StepArgs a;
+    a.signature = signature;
+    a.call_tag = stepTag(g.epoch, seq, 0);
+    if (i > 0) {
+        a.wait_step = static_cast<int64_t>(i - 1);
+        a.wait_parity = stepParity(seq, i - 1);
+        a.wait_tag = stepTag(g.epoch, seq, i - 1);
+    }
+    if (i < steps) {
+        a.stage_step = static_cast<int64_t>(i);
+        a.stage_parity = stepParity(seq, i);
+        a.stage_tag = stepTag(g.epoch, seq, i);
+    }
+    return a;
+}
+
 template <class Algo>
-__global__ void __launch_bounds__(kStepThreads, 2)
-    stepKernel(DeviceGroupView g, Algo algo, StepArgs a, DeviceOpResult* result) {
+__device__ __forceinline__ void runStep(const DeviceGroupView& g, const Algo& algo,
+                                        const StepArgs& a, DeviceOpResult* result) {
     bool ok = blockMayProceed(g, a, result);
     if (ok && a.wait_step >= 0)
         ok = blockWaitStep(g, a, result);
@@ -189,28 +209,40 @@ __global__ void __launch_bounds__(kStepThreads, 2)
     blockArrive(g, a);
 }
 
-// Queues the K + 1 kernels of a call of `steps` steps (odd, from stepsFor).
-// `chunk_bytes` sizes the grid.
+template <class Algo>
+__global__ void __launch_bounds__(kStepThreads, 2)
+    stepKernel(DeviceGroupView g, Algo algo, StepArgs a, DeviceOpResult* result) {
+    runStep(g, algo, a, result);
+}
+
+// Every step of a call in one single-block kernel: with one block, all of
+// step i's work is done at the block barrier in blockArrive, before its flag
+// is raised, so no kernel boundary is needed between steps and a small call
+// costs one launch instead of steps + 1.
+template <class Algo>
+__global__ void __launch_bounds__(kStepThreads, 2)
+    singleBlockStepsKernel(DeviceGroupView g, Algo algo, uint64_t steps, uint64_t seq,
+                           uint64_t signature, DeviceOpResult* result) {
+    for (uint64_t i = 0; i <= steps; ++i)
+        runStep(g, algo, stepArgs(g, steps, seq, signature, i), result);
+}
+
+// Queues the K + 1 kernels of a call of `steps` steps (odd, from stepsFor),
+// or one kernel when `chunk_bytes` needs a single block. `chunk_bytes`
+// sizes the grid.
 template <class Algo>
 Status launchSteps(const DeviceGroupView& g, const Algo& algo, uint64_t steps, uint64_t seq,
                    uint64_t signature, uint64_t chunk_bytes, DeviceOpResult* result,
                    cudaStream_t stream, const char* what) {
     const unsigned blocks = gridBlocks(g, chunk_bytes);
+    if (blocks == 1) {
+        singleBlockStepsKernel<Algo>
+            <<<1, kStepThreads, 0, stream>>>(g, algo, steps, seq, signature, result);
+        return cudaLaunchStatus(what);
+    }
     for (uint64_t i = 0; i <= steps; ++i) {
-        StepArgs a;
-        a.signature = signature;
-        a.call_tag = stepTag(g.epoch, seq, 0);
-        if (i > 0) {
-            a.wait_step = static_cast<int64_t>(i - 1);
-            a.wait_parity = stepParity(seq, i - 1);
-            a.wait_tag = stepTag(g.epoch, seq, i - 1);
-        }
-        if (i < steps) {
-            a.stage_step = static_cast<int64_t>(i);
-            a.stage_parity = stepParity(seq, i);
-            a.stage_tag = stepTag(g.epoch, seq, i);
-        }
-        stepKernel<Algo><<<blocks, kStepThreads, 0, stream>>>(g, algo, a, result);
+        stepKernel<Algo><<<blocks, kStepThreads, 0, stream>>>(
+            g, algo, stepArgs(g, steps, seq, signature, i), result);
     }
     return cudaLaunchStatus(what);
 }

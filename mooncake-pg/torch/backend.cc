@@ -50,10 +50,11 @@ namespace {
 // wait out every op's deadline. Each rank checks its settings against rank
 // 0's when the group is created.
 void checkCudaSettingsAgree(KVStore& kv, const std::string& group_key, int rank,
-                            device::CudaPath path, uint64_t slot_bytes, const std::string& where,
-                            std::chrono::milliseconds timeout) {
+                            device::CudaPath path, uint64_t slot_bytes, bool direct,
+                            const std::string& where, std::chrono::milliseconds timeout) {
     const std::string mine = std::string(device::kCudaPathEnv) + "=" + device::cudaPathName(path) +
-                             ", " + device::kCudaSlotBytesEnv + "=" + std::to_string(slot_bytes);
+                             ", " + device::kCudaSlotBytesEnv + "=" + std::to_string(slot_bytes) +
+                             ", " + device::kCudaDirectEnv + "=" + (direct ? "1" : "0");
     const std::string key = group_key + "/cuda_settings/";
     Status st = kv.set(key + std::to_string(rank), mine);
     TORCH_CHECK_WITH(DistBackendError, st.ok(), "Mooncake PG: bootstrapping ", where,
@@ -65,7 +66,8 @@ void checkCudaSettingsAgree(KVStore& kv, const std::string& group_key, int rank,
                      " failed: reading rank 0's CUDA settings: ", theirs.status().toString());
     TORCH_CHECK_VALUE(theirs.value() == mine, "Mooncake PG: ", where, " has ", mine,
                       " but rank 0 has ", theirs.value(), "; every rank must set the same ",
-                      device::kCudaPathEnv, " and ", device::kCudaSlotBytesEnv);
+                      device::kCudaPathEnv, ", ", device::kCudaSlotBytesEnv, " and ",
+                      device::kCudaDirectEnv);
 }
 
 }  // namespace
@@ -300,8 +302,8 @@ void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
     // Last: rank 0's creation, which waits for every rank's bootstrap and
     // control plane, completes, and only the rank that differs fails.
     if (config_.is_cuda)
-        checkCudaSettingsAgree(*kv, group_key_, config_.rank, cuda_path_, cuda_slot_bytes_, where,
-                               config_.timeout);
+        checkCudaSettingsAgree(*kv, group_key_, config_.rank, cuda_path_, cuda_slot_bytes_,
+                               cuda_direct_, where, config_.timeout);
 #endif
 }
 

@@ -30,6 +30,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "mooncake-pg/core/types.h"
+#include "mooncake-pg/device/member_buffers.h"
 #include "mooncake-pg/device/routing.h"
 #include "mooncake-pg/torch/executor.h"
 #include "mooncake-pg/torch/kernel_call.h"
@@ -161,6 +162,7 @@ public:
     // How many collectives ran on the device kernels so far (tests tell the
     // kernel path from the staged one by it).
     uint64_t deviceCollectiveCalls() const { return device_calls_.load(); }
+    uint64_t directCollectiveCalls() const { return direct_calls_.load(); }
 
     // ---- elastic membership (backend_elastic.cc); each throws c10::Error
     // subclasses naming the call and the control plane's reason. Blocking
@@ -314,6 +316,21 @@ private:
     // Worker thread: the group window set up for the applied view's `size`
     // members (created at the first kernel call, re-mapped per epoch).
     Status setUpDeviceWindow(int size, Deadline deadline);
+    // Worker thread: offers this rank's `in` (`in_bytes`) and `out`
+    // (`out_bytes`) to the applied view's `size` members through the host
+    // core and maps theirs into `members` (their outputs only when
+    // `peers_read_outputs`; cuda_direct.cc). False on every rank when any
+    // member cannot share or map (the call then goes through the window); an
+    // error when the exchange itself fails.
+    Result<bool> shareDirectBuffers(const void* in, uint64_t in_bytes, void* out,
+                                    uint64_t out_bytes, bool peers_read_outputs, int size,
+                                    Deadline deadline, device::MemberBuffers* members);
+    // Worker thread: shareDirectBuffers for a call of `bytes` (the larger
+    // side) when the direct path is on and the call is large enough; false
+    // otherwise. Counts the calls that go direct.
+    Result<bool> maybeDirect(uint64_t bytes, const void* in, uint64_t in_bytes, void* out,
+                             uint64_t out_bytes, bool peers_read_outputs, int size,
+                             Deadline deadline, device::MemberBuffers* members);
     // ---- kernel calls in flight (cuda_pipeline.cc; no-ops without CUDA).
     // Worker thread: completes the oldest calls whose fences have completed,
     // and for the oldest still running turns host evidence (dead peer,
@@ -479,12 +496,15 @@ private:
     // kernels have finished and raises their failure; otherwise it returns
     // once they are queued (the current stream waits on them).
     bool cuda_blocking_wait_ = false;
+    // MC_PG_CUDA_DIRECT: large all_reduces may read the members' buffers.
+    bool cuda_direct_ = true;
     // Worker thread: the kernel pipeline (cuda_pipeline.cc).
     std::optional<KernelLaunch> kernel_launch_;
     std::deque<KernelInFlight> kernels_in_flight_;
     int next_result_slot_ = 0;
     std::chrono::steady_clock::time_point next_kernel_watch_{};
     std::atomic<uint64_t> device_calls_{0};
+    std::atomic<uint64_t> direct_calls_{0};
     // Worker thread: set once kernels outlived their deadline and the abort
     // word. They may still run and read this group's words, so every later
     // kernel call fails with it at once and the abort word stays set.

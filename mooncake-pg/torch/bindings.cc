@@ -302,6 +302,13 @@ Forms (seed API):
         "How many collectives of the group ran on the device kernels (MC_PG_CUDA_PATH=kernels); "
         "for tests.");
     m.def(
+        "_direct_collective_calls",
+        [](const py::handle& group) {
+            return backendOf(group, "_direct_collective_calls")->directCollectiveCalls();
+        },
+        py::arg("group"),
+        "How many of those read the members' own buffers (the direct path); for tests.");
+    m.def(
         "get_active_ranks",
         [](const py::handle& group) { return backendOf(group, "get_active_ranks")->activeRanks(); },
         py::arg("backend"),

@@ -63,6 +63,9 @@ void MooncakeBackend::configureCuda() {
     TORCH_CHECK_VALUE(slot.ok(), "Mooncake PG: ", slot.status().message());
     auto blocking = device::parseBlockingWait(std::getenv(device::kCudaBlockingWaitEnv));
     TORCH_CHECK_VALUE(blocking.ok(), "Mooncake PG: ", blocking.status().message());
+    auto direct = device::parseDirect(std::getenv(device::kCudaDirectEnv));
+    TORCH_CHECK_VALUE(direct.ok(), "Mooncake PG: ", direct.status().message());
+    cuda_direct_ = direct.value();
     cuda_path_ = path.value();
     cuda_slot_bytes_ = slot.value();
     cuda_blocking_wait_ = blocking.value();
@@ -150,24 +153,61 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
     at::Tensor src = in_place ? dst : inBuffer(call.input, call.output);
     device::DeviceOpResult* result = w.deviceResult(slot);
     const cudaStream_t stream = exec->stream().stream();
+    // A rank's part: the whole message of all_reduce, one block otherwise.
+    const uint64_t bytes = static_cast<uint64_t>(call.count) * dataTypeSize(call.dtype);
     Status launched;
     switch (call.collective) {
-        case device::CudaCollective::kAllReduce:
-            launched = device::allReduce(view, ptrOf(src), ptrOf(dst), call.count, call.dtype,
-                                         call.op, seq, result, stream);
+        case device::CudaCollective::kAllReduce: {
+            device::MemberBuffers members;
+            MC_ASSIGN_OR_RETURN(const bool direct,
+                                maybeDirect(bytes, ptrOf(src), bytes, ptrOf(dst), bytes, true, size,
+                                            deadline, &members));
+            launched = direct ? device::directAllReduce(view, members, call.count, call.dtype,
+                                                        call.op, seq, result, stream)
+                              : device::allReduce(view, ptrOf(src), ptrOf(dst), call.count,
+                                                  call.dtype, call.op, seq, result, stream);
             break;
-        case device::CudaCollective::kAllGather:
-            launched = device::allGather(view, ptrOf(src), ptrOf(dst), call.count, call.dtype, seq,
-                                         result, stream);
+        }
+        case device::CudaCollective::kAllGather: {
+            device::MemberBuffers members;
+            MC_ASSIGN_OR_RETURN(const bool direct,
+                                maybeDirect(bytes * size, ptrOf(src), bytes, ptrOf(dst),
+                                            bytes * size, false, size, deadline, &members));
+            launched = direct ? device::directAllGather(view, members, call.count, call.dtype, seq,
+                                                        result, stream)
+                              : device::allGather(view, ptrOf(src), ptrOf(dst), call.count,
+                                                  call.dtype, seq, result, stream);
             break;
-        case device::CudaCollective::kReduceScatter:
-            launched = device::reduceScatter(view, ptrOf(src), ptrOf(dst), call.count, call.dtype,
-                                             call.op, seq, result, stream);
+        }
+        case device::CudaCollective::kReduceScatter: {
+            device::MemberBuffers members;
+            MC_ASSIGN_OR_RETURN(const bool direct,
+                                maybeDirect(bytes * size, ptrOf(src), bytes * size, ptrOf(dst),
+                                            bytes, false, size, deadline, &members));
+            launched = direct ? device::directReduceScatter(view, members, call.count, call.dtype,
+                                                            call.op, seq, result, stream)
+                              : device::reduceScatter(view, ptrOf(src), ptrOf(dst), call.count,
+                                                      call.dtype, call.op, seq, result, stream);
             break;
-        case device::CudaCollective::kAllToAll:
-            launched = device::allToAll(view, ptrOf(src), ptrOf(dst), call.count, call.dtype, seq,
-                                        result, stream);
+        }
+        case device::CudaCollective::kAllToAll: {
+            // The members read this rank's input while it writes its output:
+            // with the two overlapping it offers nothing (a null input), and
+            // every member takes the window path.
+            const uint64_t total = bytes * size;
+            const auto* in = static_cast<const char*>(ptrOf(src));
+            const auto* out = static_cast<const char*>(ptrOf(dst));
+            const bool overlap = in < out + total && out < in + total;
+            device::MemberBuffers members;
+            MC_ASSIGN_OR_RETURN(const bool direct,
+                                maybeDirect(total, overlap ? nullptr : in, total, ptrOf(dst), total,
+                                            false, size, deadline, &members));
+            launched = direct ? device::directAllToAll(view, members, call.count, call.dtype, seq,
+                                                       result, stream)
+                              : device::allToAll(view, ptrOf(src), ptrOf(dst), call.count,
+                                                 call.dtype, seq, result, stream);
             break;
+        }
         case device::CudaCollective::kBroadcast:
             launched = device::broadcast(view, ptrOf(dst), call.count, call.dtype, call.root, seq,
                                          result, stream);

@@ -34,6 +34,53 @@ cudaEvent_t createEvent(c10::Device device) {
     return e;
 }
 
+}  // namespace
+
+// Events of one device, reused: making and destroying the events of every op
+// costs more host time than a small op's launches. Fences hold the pool, so
+// a Work the caller keeps past the group returns its event to it safely.
+class CudaExecutor::EventPool {
+public:
+    explicit EventPool(c10::Device device) : device_(device) {}
+    ~EventPool() {
+        for (cudaEvent_t e : free_)
+            cudaEventDestroy(e);
+    }
+
+    cudaEvent_t take() {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (!free_.empty()) {
+                cudaEvent_t e = free_.back();
+                free_.pop_back();
+                return e;
+            }
+        }
+        return createEvent(device_);
+    }
+    // No one queries or waits on `e` any more (a new record replaces a
+    // pending one).
+    void give(cudaEvent_t e) {
+        {
+            // Enough for the ops of a deep pipeline; beyond, they go.
+            constexpr size_t kMaxFree = 512;
+            std::lock_guard<std::mutex> lock(mu_);
+            if (free_.size() < kMaxFree) {
+                free_.push_back(e);
+                return;
+            }
+        }
+        cudaEventDestroy(e);
+    }
+
+private:
+    const c10::Device device_;
+    std::mutex mu_;
+    std::vector<cudaEvent_t> free_;
+};
+
+namespace {
+
 // Polls `event` until it has completed or `deadline` passes, calling
 // `watch` (if any) about every millisecond. The worker must not block
 // without a deadline: the caller's stream, which the copies wait on, may
@@ -67,8 +114,10 @@ Status pollEvent(cudaEvent_t event, Deadline deadline, const char* what,
 // complete, and the Work reports the failure).
 class CudaFence final : public DeviceFence {
 public:
-    explicit CudaFence(c10::Device device) : device_(device), event_(createEvent(device)) {}
-    ~CudaFence() override { cudaEventDestroy(event_); }
+    CudaFence(c10::Device device, std::shared_ptr<CudaExecutor::EventPool> events)
+        : device_(device), events_(std::move(events)), event_(events_->take()) {}
+    // Dropped with the last Work and op that wait on it.
+    ~CudaFence() override { events_->give(event_); }
 
     cudaEvent_t event() const { return event_; }
 
@@ -85,6 +134,7 @@ public:
 
 private:
     const c10::Device device_;
+    const std::shared_ptr<CudaExecutor::EventPool> events_;
     const cudaEvent_t event_;
 };
 
@@ -92,29 +142,36 @@ private:
 
 class CudaExecutor::Op final : public DeviceOp {
 public:
-    Op(Staging s, c10::Device device)
+    Op(Staging s, c10::Device device, const std::shared_ptr<EventPool>& events)
         : staging(std::move(s)),
-          staged(createEvent(device)),
-          done(std::make_shared<CudaFence>(device)),
-          device_(device) {}
-    ~Op() override { cudaEventDestroy(staged); }
+          // Only copies into host mirrors are waited for (awaitInputs).
+          staged(staging.hasMirrors() ? events->take() : nullptr),
+          done(std::make_shared<CudaFence>(device, events)),
+          device_(device),
+          events_(events) {}
+    ~Op() override {
+        if (staged)
+            events_->give(staged);
+    }
 
     std::shared_ptr<DeviceFence> fence() const override { return done; }
     std::vector<c10::Device> devices() const override { return {device_}; }
 
     // Holds the user's tensors and their host mirrors until retired.
     const Staging staging;
-    // Recorded after the copies into the mirrors.
+    // Recorded after the copies into the mirrors (none without mirrors).
     const cudaEvent_t staged;
     const std::shared_ptr<CudaFence> done;
 
 private:
     const c10::Device device_;
+    const std::shared_ptr<EventPool> events_;
 };
 
 CudaExecutor::CudaExecutor(c10::Device device, CudaPath path)
     : device_(device),
       path_(path),
+      events_(std::make_shared<EventPool>(device)),
       raw_stream_(createStream(device)),
       stream_(c10::cuda::getStreamFromExternal(raw_stream_, device.index())),
       ready_(createEvent(device)),
@@ -138,7 +195,7 @@ Status CudaExecutor::drain(Deadline deadline, const char* what,
 }
 
 std::shared_ptr<DeviceOp> CudaExecutor::issue(Staging staging) {
-    auto op = std::make_shared<Op>(std::move(staging), device_);
+    auto op = std::make_shared<Op>(std::move(staging), device_, events_);
     c10::cuda::CUDAGuard guard(device_);
     {
         // One event serves every issue: a wait takes the record made just
@@ -157,7 +214,8 @@ std::shared_ptr<DeviceOp> CudaExecutor::issue(Staging staging) {
                 e.host.copy_(e.user, /*non_blocking=*/true);
         }
     }
-    checkCuda(cudaEventRecord(op->staged, raw_stream_), "recording the staged inputs");
+    if (op->staged)
+        checkCuda(cudaEventRecord(op->staged, raw_stream_), "recording the staged inputs");
     reap();
     return op;
 }

@@ -63,6 +63,8 @@ public:
 
     Status awaitInputs(DeviceOp& op, Deadline deadline) override;
 
+    class EventPool;
+
 private:
     class Op;
     // Drops the ops whose fences have completed (their tensors go with them).
@@ -74,6 +76,8 @@ private:
 
     const c10::Device device_;
     const CudaPath path_;
+    // The ops' events, reused (shared with fences that outlive the executor).
+    const std::shared_ptr<EventPool> events_;
     cudaStream_t raw_stream_ = nullptr;
     c10::cuda::CUDAStream stream_;
     std::mutex ready_mu_;  // guards ready_'s record-then-wait

@@ -65,7 +65,7 @@ void MooncakeBackend::pollKernelCalls() {
                     const control_plane::GroupView v = host_->view();
                     for (int p = 0; p < front.launch.size; ++p) {
                         if (!v.isActive(static_cast<uint32_t>(p))) {
-                            w.setAbort(device::kAbortDeactivated);
+                            w.setAbort(device::abortDeactivated(p));
                             break;
                         }
                     }

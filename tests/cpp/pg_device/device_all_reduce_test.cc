@@ -42,13 +42,10 @@ int checkOne(Rank& r, DataType dtype, ReduceOp op, size_t count, size_t offset, 
     CUDA_CHILD_OK(cudaStreamSynchronize(r.stream));
     CHILD_CHECK(r.hostResult()->status == 0);
     CUDA_CHILD_OK(cudaMemcpy(out.get(), d_out + offset, count * sizeof(T), cudaMemcpyDeviceToHost));
-    for (size_t i = 0; i < count; ++i) {
-        const T expect = expectedElement<T>(op, r.size, i);
-        if (!sameBits(out[i], expect)) {
-            std::fprintf(stderr, "rank %d dtype %s op %s element %zu differs\n", r.rank,
-                         dataTypeName(dtype), reduceOpName(op), i);
-            return 1;
-        }
+    if (size_t i = firstWrongElement(out.get(), op, r.size, 0, count); i < count) {
+        std::fprintf(stderr, "rank %d dtype %s op %s element %zu differs\n", r.rank,
+                     dataTypeName(dtype), reduceOpName(op), i);
+        return 1;
     }
     return 0;
 }
@@ -56,26 +53,11 @@ int checkOne(Rank& r, DataType dtype, ReduceOp op, size_t count, size_t offset, 
 template <typename T>
 int checkDtype(Rank& r, DataType dtype, uint64_t* seq) {
     constexpr size_t kCount = 1003;  // an odd tail after the 16-byte vectors
-    T* d_in = nullptr;
-    T* d_out = nullptr;
-    CUDA_CHILD_OK(cudaMalloc(&d_in, (kCount + 1) * sizeof(T)));
-    CUDA_CHILD_OK(cudaMalloc(&d_out, (kCount + 1) * sizeof(T)));
-    int rc = 0;
-    for (ReduceOp op : kAllOps) {
-        if (!reduceOpSupported(op, dtype, nullptr))
-            continue;
+    return forEachSupportedOp<T>(dtype, kCount + 1, [&](T* d_in, T* d_out, ReduceOp op) {
         // Aligned, then one element in (unaligned for every type but bytes).
-        for (size_t offset : {size_t{0}, size_t{1}}) {
-            rc = checkOne<T>(r, dtype, op, kCount, offset, (*seq)++, d_in, d_out);
-            if (rc != 0)
-                break;
-        }
-        if (rc != 0)
-            break;
-    }
-    cudaFree(d_in);
-    cudaFree(d_out);
-    return rc;
+        int rc = checkOne<T>(r, dtype, op, kCount, 0, (*seq)++, d_in, d_out);
+        return rc != 0 ? rc : checkOne<T>(r, dtype, op, kCount, 1, (*seq)++, d_in, d_out);
+    });
 }
 
 int everyDtypeAndOp(const std::string& dir, int rank, int size) {

@@ -215,13 +215,11 @@ int checkReduce(Rank& r, Reducing kind, DataType dtype, ReduceOp op, size_t coun
         return rc;
     CUDA_CHILD_OK(cudaMemcpy(out.get(), result_ptr, count * sizeof(T), cudaMemcpyDeviceToHost));
     const size_t first = kind == Reducing::kReduceScatter ? r.rank * count : 0;
-    for (size_t i = 0; i < count; ++i) {
-        if (!sameBits(out[i], expectedElement<T>(op, r.size, first + i))) {
-            std::fprintf(stderr, "rank %d kind %d dtype %s op %s offset %zu element %zu differs\n",
-                         r.rank, static_cast<int>(kind), dataTypeName(dtype), reduceOpName(op),
-                         offset, i);
-            return 1;
-        }
+    if (size_t i = firstWrongElement(out.get(), op, r.size, first, count); i < count) {
+        std::fprintf(stderr, "rank %d kind %d dtype %s op %s offset %zu element %zu differs\n",
+                     r.rank, static_cast<int>(kind), dataTypeName(dtype), reduceOpName(op), offset,
+                     i);
+        return 1;
     }
     return 0;
 }
@@ -232,25 +230,10 @@ int reduceEveryOp(Rank& r, Reducing kind, DataType dtype, uint64_t* seq) {
     // every element size (64 doubles to 512 bytes a slot).
     constexpr size_t kCount = 301;
     const size_t in_count = (kind == Reducing::kReduceScatter ? kCount * r.size : kCount) + 1;
-    T* d_in = nullptr;
-    T* d_out = nullptr;
-    CUDA_CHILD_OK(cudaMalloc(&d_in, in_count * sizeof(T)));
-    CUDA_CHILD_OK(cudaMalloc(&d_out, in_count * sizeof(T)));
-    int rc = 0;
-    for (ReduceOp op : kAllOps) {
-        if (!reduceOpSupported(op, dtype, nullptr))
-            continue;
-        for (size_t offset : {size_t{0}, size_t{1}}) {
-            rc = checkReduce<T>(r, kind, dtype, op, kCount, offset, (*seq)++, d_in, d_out);
-            if (rc != 0)
-                break;
-        }
-        if (rc != 0)
-            break;
-    }
-    cudaFree(d_in);
-    cudaFree(d_out);
-    return rc;
+    return forEachSupportedOp<T>(dtype, in_count, [&](T* d_in, T* d_out, ReduceOp op) {
+        int rc = checkReduce<T>(r, kind, dtype, op, kCount, 0, (*seq)++, d_in, d_out);
+        return rc != 0 ? rc : checkReduce<T>(r, kind, dtype, op, kCount, 1, (*seq)++, d_in, d_out);
+    });
 }
 
 int reductions(const std::string& dir, int rank, int size, Reducing kind) {

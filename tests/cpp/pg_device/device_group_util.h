@@ -11,13 +11,17 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "mooncake-pg/device/device_group.h"
+#include "mooncake-pg/device/member_buffers.h"
+#include "mooncake-pg/device/peer_buffers.h"
 #include "mooncake-transfer-engine/engine/transfer_engine.h"
 #include "mooncake-transfer-engine/metadata/kv_store.h"
+#include "tests/cpp/pg_device/reduce_reference.h"
 #include "tests/cpp/te/cuda_test_util.h"
 #include "tests/cpp/te/shm_test_util.h"
 
@@ -36,6 +40,24 @@ using te::test::TempDir;
             return 1;                                                                   \
         }                                                                               \
     } while (0)
+
+// check(d_in, d_out, op) for every op that dtype supports, over two device
+// buffers of `elements` T each; stops at the first nonzero return.
+template <typename T, typename Check>
+int forEachSupportedOp(DataType dtype, size_t elements, Check&& check) {
+    T* d_in = nullptr;
+    T* d_out = nullptr;
+    CUDA_CHILD_OK(cudaMalloc(&d_in, elements * sizeof(T)));
+    CUDA_CHILD_OK(cudaMalloc(&d_out, elements * sizeof(T)));
+    int rc = 0;
+    for (ReduceOp op : kAllOps) {
+        if (rc == 0 && reduceOpSupported(op, dtype, nullptr))
+            rc = check(d_in, d_out, op);
+    }
+    cudaFree(d_in);
+    cudaFree(d_out);
+    return rc;
+}
 
 // Everything one rank holds.
 struct Rank {
@@ -123,6 +145,51 @@ inline int setUp(Rank& r, const std::string& dir, int rank, int size, uint64_t s
     r.view.current_epoch = static_cast<const volatile uint64_t*>(dev_words) + 1;
     CUDA_CHILD_OK(cudaStreamCreateWithFlags(&r.stream, cudaStreamNonBlocking));
     CHILD_OK(barrier(*r.store, "setup", size));
+    return 0;
+}
+
+// One rank's side of sharing its own buffers with the direct collectives:
+// its exports and its peers' mappings.
+struct Sharing {
+    BufferExports exports;
+    PeerBufferMappings peers;
+};
+
+// Publishes this rank's `in` and `out` (`bytes` each) under `name` in the
+// store (the backend uses the host core's exchange instead), maps every
+// peer's and fills `b`. Returns 0 or a failing exit code.
+inline int shareMemberBuffers(Rank& r, Sharing& s, const std::string& name, const void* in,
+                              void* out, uint64_t bytes, MemberBuffers* b) {
+    const std::string key = "member_buffers/" + name + "/";
+    for (int which = 0; which < 2; ++which) {
+        auto d = s.exports.describe(which == 0 ? in : out, bytes);
+        CHILD_OK(d.status());
+        CHILD_CHECK(d.value().allocation_id != 0);
+        CHILD_OK(r.store->set(
+            key + std::to_string(which) + "/" + std::to_string(r.rank),
+            std::string(reinterpret_cast<const char*>(&d.value()), sizeof(BufferDescriptor))));
+    }
+    for (int p = 0; p < r.size; ++p) {
+        if (p == r.rank) {
+            b->inputs[p] = in;
+            b->outputs[p] = out;
+            continue;
+        }
+        for (int which = 0; which < 2; ++which) {
+            auto v = r.store->get(key + std::to_string(which) + "/" + std::to_string(p),
+                                  Deadline::afterMs(kWaitMs));
+            CHILD_OK(v.status());
+            CHILD_CHECK(v.value().size() == sizeof(BufferDescriptor));
+            BufferDescriptor d;
+            std::memcpy(&d, v.value().data(), sizeof(d));
+            auto mapped = s.peers.map("rank" + std::to_string(p), d, bytes);
+            CHILD_OK(mapped.status());
+            if (which == 0)
+                b->inputs[p] = mapped.value();
+            else
+                b->outputs[p] = mapped.value();
+        }
+    }
     return 0;
 }
 

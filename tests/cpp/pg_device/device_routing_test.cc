@@ -46,6 +46,18 @@ TEST(DeviceRouting, SlotBytesSetting) {
     }
 }
 
+TEST(DeviceRouting, DirectSettingDefaultsToOnAndNamesBadValues) {
+    EXPECT_TRUE(parseDirect(nullptr).value());
+    EXPECT_TRUE(parseDirect("").value());
+    EXPECT_TRUE(parseDirect("1").value());
+    EXPECT_FALSE(parseDirect("0").value());
+    auto bad = parseDirect("yes");
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find("MC_PG_CUDA_DIRECT='yes'"), std::string::npos)
+        << bad.status().message();
+}
+
 TEST(DeviceRouting, BlockingWaitSettingDefaultsToOffAndNamesBadValues) {
     EXPECT_FALSE(parseBlockingWait(nullptr).value());
     EXPECT_FALSE(parseBlockingWait("").value());
@@ -200,6 +212,12 @@ TEST(DeviceRouting, ResultBecomesStatusAndHint) {
     st = resultStatus(result(DeviceStatus::kAborted, 1, kAbortDeactivated), "broadcast", &failed);
     EXPECT_EQ(st.code(), StatusCode::kAborted);
     EXPECT_NE(st.message().find("deactivated"), std::string::npos) << st.toString();
+    // A member the host saw leave the view is named, as a dead one is.
+    st =
+        resultStatus(result(DeviceStatus::kAborted, 0, abortDeactivated(2)), "all_reduce", &failed);
+    EXPECT_EQ(st.code(), StatusCode::kPeerFailure);
+    EXPECT_NE(st.message().find("rank 2 was deactivated"), std::string::npos) << st.toString();
+    EXPECT_EQ(failed, std::vector<int>{2});
     // The host's deadline is a timeout blaming the peer the kernel waited on
     // (evidence, as the kernel's own timeout is), not an abort of the group.
     st = resultStatus(result(DeviceStatus::kAborted, 2, kAbortDeadline), "all_reduce", &failed);

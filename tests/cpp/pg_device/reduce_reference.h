@@ -123,6 +123,17 @@ T expectedElement(ReduceOp op, int size, size_t i) {
     }
 }
 
+// The first i below count where out[i] is not element first + i of the
+// reduction of `size` ranks' inputElement with op; count when all match.
+template <typename T>
+size_t firstWrongElement(const T* out, ReduceOp op, int size, size_t first, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+        if (!sameBits(out[i], expectedElement<T>(op, size, first + i)))
+            return i;
+    }
+    return count;
+}
+
 inline constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProduct,
                                        ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kBand,
                                        ReduceOp::kBor, ReduceOp::kBxor};

@@ -219,7 +219,9 @@ def check_failed_work(res, max_group_size, hint_ranks, message_re, future_fails=
     are that same DistBackendError; local_success() False; failed_ranks_hint()
     an int32 tensor of max_group_size entries marking exactly `hint_ranks`.
     future_fails=False: a CUDA kernel call's Work (pg-cuda.md), whose Future
-    completed when its kernels were queued, as NCCL's does, so it holds no error."""
+    completed when its kernels were queued, as NCCL's does, so it holds no error;
+    None: a kernel call that may also have failed before its kernels were queued
+    (the direct path's host exchange), which fails the Future too."""
     err = res["error"]
     assert err is not None, "wait() returned normally; expected a DistBackendError"
     name, is_backend_error, message = err
@@ -229,9 +231,15 @@ def check_failed_work(res, max_group_size, hint_ranks, message_re, future_fails=
     assert res["is_success"] is False, "is_success() is True for a failed Work"
     assert res["exception"] == err, f"exception() is {res['exception']}, expected what wait() raised: {err}"
     assert res["future_done"] is True, "get_future().done() is False after wait() raised"
-    want_future = err if future_fails else None
-    assert res["future_error"] == want_future, (
-        f"get_future().wait() raised {res['future_error']}, expected {want_future}")
+    if future_fails is None:
+        # Either: the failure came before the kernels were queued (the
+        # Future fails with it) or after (the Future had completed).
+        assert res["future_error"] in (None, err), (
+            f"get_future().wait() raised {res['future_error']}, expected None or {err}")
+    else:
+        want_future = err if future_fails else None
+        assert res["future_error"] == want_future, (
+            f"get_future().wait() raised {res['future_error']}, expected {want_future}")
     assert res["local_success"] is False, f"local_success() is True for a failed Work ({message[:200]})"
     hint = res["hint"]
     assert isinstance(hint, torch.Tensor), f"failed_ranks_hint is {type(hint)}, expected a tensor"

@@ -35,14 +35,20 @@ PATHS = {
     "kernels": {"MC_PG_CUDA_PATH": "kernels"},
     # wait() blocks until the kernels have finished and raises their failure.
     "kernels-blocking-wait": {"MC_PG_CUDA_PATH": "kernels", "MC_PG_CUDA_BLOCKING_WAIT": "1"},
-    # 4 KiB slots: a 24 MiB all_reduce runs thousands of chunks.
-    "kernels-small-slots": {"MC_PG_CUDA_PATH": "kernels", "MC_PG_CUDA_SLOT_BYTES": "4096"},
+    # 4 KiB slots, no direct path: a 24 MiB all_reduce runs thousands of chunks.
+    "kernels-small-slots": {"MC_PG_CUDA_PATH": "kernels", "MC_PG_CUDA_SLOT_BYTES": "4096",
+                            "MC_PG_CUDA_DIRECT": "0"},
 }
 
 
 def _device_calls():
     from mooncake import pg
     return int(pg._lib._device_collective_calls(dist.group.WORLD))
+
+
+def _direct_calls():
+    from mooncake import pg
+    return int(pg._lib._direct_collective_calls(dist.group.WORLD))
 # Small values: sums, products and averages are exact in every dtype below.
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64,
           torch.int8, torch.uint8)
@@ -311,7 +317,7 @@ def _values(ctx):
         if objs != [{"rank": r} for r in range(ws)]:
             c.failures.append(f"rank {rank}: all_gather_object gave {objs}")
     c.run("cpu on mooncake", cpu_on_mooncake)
-    return {"failures": c.failures, "device_calls": _device_calls()}
+    return {"failures": c.failures, "device_calls": _device_calls(), "direct_calls": _direct_calls()}
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
@@ -331,6 +337,13 @@ def test_collective_values_on_cuda(world_size, path):
         # all_gather_into_tensor x3, reduce_scatter_tensor x2, all_to_all_single x2
         # at least; every rank the same.
         assert len(set(calls)) == 1 and calls[0] >= 40, f"kernel path device calls: {calls}"
+        # The 24 MiB all_reduce read the members' buffers directly, unless
+        # the direct path is off.
+        direct = [r["direct_calls"] for r in res]
+        if PATHS[path].get("MC_PG_CUDA_DIRECT") == "0":
+            assert direct == [0] * world_size, f"direct path calls with it off: {direct}"
+        else:
+            assert len(set(direct)) == 1 and direct[0] >= 1, f"direct path calls: {direct}"
 
 
 # Long enough that an op which did not wait for the producer reads zeros.
@@ -500,8 +513,19 @@ def test_mismatch_among_queued_kernel_calls_fails_that_call_only():
         assert "mismatch" in bad["message"], (rank, bad)
 
 
-def _killed_during_all_reduce(ctx, victim, sync):
-    from elastic_checks import ELASTIC_ENV, check_failed_op, outcome  # noqa: F401
+# A stalled rank's peers wait this long (the group's timeout) before their op
+# fails; kept short so the test spends seconds, not minutes, on it.
+STALL_OP_TIMEOUT_S = 5
+
+
+def _faulted_during_collective(ctx, victim, sync, fault, collective, queued_first=False):
+    """`victim` is SIGKILLed (fault "kill") or stays alive without calling the op
+    (fault "stall") while the other two ranks run `collective` (all_reduce or
+    all_to_all) on CUDA tensors. The survivors' op fails naming exactly the
+    victim, in time; they take it out and run exact all_reduces after."""
+    import datetime
+
+    from elastic_checks import check_failed_op, outcome
     torch.cuda.set_device(0)
     dev = torch.device("cuda", 0)
     from mooncake import pg
@@ -511,23 +535,43 @@ def _killed_during_all_reduce(ctx, victim, sync):
     t = torch.ones(8, device=dev)
     dist.all_reduce(t)
     assert t.cpu().tolist() == [3.0] * 8, t
-    big = torch.full((4 << 20,), ctx.rank + 1, dtype=torch.int32, device=dev)
+    if fault == "stall":
+        # After init, whose bootstrap gets the default timeout.
+        dist.group.WORLD.set_timeout(datetime.timedelta(seconds=STALL_OP_TIMEOUT_S))
+    # 16 MiB per rank (3 blocks of 4 MiB for all_to_all): the kernels, the
+    # direct path included.
+    big = torch.full((3 << 20,), ctx.rank + 1, dtype=torch.int32, device=dev)
     if ctx.rank == victim:
-        # Dies while the survivors' all_reduce waits for it. Not after joining
-        # the call: a 16 MiB kernel all_reduce finishes in well under a
-        # millisecond, so a victim that joined would finish it first.
+        # Faults while the survivors' op waits for it. Not after joining the
+        # call: a 12 MiB kernel call finishes in well under a millisecond, so
+        # a victim that joined would finish it first.
         for r in range(3):
             if r != victim:
                 ctx.wait_for(f"entered_{r}", 60)
-        ctx.kill_self()
+        if fault == "kill":
+            ctx.kill_self()
+        # Stalled: alive, silent, until the survivors have recovered without it.
+        ctx.wait_for("survivors_done", 120)
+        dist.destroy_process_group()
+        return {"stalled": True}
     t0 = time.monotonic()
-    work = dist.all_reduce(big, async_op=True)
+    if collective == "all_reduce":
+        work = dist.all_reduce(big, async_op=True)
+    else:
+        out = torch.empty_like(big)
+        work = dist.all_to_all_single(out, big, async_op=True)
     ctx.signal(f"entered_{ctx.rank}")
     # On the kernel path wait() returns once the kernels are queued (the
     # failure comes later): synchronize() reports it. With blocking wait,
     # and on the staged path, wait() itself raises.
     res = outcome(work, t0, sync=sync)
-    check_failed_op(res, victim, 3, ctx.rank, bound_s=30.0, future_fails=not sync)
+    bound = STALL_OP_TIMEOUT_S + 25.0 if fault == "stall" else 30.0
+    # On the kernel path the failure may come before the kernels are queued
+    # (the direct path's exchange of buffers through the host), which fails
+    # the Future as well, or after, when the Future has completed; through
+    # the windows (queued_first) always after.
+    future_fails = (False if queued_first else None) if sync else True
+    check_failed_op(res, victim, 3, ctx.rank, bound_s=bound, future_fails=future_fails)
     calls_before = _device_calls()
     # The CUDA context and the group stay usable: the survivors take the
     # victim out and the next CUDA all_reduce succeeds (victim 2: on the
@@ -543,17 +587,19 @@ def _killed_during_all_reduce(ctx, victim, sync):
     dist.all_reduce(t)
     big = torch.full((3 << 20,), ctx.rank + 1, dtype=torch.int32, device=dev)
     dist.all_reduce(big)
+    ctx.signal(f"recovered_{ctx.rank}")
+    if all(ctx.signalled(f"recovered_{r}") for r in range(3) if r != victim):
+        ctx.signal("survivors_done")
     return {"small": t.cpu().tolist(), "big": sorted(set(big.cpu().tolist())),
             "device_calls": [calls_before, _device_calls()]}
 
 
-@pytest.mark.parametrize("path", ["staged", "kernels", "kernels-blocking-wait"])
-@pytest.mark.parametrize("victim", [1, 2])
-def test_sigkilled_rank_during_cuda_all_reduce(victim, path):
-    from elastic_checks import ELASTIC_ENV
-    res = harness.run_ranks(_killed_during_all_reduce, 3, BACKEND, timeout_s=JOB_TIMEOUT_S,
-                            env={**ELASTIC_ENV, **PATHS[path]}, args=(victim, path == "kernels"),
-                            init=False, ref_group=False, expect_killed=[victim])
+def _check_survivors(res, victim, path):
+    # The failed call ran on the kernels through the windows; with the
+    # direct path it may have failed before its kernels were queued, in the
+    # exchange of buffers.
+    first_calls = 2 if path == "kernels-windows" else 1
+    path = "kernels" if path == "kernels-windows" else path
     want = float(sum(r + 1 for r in range(3) if r != victim))
     for r in range(3):
         if r == victim:
@@ -563,7 +609,42 @@ def test_sigkilled_rank_during_cuda_all_reduce(victim, path):
         if path == "staged":
             assert after == 0, res[r]
         else:
-            # The failed call and the one before it ran on the kernels; after a
-            # hole (victim 1) the host path, else the kernels again.
-            assert before >= 2, res[r]
+            # The call before the failed one ran on the kernels; after a hole
+            # (victim 1) the host path, else the kernels again.
+            assert before >= first_calls, res[r]
             assert after == (before if victim == 1 else before + 2), res[r]
+
+
+# The kernels through the windows only: the failure always comes after the
+# kernels were queued, in the kernels.
+WINDOW_ONLY = {"MC_PG_CUDA_PATH": "kernels", "MC_PG_CUDA_DIRECT": "0"}
+
+
+@pytest.mark.parametrize("path", ["staged", "kernels", "kernels-blocking-wait", "kernels-windows"])
+@pytest.mark.parametrize("victim", [1, 2])
+def test_sigkilled_rank_during_cuda_all_reduce(victim, path):
+    from elastic_checks import ELASTIC_ENV
+    env = WINDOW_ONLY if path == "kernels-windows" else PATHS[path]
+    sync = path in ("kernels", "kernels-windows")
+    res = harness.run_ranks(_faulted_during_collective, 3, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            env={**ELASTIC_ENV, **env},
+                            args=(victim, sync, "kill", "all_reduce", path == "kernels-windows"),
+                            init=False, ref_group=False, expect_killed=[victim])
+    _check_survivors(res, victim, path)
+
+
+@pytest.mark.parametrize("path", ["staged", "kernels"])
+@pytest.mark.parametrize("fault,collective", [("kill", "all_to_all"), ("stall", "all_reduce"),
+                                              ("stall", "all_to_all")])
+def test_faulted_rank_during_cuda_collective(fault, collective, path):
+    """Rank 2 SIGKILLed during all_to_all, or stalled (alive, not calling) during
+    all_reduce and all_to_all: the survivors fail naming it, then recover."""
+    from elastic_checks import ELASTIC_ENV
+    victim = 2
+    res = harness.run_ranks(_faulted_during_collective, 3, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            env={**ELASTIC_ENV, **PATHS[path]},
+                            args=(victim, path == "kernels", fault, collective), init=False,
+                            ref_group=False, expect_killed=[victim] if fault == "kill" else [])
+    if fault == "stall":
+        assert res[victim] == {"stalled": True}, res[victim]
+    _check_survivors(res, victim, path)

@@ -1,4 +1,5 @@
-"""MC_PG_CUDA_PATH, MC_PG_CUDA_SLOT_BYTES and MC_PG_CUDA_BLOCKING_WAIT: checked when a
+"""MC_PG_CUDA_PATH, MC_PG_CUDA_SLOT_BYTES, MC_PG_CUDA_BLOCKING_WAIT and MC_PG_CUDA_DIRECT:
+checked when a
 `mooncake` group is created.
 
 A bad value fails init_process_group with the variable, the value and the
@@ -33,6 +34,7 @@ def _init_outcome(ctx):
     ("MC_PG_CUDA_SLOT_BYTES", "1000", ["MC_PG_CUDA_SLOT_BYTES='1000'", "multiple of 16"]),
     ("MC_PG_CUDA_SLOT_BYTES", "1M", ["MC_PG_CUDA_SLOT_BYTES='1M'", "multiple of 16"]),
     ("MC_PG_CUDA_BLOCKING_WAIT", "yes", ["MC_PG_CUDA_BLOCKING_WAIT='yes'", "'0'", "'1'"]),
+    ("MC_PG_CUDA_DIRECT", "yes", ["MC_PG_CUDA_DIRECT='yes'", "'0'", "'1'"]),
 ])
 def test_bad_setting_fails_init_naming_it(var, value, expect):
     res = harness.run_ranks(_init_outcome, 1, BACKEND, timeout_s=JOB_TIMEOUT_S, init=False,
@@ -60,13 +62,15 @@ def _init_only(ctx):
 
 
 @pytest.mark.parametrize("rank1_env", [{"MC_PG_CUDA_PATH": "kernels"},
-                                       {"MC_PG_CUDA_SLOT_BYTES": "4096"}])
+                                       {"MC_PG_CUDA_SLOT_BYTES": "4096"},
+                                       {"MC_PG_CUDA_DIRECT": "0"}])
 def test_ranks_with_different_settings_fail_init_naming_both(rank1_env):
     # Rank 1 differs from rank 0 (the defaults): it learns so at init, with
     # both ranks' settings named, instead of timing out at every CUDA op.
     res = harness.run_ranks(_init_only, 2, BACKEND, timeout_s=JOB_TIMEOUT_S, init=False,
                             ref_group=False, rank_env={1: rank1_env},
-                            env={"MC_PG_CUDA_PATH": "staged", "MC_PG_CUDA_SLOT_BYTES": None})
+                            env={"MC_PG_CUDA_PATH": "staged", "MC_PG_CUDA_SLOT_BYTES": None,
+                                 "MC_PG_CUDA_DIRECT": None})
     assert res[0] == "ok", res
     text = res[1]
     assert "MC_PG_CUDA_PATH=staged, MC_PG_CUDA_SLOT_BYTES=1048576" in text, text

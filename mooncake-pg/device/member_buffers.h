@@ -1,0 +1,32 @@
+// The members' own buffers of one call, mapped in this process: what the
+// direct collectives read and write instead of staging through the windows.
+// Plain types (shared by host code and kernels, passed by value).
+#pragma once
+
+#include <cstdint>
+
+#include "mooncake-pg/device/device_group.h"
+
+namespace mooncake::pg::device {
+
+// Steps of a direct call (step_kernel.cuh): 0 signals the inputs ready,
+// the kernel after it does the call's reads and signals them done, step 2's
+// kernel (and for all_reduce its second pass) follows, and the last kernel
+// waits until every member is done with this rank's buffers.
+inline constexpr uint64_t kDirectSteps = 3;
+
+struct MemberBuffers {
+    // Indexed by rank; this rank's entries are its own pointers.
+    const void* inputs[kMaxDeviceRanks] = {};
+    void* outputs[kMaxDeviceRanks] = {};
+};
+
+// The members' input addresses or-ed together: their common alignment.
+inline uintptr_t inputAddressBits(const MemberBuffers& b, int size) {
+    uintptr_t bits = 0;
+    for (int r = 0; r < size; ++r)
+        bits |= reinterpret_cast<uintptr_t>(b.inputs[r]);
+    return bits;
+}
+
+}  // namespace mooncake::pg::device

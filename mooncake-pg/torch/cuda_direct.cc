@@ -1,0 +1,126 @@
+// MooncakeBackend's sharing of the caller's buffers for the direct device
+// collectives (all_reduce, all_gather, reduce_scatter of kDirectMinBytes and
+// more; device/peer_buffers.h): per call, the members offer the
+// allocations behind their input and output through the host core's
+// all_gather, map each other's (once per allocation), and agree through a
+// second all_gather that every member could, so all take the same path.
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "mooncake-pg/core/communicator.h"
+#include "mooncake-pg/core/engine_fabric.h"
+#include "mooncake-pg/device/all_reduce.h"
+#include "mooncake-pg/device/peer_buffers.h"
+#include "mooncake-pg/torch/backend.h"
+#include "mooncake-transfer-engine/common/logging.h"
+
+namespace mooncake::pg {
+
+namespace {
+
+// One per process, for every group: CUDA maps a peer's allocation once per
+// process. Never freed, and mappings are never closed while the process
+// runs: a queued kernel of any group may still read one. Allocations the
+// peers free stay mapped (their memory held) until this process exits;
+// past kMaxMappings no new one is made and calls take the window path.
+struct ProcessBuffers {
+    std::mutex mu;
+    device::BufferExports exports;
+    device::PeerBufferMappings peers;
+};
+constexpr size_t kMaxMappings = 4096;
+
+ProcessBuffers& processBuffers() {
+    static auto* buffers = new ProcessBuffers;
+    return *buffers;
+}
+
+struct DirectOffer {
+    device::BufferDescriptor in;
+    device::BufferDescriptor out;
+};
+
+std::string segmentOf(const std::string& endpoint) {
+    return endpoint.substr(0, endpoint.find('#'));
+}
+
+}  // namespace
+
+Result<bool> MooncakeBackend::maybeDirect(uint64_t bytes, const void* in, uint64_t in_bytes,
+                                          void* out, uint64_t out_bytes, bool peers_read_outputs,
+                                          int size, Deadline deadline,
+                                          device::MemberBuffers* members) {
+    if (!cuda_direct_ || bytes < device::kDirectMinBytes)
+        return false;
+    auto shared = shareDirectBuffers(in, in_bytes, out, out_bytes, peers_read_outputs, size,
+                                     deadline, members);
+    if (!shared.ok()) {
+        // A host exchange: its failure names the core's culprits.
+        kernel_failed_ = comm_->lastFailure().failed_ranks;
+        return shared.status();
+    }
+    if (shared.value())
+        direct_calls_.fetch_add(1);
+    return shared.value();
+}
+
+Result<bool> MooncakeBackend::shareDirectBuffers(const void* in, uint64_t in_bytes, void* out,
+                                                 uint64_t out_bytes, bool peers_read_outputs,
+                                                 int size, Deadline deadline,
+                                                 device::MemberBuffers* members) {
+    ProcessBuffers& pb = processBuffers();
+    DirectOffer mine;
+    {
+        std::lock_guard<std::mutex> lock(pb.mu);
+        MC_ASSIGN_OR_RETURN(mine.in, pb.exports.describe(in, in_bytes));
+        MC_ASSIGN_OR_RETURN(mine.out, pb.exports.describe(out, out_bytes));
+    }
+    std::vector<DirectOffer> offers(static_cast<size_t>(size));
+    MC_RETURN_IF_ERROR(comm_->allGather(&mine, offers.data(), sizeof(DirectOffer), deadline));
+    for (const DirectOffer& o : offers) {
+        if (o.in.allocation_id == 0 || o.out.allocation_id == 0)
+            return false;  // every member sees the same offers
+    }
+    uint8_t mapped = 1;
+    {
+        std::lock_guard<std::mutex> lock(pb.mu);
+        for (int p = 0; p < size && mapped; ++p) {
+            if (p == config_.rank) {
+                members->inputs[p] = in;
+                members->outputs[p] = out;
+                continue;
+            }
+            if (pb.peers.size() + 2 > kMaxMappings) {
+                mapped = 0;
+                break;
+            }
+            const std::string peer = segmentOf(fabric_->peerEndpoint(p));
+            auto peer_in = pb.peers.map(peer, offers[p].in, in_bytes);
+            Result<char*> peer_out = static_cast<char*>(nullptr);
+            if (!peer_in.ok())
+                peer_out = peer_in;
+            else if (peers_read_outputs)
+                peer_out = pb.peers.map(peer, offers[p].out, out_bytes);
+            if (!peer_out.ok()) {
+                MC_LOG(kWarn, "pg")
+                    << "rank " << config_.rank << ": the direct path cannot map rank " << p
+                    << "'s buffers, taking the window path: " << peer_out.status().toString();
+                mapped = 0;
+                break;
+            }
+            members->inputs[p] = peer_in.value();
+            members->outputs[p] = peer_out.value();
+        }
+    }
+    std::vector<uint8_t> everyone(static_cast<size_t>(size));
+    MC_RETURN_IF_ERROR(comm_->allGather(&mapped, everyone.data(), 1, deadline));
+    for (uint8_t ok : everyone) {
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
+}  // namespace mooncake::pg
