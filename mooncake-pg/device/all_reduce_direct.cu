@@ -41,13 +41,9 @@ Status directAllReduce(const DeviceGroupView& group, const MemberBuffers& buffer
                        DataType dtype, ReduceOp op, uint64_t seq, DeviceOpResult* result,
                        cudaStream_t stream) {
     constexpr const char* kWhat = "device direct all_reduce";
-    MC_RETURN_IF_ERROR(checkChunkedCall(group, result, kWhat));
-    MC_RETURN_IF_ERROR(checkCount(count, kWhat));
-    std::string why;
-    if (!reduceOpSupported(op, dtype, &why))
-        return InvalidArgument(std::string(kWhat) + ": " + why);
     const uint64_t bytes = static_cast<uint64_t>(count) * dataTypeSize(dtype);
-    MC_RETURN_IF_ERROR(checkMemberBuffers(group, buffers, bytes, bytes, true, kWhat));
+    MC_RETURN_IF_ERROR(
+        checkDirectReduction(group, result, buffers, count, dtype, op, bytes, bytes, true, kWhat));
     const uintptr_t input_bits = inputAddressBits(buffers, group.size);
     const uint64_t signature = callSignature(
         kDirectAllReduceCollective, static_cast<uint8_t>(dtype), static_cast<uint8_t>(op), count);

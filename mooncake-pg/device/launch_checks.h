@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "mooncake-pg/core/types.h"
 #include "mooncake-pg/device/device_group.h"
 #include "mooncake-pg/device/member_buffers.h"
 #include "mooncake-transfer-engine/common/status.h"
@@ -31,6 +32,13 @@ Status checkBuffer(const void* p, uint64_t bytes, const char* name, const char* 
 // (every member's when `every_output`, else this rank's) are mapped.
 Status checkMemberBuffers(const DeviceGroupView& g, const MemberBuffers& b, uint64_t input_bytes,
                           uint64_t output_bytes, bool every_output, const char* what);
+
+// What a direct reducing call needs: checkChunkedCall, checkCount, an op the
+// dtype supports, and checkMemberBuffers.
+Status checkDirectReduction(const DeviceGroupView& g, DeviceOpResult* result,
+                            const MemberBuffers& b, uint64_t count, DataType dtype, ReduceOp op,
+                            uint64_t input_bytes, uint64_t output_bytes, bool every_output,
+                            const char* what);
 
 // The number of steps of a call with `chunks` chunks of `steps_per_chunk`
 // steps each (at least one chunk, so that every member signals even for an
