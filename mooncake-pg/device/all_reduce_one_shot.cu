@@ -6,6 +6,7 @@
 #include "mooncake-pg/device/reduce_dispatch.cuh"
 #include "mooncake-pg/device/reduce_ops.cuh"
 #include "mooncake-pg/device/spin_wait.cuh"
+#include "mooncake-pg/device/step_kernel.cuh"
 #include "mooncake-transfer-engine/common/cuda_launch.h"
 
 namespace mooncake::pg::device {
@@ -36,33 +37,17 @@ __device__ __forceinline__ bool callIsCurrent(const DeviceGroupView& g, uint64_t
     return true;
 }
 
-// Every thread of the block: waits for every member's flag of the call and
-// compares its signature; false when the call failed.
+// Every thread of the block: the call's one step waited for at every member
+// (flag and signature, as the step kernels do); false when the call failed.
 __device__ __forceinline__ bool waitMembers(const DeviceGroupView& g, int parity, uint64_t tag,
                                             uint64_t signature, DeviceOpResult* result) {
-    __shared__ bool failed;
-    if (threadIdx.x == 0)
-        failed = false;
-    __syncthreads();
-    char* own = g.windows[g.rank];
-    if (threadIdx.x < static_cast<unsigned>(g.size)) {
-        const int src = static_cast<int>(threadIdx.x);
-        const uint64_t start = globalTimerNs();
-        const FailWord fail = failWordOf(g, tag);
-        if (!waitFlag(g, reinterpret_cast<const uint64_t*>(own + flagOffset(parity, src)), tag, src,
-                      start, result, fail, blockIdx.x == 0)) {
-            failed = true;
-        } else {
-            uint64_t theirs =
-                *reinterpret_cast<volatile uint64_t*>(own + signatureOffset(parity, src));
-            if (theirs != signature) {
-                failCall(result, fail, DeviceStatus::kMismatch, src, theirs);
-                failed = true;
-            }
-        }
-    }
-    __syncthreads();
-    return !failed;
+    StepArgs a;
+    a.wait_step = 0;
+    a.wait_parity = parity;
+    a.wait_tag = tag;
+    a.signature = signature;
+    a.call_tag = tag;
+    return blockWaitStep(g, a, result);
 }
 
 // output[i] = the members' slots of element i combined, grid-stride.

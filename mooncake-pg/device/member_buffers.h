@@ -21,6 +21,13 @@ struct MemberBuffers {
     void* outputs[kMaxDeviceRanks] = {};
 };
 
+// Whether [a, a + bytes) and [b, b + bytes) share a byte.
+inline bool bytesOverlap(const void* a, const void* b, uint64_t bytes) {
+    const auto* x = static_cast<const char*>(a);
+    const auto* y = static_cast<const char*>(b);
+    return x < y + bytes && y < x + bytes;
+}
+
 // The members' input addresses or-ed together: their common alignment.
 inline uintptr_t inputAddressBits(const MemberBuffers& b, int size) {
     uintptr_t bits = 0;

@@ -61,7 +61,7 @@ Result<bool> parseDirect(const char* value) {
     if (std::strcmp(value, "0") == 0)
         return false;
     return InvalidArgument(std::string(kCudaDirectEnv) + "='" + value +
-                           "' is not a setting; expected '1' (large all_reduces read the members' "
+                           "' is not a setting; expected '1' (large collectives read the members' "
                            "buffers directly) or '0' (always through the windows)");
 }
 

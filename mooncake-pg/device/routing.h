@@ -56,9 +56,10 @@ Result<uint64_t> groupWindowBytes(int max_group_size, uint64_t slot_bytes);
 inline constexpr const char* kCudaBlockingWaitEnv = "MC_PG_CUDA_BLOCKING_WAIT";
 Result<bool> parseBlockingWait(const char* value);
 
-// MC_PG_CUDA_DIRECT: "1", null or empty (the default): an all_reduce of
-// kDirectMinBytes and more reads the members' own buffers when every member
-// can share them (directAllReduce); "0": it always goes through the windows.
+// MC_PG_CUDA_DIRECT: "1", null or empty (the default): an all_reduce,
+// all_gather, reduce_scatter or all_to_all of kDirectMinBytes and more (the
+// larger side) reads the members' own buffers when every member can share
+// them (directAllReduce and its kin); "0": they always go through the windows.
 // The same on every rank (checked when a group is created).
 inline constexpr const char* kCudaDirectEnv = "MC_PG_CUDA_DIRECT";
 Result<bool> parseDirect(const char* value);

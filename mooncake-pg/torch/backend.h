@@ -496,7 +496,7 @@ private:
     // kernels have finished and raises their failure; otherwise it returns
     // once they are queued (the current stream waits on them).
     bool cuda_blocking_wait_ = false;
-    // MC_PG_CUDA_DIRECT: large all_reduces may read the members' buffers.
+    // MC_PG_CUDA_DIRECT: large collectives may read the members' buffers.
     bool cuda_direct_ = true;
     // Worker thread: the kernel pipeline (cuda_pipeline.cc).
     std::optional<KernelLaunch> kernel_launch_;

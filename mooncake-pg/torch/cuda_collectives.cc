@@ -26,6 +26,7 @@
 #include "mooncake-pg/device/all_to_all.h"
 #include "mooncake-pg/device/broadcast.h"
 #include "mooncake-pg/device/group_window.h"
+#include "mooncake-pg/device/member_buffers.h"
 #include "mooncake-pg/device/reduce_scatter.h"
 #include "mooncake-pg/torch/backend.h"
 #include "mooncake-pg/torch/collective_tensors.h"
@@ -195,13 +196,11 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
             // with the two overlapping it offers nothing (a null input), and
             // every member takes the window path.
             const uint64_t total = bytes * size;
-            const auto* in = static_cast<const char*>(ptrOf(src));
-            const auto* out = static_cast<const char*>(ptrOf(dst));
-            const bool overlap = in < out + total && out < in + total;
+            const bool overlap = device::bytesOverlap(ptrOf(src), ptrOf(dst), total);
             device::MemberBuffers members;
             MC_ASSIGN_OR_RETURN(const bool direct,
-                                maybeDirect(total, overlap ? nullptr : in, total, ptrOf(dst), total,
-                                            false, size, deadline, &members));
+                                maybeDirect(total, overlap ? nullptr : ptrOf(src), total,
+                                            ptrOf(dst), total, false, size, deadline, &members));
             launched = direct ? device::directAllToAll(view, members, call.count, call.dtype, seq,
                                                        result, stream)
                               : device::allToAll(view, ptrOf(src), ptrOf(dst), call.count,
