@@ -509,11 +509,12 @@ void MemberHost::noteEvidence(const std::vector<uint8_t>& failed_ranks_hint,
 }
 
 Status MemberHost::leave() {
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        execute(agent_->handle(LeaveCmd{hostNow()}));
-    }
+    // The thread stops first: once the Coordinator has our Leave, the rank
+    // hosting the store may exit, and a store read still in flight here would
+    // fail loudly (torch prints a stack for it).
     stop();
+    std::lock_guard<std::mutex> lock(mu_);
+    execute(agent_->handle(LeaveCmd{hostNow()}));
     return Status::OK();
 }
 
