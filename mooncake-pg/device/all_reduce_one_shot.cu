@@ -122,12 +122,9 @@ __global__ void singleBlockOneShotKernel(DeviceGroupView g, const char* input, T
     __syncthreads();
     if (!ok)
         return;
-    const uint64_t bytes = count * sizeof(T);
-    for (int dst = 0; dst < g.size; ++dst) {
-        char* slot = g.windows[dst] + slotOffset(parity, g.rank, g.size, g.slot_bytes);
-        for (uint64_t i = threadIdx.x; i < bytes; i += blockDim.x)
-            slot[i] = input[i];
-    }
+    for (int dst = 0; dst < g.size; ++dst)
+        gridCopy(g.windows[dst] + slotOffset(parity, g.rank, g.size, g.slot_bytes), input,
+                 count * sizeof(T));
     // Every read of the input is done before any write of the output (they
     // may be one buffer), and every slot store before the flags.
     __syncthreads();

@@ -35,10 +35,9 @@ struct DirectPullAlgo {
 Status directAllGather(const DeviceGroupView& group, const MemberBuffers& buffers, size_t count,
                        DataType dtype, uint64_t seq, DeviceOpResult* result, cudaStream_t stream) {
     constexpr const char* kWhat = "device direct all_gather";
-    MC_RETURN_IF_ERROR(checkChunkedCall(group, result, kWhat));
-    MC_RETURN_IF_ERROR(checkCount(count, kWhat));
     const uint64_t bytes = static_cast<uint64_t>(count) * dataTypeSize(dtype);
-    MC_RETURN_IF_ERROR(checkMemberBuffers(group, buffers, bytes, bytes * group.size, false, kWhat));
+    MC_RETURN_IF_ERROR(
+        checkDirectCall(group, result, buffers, count, bytes, bytes * group.size, false, kWhat));
     const uint64_t signature =
         callSignature(kDirectAllGatherCollective, static_cast<uint8_t>(dtype), 0, count);
     const DirectPullAlgo algo{buffers, bytes, 0};
@@ -49,11 +48,9 @@ Status directAllGather(const DeviceGroupView& group, const MemberBuffers& buffer
 Status directAllToAll(const DeviceGroupView& group, const MemberBuffers& buffers, size_t count,
                       DataType dtype, uint64_t seq, DeviceOpResult* result, cudaStream_t stream) {
     constexpr const char* kWhat = "device direct all_to_all";
-    MC_RETURN_IF_ERROR(checkChunkedCall(group, result, kWhat));
-    MC_RETURN_IF_ERROR(checkCount(count, kWhat));
     const uint64_t block_bytes = static_cast<uint64_t>(count) * dataTypeSize(dtype);
     const uint64_t total = block_bytes * group.size;
-    MC_RETURN_IF_ERROR(checkMemberBuffers(group, buffers, total, total, false, kWhat));
+    MC_RETURN_IF_ERROR(checkDirectCall(group, result, buffers, count, total, total, false, kWhat));
     if (bytesOverlap(buffers.inputs[group.rank], buffers.outputs[group.rank], total))
         return InvalidArgument(std::string(kWhat) + ": the output overlaps the input");
     const uint64_t signature =

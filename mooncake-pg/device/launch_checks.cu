@@ -83,16 +83,22 @@ Status checkMemberBuffers(const DeviceGroupView& g, const MemberBuffers& b, uint
     return Status::OK();
 }
 
+Status checkDirectCall(const DeviceGroupView& g, DeviceOpResult* result, const MemberBuffers& b,
+                       uint64_t count, uint64_t input_bytes, uint64_t output_bytes,
+                       bool every_output, const char* what) {
+    MC_RETURN_IF_ERROR(checkChunkedCall(g, result, what));
+    MC_RETURN_IF_ERROR(checkCount(count, what));
+    return checkMemberBuffers(g, b, input_bytes, output_bytes, every_output, what);
+}
+
 Status checkDirectReduction(const DeviceGroupView& g, DeviceOpResult* result,
                             const MemberBuffers& b, uint64_t count, DataType dtype, ReduceOp op,
                             uint64_t input_bytes, uint64_t output_bytes, bool every_output,
                             const char* what) {
-    MC_RETURN_IF_ERROR(checkChunkedCall(g, result, what));
-    MC_RETURN_IF_ERROR(checkCount(count, what));
     std::string why;
     if (!reduceOpSupported(op, dtype, &why))
         return InvalidArgument(std::string(what) + ": " + why);
-    return checkMemberBuffers(g, b, input_bytes, output_bytes, every_output, what);
+    return checkDirectCall(g, result, b, count, input_bytes, output_bytes, every_output, what);
 }
 
 Status stepsFor(uint64_t chunks, uint64_t steps_per_chunk, const char* what, uint64_t* steps) {

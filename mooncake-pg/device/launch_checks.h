@@ -33,8 +33,13 @@ Status checkBuffer(const void* p, uint64_t bytes, const char* name, const char* 
 Status checkMemberBuffers(const DeviceGroupView& g, const MemberBuffers& b, uint64_t input_bytes,
                           uint64_t output_bytes, bool every_output, const char* what);
 
-// What a direct reducing call needs: checkChunkedCall, checkCount, an op the
-// dtype supports, and checkMemberBuffers.
+// What every direct call needs: checkChunkedCall, checkCount and
+// checkMemberBuffers.
+Status checkDirectCall(const DeviceGroupView& g, DeviceOpResult* result, const MemberBuffers& b,
+                       uint64_t count, uint64_t input_bytes, uint64_t output_bytes,
+                       bool every_output, const char* what);
+
+// A direct reducing call: checkDirectCall and an op the dtype supports.
 Status checkDirectReduction(const DeviceGroupView& g, DeviceOpResult* result,
                             const MemberBuffers& b, uint64_t count, DataType dtype, ReduceOp op,
                             uint64_t input_bytes, uint64_t output_bytes, bool every_output,
