@@ -37,16 +37,29 @@ __device__ __forceinline__ bool callIsCurrent(const DeviceGroupView& g, uint64_t
     return true;
 }
 
+// The call's one step: its number (callSeq), tag and parity, worked out on
+// the device by every kernel of the call.
+struct OneShotStep {
+    uint64_t seq;
+    uint64_t tag;
+    int parity;
+};
+
+__device__ __forceinline__ OneShotStep oneShotStep(const DeviceGroupView& g, uint64_t host_seq) {
+    const uint64_t seq = callSeq(g, host_seq);
+    return OneShotStep{seq, stepTag(g.epoch, seq, 0), stepParity(seq, 0)};
+}
+
 // Every thread of the block: the call's one step waited for at every member
 // (flag and signature, as the step kernels do); false when the call failed.
-__device__ __forceinline__ bool waitMembers(const DeviceGroupView& g, int parity, uint64_t tag,
+__device__ __forceinline__ bool waitMembers(const DeviceGroupView& g, const OneShotStep& step,
                                             uint64_t signature, DeviceOpResult* result) {
     StepArgs a;
     a.wait_step = 0;
-    a.wait_parity = parity;
-    a.wait_tag = tag;
+    a.wait_parity = step.parity;
+    a.wait_tag = step.tag;
     a.signature = signature;
-    a.call_tag = tag;
+    a.call_tag = step.tag;
     return blockWaitStep(g, a, result);
 }
 
@@ -72,11 +85,13 @@ __device__ __forceinline__ void reduceSlots(const DeviceGroupView& g, T* output,
 
 // Block b copies the input into this rank's slot at member b, then publishes
 // the signature and raises the flag there.
-__global__ void pushKernel(DeviceGroupView g, const char* input, uint64_t bytes, int parity,
-                           uint64_t tag, uint64_t signature, DeviceOpResult* result) {
+__global__ void pushKernel(DeviceGroupView g, const char* input, uint64_t bytes, uint64_t seq,
+                           uint64_t signature, DeviceOpResult* result) {
+    const OneShotStep step = oneShotStep(g, seq);
+    const int parity = step.parity;
     __shared__ bool current;
     if (threadIdx.x == 0)
-        current = callIsCurrent(g, tag, result);
+        current = callIsCurrent(g, step.tag, result);
     __syncthreads();
     if (!current)
         return;
@@ -98,49 +113,68 @@ __global__ void pushKernel(DeviceGroupView g, const char* input, uint64_t bytes,
         // The fence makes every thread's slot stores (ordered before it by the
         // barrier) and the signature visible before the flag.
         __threadfence_system();
-        storeReleaseSys(reinterpret_cast<uint64_t*>(window + flagOffset(parity, g.rank)), tag);
+        storeReleaseSys(reinterpret_cast<uint64_t*>(window + flagOffset(parity, g.rank)), step.tag);
     }
 }
 
+// The call's last kernel: every block arrives, failed or not, so that the
+// last one advances the call counter.
 template <typename T, ReduceOp kOp>
-__global__ void waitReduceKernel(DeviceGroupView g, T* output, uint64_t count, int parity,
-                                 uint64_t tag, uint64_t signature, DeviceOpResult* result) {
-    if (!waitMembers(g, parity, tag, signature, result))
-        return;
-    reduceSlots<T, kOp>(g, output, count, parity);
+__global__ void waitReduceKernel(DeviceGroupView g, T* output, uint64_t count, uint64_t seq,
+                                 uint64_t signature, DeviceOpResult* result) {
+    const OneShotStep step = oneShotStep(g, seq);
+    if (waitMembers(g, step, signature, result))
+        reduceSlots<T, kOp>(g, output, count, step.parity);
+    StepArgs end;
+    end.seq = step.seq;
+    end.ends_call = true;
+    end.call_tag = step.tag;
+    blockArrive(g, end);
 }
 
-// Every member's flag and signature, then the reduction into output: the
-// whole block (the single-kernel call: pushed and reduced by one block).
+// The whole block: this rank's input into its slot at every member, the
+// flags, every member's flag and signature, then the reduction into output.
 template <typename T, ReduceOp kOp>
-__global__ void singleBlockOneShotKernel(DeviceGroupView g, const char* input, T* output,
-                                         uint64_t count, int parity, uint64_t tag,
-                                         uint64_t signature, DeviceOpResult* result) {
-    __shared__ bool ok;
-    if (threadIdx.x == 0)
-        ok = callIsCurrent(g, tag, result);
-    __syncthreads();
-    if (!ok)
-        return;
+__device__ __forceinline__ void pushWaitReduce(const DeviceGroupView& g, const char* input,
+                                               T* output, uint64_t count, const OneShotStep& step,
+                                               uint64_t signature, DeviceOpResult* result) {
     for (int dst = 0; dst < g.size; ++dst)
-        gridCopy(g.windows[dst] + slotOffset(parity, g.rank, g.size, g.slot_bytes), input,
+        gridCopy(g.windows[dst] + slotOffset(step.parity, g.rank, g.size, g.slot_bytes), input,
                  count * sizeof(T));
     // Every read of the input is done before any write of the output (they
     // may be one buffer), and every slot store before the flags.
     __syncthreads();
     if (threadIdx.x < static_cast<unsigned>(g.size)) {
         char* window = g.windows[threadIdx.x];
-        *reinterpret_cast<volatile uint64_t*>(window + signatureOffset(parity, g.rank)) = signature;
+        *reinterpret_cast<volatile uint64_t*>(window + signatureOffset(step.parity, g.rank)) =
+            signature;
         __threadfence_system();
-        storeReleaseSys(reinterpret_cast<uint64_t*>(window + flagOffset(parity, g.rank)), tag);
+        storeReleaseSys(reinterpret_cast<uint64_t*>(window + flagOffset(step.parity, g.rank)),
+                        step.tag);
     }
-    if (!waitMembers(g, parity, tag, signature, result))
-        return;
-    reduceSlots<T, kOp>(g, output, count, parity);
+    if (waitMembers(g, step, signature, result))
+        reduceSlots<T, kOp>(g, output, count, step.parity);
+}
+
+// The single-kernel call: pushed and reduced by one block.
+template <typename T, ReduceOp kOp>
+__global__ void singleBlockOneShotKernel(DeviceGroupView g, const char* input, T* output,
+                                         uint64_t count, uint64_t seq, uint64_t signature,
+                                         DeviceOpResult* result) {
+    const OneShotStep step = oneShotStep(g, seq);
+    __shared__ bool ok;
+    if (threadIdx.x == 0)
+        ok = callIsCurrent(g, step.tag, result);
+    __syncthreads();
+    if (ok)
+        pushWaitReduce<T, kOp>(g, input, output, count, step, signature, result);
+    // Every thread read the call counter before the barrier above.
+    if (threadIdx.x == 0)
+        advanceCallSeq(g, step.seq);
 }
 
 template <typename T, ReduceOp kOp>
-void launchReduce(const DeviceGroupView& g, void* output, uint64_t count, int parity, uint64_t tag,
+void launchReduce(const DeviceGroupView& g, void* output, uint64_t count, uint64_t seq,
                   uint64_t signature, DeviceOpResult* result, cudaStream_t stream) {
     uint64_t blocks = (count + kThreads - 1) / kThreads;
     if (blocks < 1)
@@ -148,7 +182,7 @@ void launchReduce(const DeviceGroupView& g, void* output, uint64_t count, int pa
     if (blocks > kMaxReduceBlocks)
         blocks = kMaxReduceBlocks;
     waitReduceKernel<T, kOp><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        g, static_cast<T*>(output), count, parity, tag, signature, result);
+        g, static_cast<T*>(output), count, seq, signature, result);
 }
 
 }  // namespace
@@ -168,26 +202,24 @@ Status oneShotAllReduce(const DeviceGroupView& group, const void* input, void* o
                                " bytes does not fit a " + std::to_string(group.slot_bytes) +
                                "-byte slot");
     }
-    const uint64_t tag = stepTag(group.epoch, seq, 0);
-    const int parity = stepParity(seq, 0);
     const uint64_t signature = callSignature(kAllReduceCollective, static_cast<uint8_t>(dtype),
                                              static_cast<uint8_t>(op), count);
     if (bytes <= kSingleBlockBytes) {
         MC_RETURN_IF_ERROR(visitReduce(dtype, op, [&](auto type, auto op_tag) {
             using T = typename decltype(type)::type;
             singleBlockOneShotKernel<T, decltype(op_tag)::value><<<1, kThreads, 0, stream>>>(
-                group, static_cast<const char*>(input), static_cast<T*>(output), count, parity, tag,
+                group, static_cast<const char*>(input), static_cast<T*>(output), count, seq,
                 signature, result);
             return Status::OK();
         }));
         return cudaLaunchStatus("one-shot all_reduce");
     }
     pushKernel<<<group.size, kThreads, 0, stream>>>(group, static_cast<const char*>(input), bytes,
-                                                    parity, tag, signature, result);
+                                                    seq, signature, result);
     MC_RETURN_IF_ERROR(visitReduce(dtype, op, [&](auto type, auto op_tag) {
         using T = typename decltype(type)::type;
-        launchReduce<T, decltype(op_tag)::value>(group, output, count, parity, tag, signature,
-                                                 result, stream);
+        launchReduce<T, decltype(op_tag)::value>(group, output, count, seq, signature, result,
+                                                 stream);
         return Status::OK();
     }));
     return cudaLaunchStatus("one-shot all_reduce");

@@ -23,8 +23,17 @@
 //
 // The header's second half holds words private to the window's owner: the
 // arrival counter the blocks of a kernel use to find the last one to finish
-// (which then raises the step's flags), and the failed-call word. A group's
-// calls are queued on one stream, so one counter serves them all.
+// (which then raises the step's flags), the failed-call word, and the call
+// counter. A group's calls are queued on one stream, so one counter serves
+// them all.
+//
+// Call numbers: with DeviceGroupView::seq_on_device the kernels take a call's
+// seq from the owner's call counter and the call's last kernel advances it,
+// so calls replayed from a CUDA graph (whose arguments are frozen at capture)
+// number themselves, in step with the calls queued around them. Every member
+// runs the same calls, so the counters agree; the host zeroes its counter in
+// stream order when a new epoch starts. Without it the host's `seq` argument
+// is the number.
 #pragma once
 
 #include <cstddef>
@@ -49,7 +58,9 @@ inline constexpr uint64_t kArrivalOffset = 2 * 2 * kMaxDeviceRanks * sizeof(uint
 // threads learn of a failure from device memory: reading the host-mapped
 // result or abort word from every spinning thread floods the bus.
 inline constexpr uint64_t kFailedCallOffset = kArrivalOffset + sizeof(uint64_t);
-static_assert(kFailedCallOffset + sizeof(uint64_t) <= kWindowHeaderBytes,
+// The owner's call counter (seq_on_device).
+inline constexpr uint64_t kCallSeqOffset = kFailedCallOffset + sizeof(uint64_t);
+static_assert(kCallSeqOffset + sizeof(uint64_t) <= kWindowHeaderBytes,
               "flags, signatures and the private words must fit the window header");
 // Steps per call: the tag's sequence field is (seq << kStepBits) | step.
 inline constexpr int kStepBits = 20;
@@ -112,6 +123,9 @@ struct DeviceGroupView {
     const volatile uint64_t* abort_word = nullptr;
     // Every spin gives up after this long; negative: never.
     int64_t timeout_ns = -1;
+    // Calls take their seq from this rank's call counter (see the top of
+    // this file) instead of the host's argument.
+    bool seq_on_device = false;
     // Most blocks one kernel of a chunked collective runs. Every block spins
     // on peers' flags, so the kernels of all members must fit on the device
     // at once; 0 picks that share (2 blocks per SM / size). Tests running

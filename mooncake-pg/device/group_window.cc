@@ -66,8 +66,9 @@ Status GroupWindow::init() {
     MC_RETURN_IF_ERROR(cudaStatus(cudaHostGetDevicePointer(&dev, words, 0),
                                   "mapping the abort/epoch/result words"));
     device_words_ = static_cast<const volatile uint64_t*>(dev);
-    static_assert(kResultWord * sizeof(uint64_t) + kResultSlots * sizeof(DeviceOpResult) <= 4096,
-                  "the result slots must fit the host-mapped page");
+    static_assert(
+        kResultWord * sizeof(uint64_t) + (kGraphResultSlot + 1) * sizeof(DeviceOpResult) <= 4096,
+        "the result slots must fit the host-mapped page");
     device_results_ = reinterpret_cast<DeviceOpResult*>(static_cast<uint64_t*>(dev) + kResultWord);
 
     // Peers check the layout before they map: every member must have the
@@ -152,18 +153,45 @@ Status GroupWindow::applyView(const std::vector<std::string>& segments, uint64_t
     v.epoch = epoch;
     v.current_epoch = device_words_ + 1;
     v.abort_word = device_words_;
+    v.seq_on_device = true;
     reinterpret_cast<volatile uint64_t*>(host_words_)[1] = epoch;
+    noteCommittedEpoch(epoch);
     view_ = v;
     // Every member restarts at the same point: the first call of the epoch.
-    next_seq_ = 0;
+    restart_seq_ = true;
     return Status::OK();
 }
 
-DeviceGroupView GroupWindow::nextCall(int64_t timeout_ns, uint64_t* seq) {
+Result<DeviceGroupView> GroupWindow::nextCall(int64_t timeout_ns, cudaStream_t stream,
+                                              bool captured) {
+    if (!hasView())
+        return Internal("device call before the group's device view was set up");
     DeviceGroupView v = view_;
     v.timeout_ns = timeout_ns;
-    *seq = next_seq_++;
+    if (captured) {
+        if (restart_seq_) {
+            return InvalidArgument(
+                "the first device call of a membership epoch cannot be captured in a CUDA graph "
+                "(it restarts the call numbering, which a replay must not repeat)");
+        }
+        v.current_epoch = device_words_ + kCommittedEpochWord;
+        return v;
+    }
+    if (restart_seq_) {
+        MC_RETURN_IF_ERROR(
+            cudaStatus(cudaMemsetAsync(window_ + kCallSeqOffset, 0, sizeof(uint64_t), stream),
+                       "restarting the device call counter"));
+        restart_seq_ = false;
+    }
     return v;
+}
+
+void GroupWindow::noteCommittedEpoch(uint64_t epoch) {
+    uint64_t seen = __atomic_load_n(host_words_ + kCommittedEpochWord, __ATOMIC_SEQ_CST);
+    while (seen < epoch &&
+           !__atomic_compare_exchange_n(host_words_ + kCommittedEpochWord, &seen, epoch, false,
+                                        __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+    }
 }
 
 DeviceOpResult GroupWindow::hostResult(int slot) const {

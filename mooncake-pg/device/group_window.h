@@ -9,14 +9,18 @@
 //     secret guards the exchange; one mapping per peer process (segment),
 //     kept until destruction, so a view change re-maps only newcomers;
 //   * host-mapped words the kernels read: the abort word, the group's
-//     current epoch, and a ring of call results (calls queued back to back
-//     each write their own, so the host reads them after the fact).
+//     current epoch, the latest committed epoch (for calls replayed from a
+//     CUDA graph), a ring of call results (calls queued back to back each
+//     write their own, so the host reads them after the fact) and the
+//     graph calls' sticky result.
 //
 // The torch layer creates it at the group's first kernel collective (every
 // member reaches that call, so the exchange is collective) and calls
 // applyView before each call whose membership epoch differs from the one
 // the window was last set up for. Not thread-safe, except setAbort.
 #pragma once
+
+#include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <map>
@@ -59,15 +63,26 @@ public:
     // segments.size(), this rank's own entry ignored) in membership epoch
     // `epoch` (>= 1): maps every member's window not mapped yet (waiting
     // for its address until `deadline`), publishes `epoch` as the current
-    // one and restarts the call sequence.
+    // one and restarts the call sequence (the next call queued outside a
+    // graph zeroes the call counter first).
     Status applyView(const std::vector<std::string>& segments, uint64_t epoch, Deadline deadline);
     bool hasView() const { return view_.size > 0; }
     uint64_t epoch() const { return view_.epoch; }
     int size() const { return view_.size; }
 
-    // The view of the next call, with the kernels' deadline; takes a call
-    // sequence number (the same on every member for the same call).
-    DeviceGroupView nextCall(int64_t timeout_ns, uint64_t* seq);
+    // The view of the next call, queued on `stream`, with the kernels'
+    // deadline. Its number comes from the call counter on the device
+    // (seq_on_device: pass seq 0), so every member must queue the same
+    // calls. The first call of an epoch zeroes the counter on `stream`
+    // before it.
+    //
+    // `captured`: the call is being captured into a CUDA graph. Its kernels
+    // compare the epoch with the latest committed one (noteCommittedEpoch),
+    // so a replay after any membership change fails without touching a peer,
+    // and report to the graph result (graphResult). A capture cannot start
+    // an epoch (the zeroing would replay with it): that is refused.
+    Result<DeviceGroupView> nextCall(int64_t timeout_ns, cudaStream_t stream,
+                                     bool captured = false);
 
     // Result slots: calls in flight at once each hold one until the host
     // has read it, so at most this many calls are queued unread.
@@ -77,6 +92,17 @@ public:
     DeviceOpResult hostResult(int slot = 0) const;
     DeviceOpResult* deviceResult(int slot = 0) const { return device_results_ + slot; }
     void clearResult(int slot = 0);
+
+    // Calls replayed from CUDA graphs report here, first failure wins, until
+    // the host reads and clears it.
+    static constexpr int kGraphResultSlot = kResultSlots;
+    DeviceOpResult graphResult() const { return hostResult(kGraphResultSlot); }
+    void clearGraphResult() { clearResult(kGraphResultSlot); }
+
+    // Any thread: the control plane committed membership `epoch` (in the
+    // kernels' numbering, as applyView takes it). Graph calls captured in an
+    // older one fail from then on. Only ever raised.
+    void noteCommittedEpoch(uint64_t epoch);
 
     // Any thread: evidence of a failure (routing.h kAbort*); the first
     // nonzero reason stays until clearAbort.
@@ -97,15 +123,17 @@ private:
     const GroupWindowOptions options_;
     uint64_t window_bytes_ = 0;
     char* window_ = nullptr;
-    // Host-mapped: [0] abort word, [1] current epoch, from kResultWord the
-    // result slots.
+    // Host-mapped: [0] abort word, [1] current epoch, [2] latest committed
+    // epoch, from kResultWord the result slots, then the graph result.
+    static constexpr int kCommittedEpochWord = 2;
     static constexpr int kResultWord = 8;
     uint64_t* host_words_ = nullptr;
     const volatile uint64_t* device_words_ = nullptr;
     DeviceOpResult* device_results_ = nullptr;
     std::map<std::string, char*> mapped_;  // by peer segment
     DeviceGroupView view_;
-    uint64_t next_seq_ = 0;
+    // Set by applyView: the next call zeroes the call counter.
+    bool restart_seq_ = false;
 };
 
 }  // namespace mooncake::pg::device

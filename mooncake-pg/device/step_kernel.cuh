@@ -40,7 +40,27 @@ struct StepArgs {
     uint64_t stage_tag = 0;
     uint64_t signature = 0;
     uint64_t call_tag = 0;  // step 0's tag: names the call in the failed-call word
+    uint64_t seq = 0;       // the call's number
+    bool ends_call = false;  // the call's last kernel: advances the call counter
 };
+
+__device__ __forceinline__ uint64_t* callCounter(const DeviceGroupView& g) {
+    return reinterpret_cast<uint64_t*>(g.windows[g.rank] + kCallSeqOffset);
+}
+
+// The call's number: the owner's call counter when the group keeps it on
+// the device (device_group.h), else the host's. The counter changes only in
+// the call's last kernel, after every block has read it.
+__device__ __forceinline__ uint64_t callSeq(const DeviceGroupView& g, uint64_t host_seq) {
+    return g.seq_on_device ? *reinterpret_cast<volatile uint64_t*>(callCounter(g)) : host_seq;
+}
+
+// The last block of a call's last kernel, once every block of it is done:
+// the next call's kernels, after this one on the stream, read the new number.
+__device__ __forceinline__ void advanceCallSeq(const DeviceGroupView& g, uint64_t seq) {
+    if (g.seq_on_device)
+        *reinterpret_cast<volatile uint64_t*>(callCounter(g)) = seq + 1;
+}
 
 // The start of a rank's data region of `parity` in a window.
 __device__ __forceinline__ char* region(const DeviceGroupView& g, int src, int parity) {
@@ -152,7 +172,8 @@ __device__ __forceinline__ bool blockWaitStep(const DeviceGroupView& g, const St
 // Every block, whether it did its work or not: counts itself in; the last
 // one resets the counter and, when the call has not failed and the kernel
 // staged a step, publishes the signature and raises the step's flag at every
-// member. The system fences order every block's stores before the flags.
+// member; in the call's last kernel it advances the call counter. The system
+// fences order every block's stores before the flags.
 __device__ __forceinline__ void blockArrive(const DeviceGroupView& g, const StepArgs& a) {
     __shared__ bool last;
     __syncthreads();
@@ -175,6 +196,8 @@ __device__ __forceinline__ void blockArrive(const DeviceGroupView& g, const Step
                                     a.stage_tag);
                 }
             }
+            if (a.ends_call)
+                advanceCallSeq(g, a.seq);
         }
     }
 }
@@ -184,6 +207,8 @@ MC_HOST_DEVICE inline StepArgs stepArgs(const DeviceGroupView& g, uint64_t steps
                                         uint64_t signature, uint64_t i) {
     StepArgs a;
     a.signature = signature;
+    a.seq = seq;
+    a.ends_call = i == steps;
     a.call_tag = stepTag(g.epoch, seq, 0);
     if (i > 0) {
         a.wait_step = static_cast<int64_t>(i - 1);
@@ -209,10 +234,13 @@ __device__ __forceinline__ void runStep(const DeviceGroupView& g, const Algo& al
     blockArrive(g, a);
 }
 
+// Kernel i of a call; its step arguments are worked out on the device,
+// where the call's number is (callSeq).
 template <class Algo>
 __global__ void __launch_bounds__(kStepThreads, 2)
-    stepKernel(DeviceGroupView g, Algo algo, StepArgs a, DeviceOpResult* result) {
-    runStep(g, algo, a, result);
+    stepKernel(DeviceGroupView g, Algo algo, uint64_t steps, uint64_t seq, uint64_t signature,
+               uint64_t i, DeviceOpResult* result) {
+    runStep(g, algo, stepArgs(g, steps, callSeq(g, seq), signature, i), result);
 }
 
 // Every step of a call in one single-block kernel: with one block, all of
@@ -223,8 +251,9 @@ template <class Algo>
 __global__ void __launch_bounds__(kStepThreads, 2)
     singleBlockStepsKernel(DeviceGroupView g, Algo algo, uint64_t steps, uint64_t seq,
                            uint64_t signature, DeviceOpResult* result) {
+    const uint64_t call = callSeq(g, seq);
     for (uint64_t i = 0; i <= steps; ++i)
-        runStep(g, algo, stepArgs(g, steps, seq, signature, i), result);
+        runStep(g, algo, stepArgs(g, steps, call, signature, i), result);
 }
 
 // Queues the K + 1 kernels of a call of `steps` steps (odd, from stepsFor),
@@ -241,8 +270,8 @@ Status launchSteps(const DeviceGroupView& g, const Algo& algo, uint64_t steps, u
         return cudaLaunchStatus(what);
     }
     for (uint64_t i = 0; i <= steps; ++i) {
-        stepKernel<Algo><<<blocks, kStepThreads, 0, stream>>>(
-            g, algo, stepArgs(g, steps, seq, signature, i), result);
+        stepKernel<Algo>
+            <<<blocks, kStepThreads, 0, stream>>>(g, algo, steps, seq, signature, i, result);
     }
     return cudaLaunchStatus(what);
 }

@@ -163,6 +163,13 @@ public:
     // kernel path from the staged one by it).
     uint64_t deviceCollectiveCalls() const { return device_calls_.load(); }
     uint64_t directCollectiveCalls() const { return direct_calls_.load(); }
+    // How many device collectives were captured into CUDA graphs.
+    uint64_t capturedCollectiveCalls() const { return captured_calls_.load(); }
+    // Any thread: throws DistBackendError with the first failure of a
+    // collective replayed from a CUDA graph since the last check (a stale
+    // membership epoch, a peer that did not signal, an abort), and clears
+    // it; returns when there was none (cuda_collectives.cc).
+    void checkGraphReplays();
 
     // ---- elastic membership (backend_elastic.cc); each throws c10::Error
     // subclasses naming the call and the control plane's reason. Blocking
@@ -505,6 +512,7 @@ private:
     std::chrono::steady_clock::time_point next_kernel_watch_{};
     std::atomic<uint64_t> device_calls_{0};
     std::atomic<uint64_t> direct_calls_{0};
+    std::atomic<uint64_t> captured_calls_{0};
     // Worker thread: set once kernels outlived their deadline and the abort
     // word. They may still run and read this group's words, so every later
     // kernel call fails with it at once and the abort word stays set.

@@ -27,6 +27,7 @@
 #include "mooncake-pg/core/communicator.h"
 #include "mooncake-pg/core/engine_fabric.h"
 #include "mooncake-pg/core/p2p.h"
+#include "mooncake-pg/device/group_window.h"
 #include "mooncake-pg/torch/backend.h"
 #include "mooncake-pg/torch/store_adapter.h"
 #include "mooncake-transfer-engine/common/env.h"
@@ -181,6 +182,12 @@ void MooncakeBackend::onView(const std::vector<int32_t>& mask, int group_size) {
             view_hold_.armed = false;
             view_hold_.holding = false;
         }
+    }
+    // Graphs captured in an older membership fail from their next replay on,
+    // without touching a peer (kernel epochs are membership + 1); before the
+    // user can see the new view.
+    if (device::GroupWindow* w = device_window_ptr_.load(std::memory_order_acquire); w && host_) {
+        w->noteCommittedEpoch(host_->epoch() + 1);
     }
     // The committed view, as the user sees it; the data plane follows at
     // its next op (applyLatestView).

@@ -309,6 +309,21 @@ Forms (seed API):
         py::arg("group"),
         "How many of those read the members' own buffers (the direct path); for tests.");
     m.def(
+        "_captured_collective_calls",
+        [](const py::handle& group) {
+            return backendOf(group, "_captured_collective_calls")->capturedCollectiveCalls();
+        },
+        py::arg("group"), "How many device collectives were captured into CUDA graphs; for tests.");
+    m.def(
+        "check_graph_replays",
+        [](const py::handle& group) {
+            backendOf(group, "check_graph_replays")->checkGraphReplays();
+        },
+        py::arg("backend"),
+        "Raises the first failure of a collective replayed from a CUDA graph since the last "
+        "check (a membership change after the capture, a peer that did not signal in time, an "
+        "abort) and clears it; returns None when there was none.");
+    m.def(
         "get_active_ranks",
         [](const py::handle& group) { return backendOf(group, "get_active_ranks")->activeRanks(); },
         py::arg("backend"),

@@ -25,6 +25,7 @@
 #include "mooncake-pg/device/all_reduce.h"
 #include "mooncake-pg/device/all_to_all.h"
 #include "mooncake-pg/device/broadcast.h"
+#include "mooncake-pg/device/call_seq.h"
 #include "mooncake-pg/device/group_window.h"
 #include "mooncake-pg/device/member_buffers.h"
 #include "mooncake-pg/device/reduce_scatter.h"
@@ -91,6 +92,8 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
     auto* exec = static_cast<CudaExecutor*>(executorFor(st, call.op_name));
     if (exec->route(q) != device::CudaRoute::kKernel)
         return {};
+    st.allowCapture();
+    call.captured = exec->callerCapturing();
     const c10d::OpType type = call.type;
     const char* op_name = call.op_name;
     at::Tensor output = call.output;
@@ -123,6 +126,12 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
         suits = suits && size == call.blocks;
     if (call.collective == device::CudaCollective::kBroadcast)
         suits = suits && call.root < size;
+    if (!suits && call.captured) {
+        return InvalidArgument(std::string(call.op_name) +
+                               " cannot be captured in a CUDA graph in this membership view: the "
+                               "device kernels need every rank below the group's size active and "
+                               "on this host, and tensors sized for that many ranks");
+    }
     if (!suits)
         return runOnHost(call, deadline);
     // From here a failure's ranks are kernel_failed_, never the
@@ -130,30 +139,64 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
     kernel_ran_ = true;
     if (!device_stuck_.empty())
         return Internal(std::string(call.op_name) + ": " + device_stuck_);
+    if (call.captured) {
+        // A capture must not set the device state up: the window's creation
+        // is collective, and a new epoch's first call restarts the numbering,
+        // which every replay would repeat.
+        const bool current = device_window_ && device_window_->hasView() &&
+                             device_window_->epoch() == applied_epoch_.load() + 1 &&
+                             device_window_->size() == size &&
+                             latest_epoch_.load() == applied_epoch_.load();
+        if (!current) {
+            return InvalidArgument(
+                std::string(call.op_name) +
+                " cannot be captured in a CUDA graph before the group ran a device collective "
+                "outside the graph in its current membership: run one (a warm-up call) before "
+                "capturing, and again after every membership change");
+        }
+    }
     MC_RETURN_IF_ERROR(setUpDeviceWindow(size, deadline));
     device::GroupWindow& w = *device_window_;
     const int64_t timeout_ns = std::min(deadline.remaining(), kMaxKernelWait).count();
-    // The call's number before anything else can fail here: the peers count
-    // this call whether or not it launches on this rank, and a rank that did
-    // not would wait for tags one call behind for the rest of the epoch.
-    uint64_t seq = 0;
-    const device::DeviceGroupView view = w.nextCall(timeout_ns, &seq);
+    const cudaStream_t stream = exec->stream().stream();
+    auto next = w.nextCall(timeout_ns, stream, call.captured);
+    if (!next.ok())
+        return next.status().withContext(call.op_name);
+    const device::DeviceGroupView view = next.value();
+    // The peers count this call whether or not it is queued here: a rank
+    // that did not advance its call counter would wait for tags one call
+    // behind for the rest of the epoch.
+    struct SkipUnlessQueued {
+        const device::DeviceGroupView& view;
+        cudaStream_t stream;
+        bool queued = false;
+        ~SkipUnlessQueued() {
+            if (!queued)
+                (void)device::skipCall(view, stream);
+        }
+    } numbered{view, stream};
     // Evidence against earlier calls still in flight stays set for them (it
     // holds for this call too); with none in flight it was for calls done.
     if (kernels_in_flight_.empty())
         w.clearAbort();
-    // The worker keeps fewer calls in flight than there are slots
+    // A captured call reports to the graph result at every replay. Otherwise
+    // the worker keeps fewer calls in flight than there are slots
     // (settleBefore), so this slot's previous call has been read.
-    const int slot = next_result_slot_;
-    next_result_slot_ = (slot + 1) % device::GroupWindow::kResultSlots;
-    w.clearResult(slot);
+    int slot = device::GroupWindow::kGraphResultSlot;
+    if (!call.captured) {
+        slot = next_result_slot_;
+        next_result_slot_ = (slot + 1) % device::GroupWindow::kResultSlots;
+        w.clearResult(slot);
+    }
+    // Replays cannot run the host exchange that shares the members' buffers.
+    const bool may_direct = !call.captured;
+    constexpr uint64_t seq = 0;  // the call counter numbers it (nextCall)
 
     // Contiguous stand-ins, made on the communication stream (current here).
     const bool in_place = call.input.is_same(call.output);
     at::Tensor dst = in_place ? inOutBuffer(call.output) : outBuffer(call.output);
     at::Tensor src = in_place ? dst : inBuffer(call.input, call.output);
     device::DeviceOpResult* result = w.deviceResult(slot);
-    const cudaStream_t stream = exec->stream().stream();
     // A rank's part: the whole message of all_reduce, one block otherwise.
     const uint64_t bytes = static_cast<uint64_t>(call.count) * dataTypeSize(call.dtype);
     Status launched;
@@ -161,8 +204,9 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
         case device::CudaCollective::kAllReduce: {
             device::MemberBuffers members;
             MC_ASSIGN_OR_RETURN(const bool direct,
-                                maybeDirect(bytes, ptrOf(src), bytes, ptrOf(dst), bytes, true, size,
-                                            deadline, &members));
+                                !may_direct ? Result<bool>(false)
+                                            : maybeDirect(bytes, ptrOf(src), bytes, ptrOf(dst),
+                                                          bytes, true, size, deadline, &members));
             launched = direct ? device::directAllReduce(view, members, call.count, call.dtype,
                                                         call.op, seq, result, stream)
                               : device::allReduce(view, ptrOf(src), ptrOf(dst), call.count,
@@ -172,8 +216,10 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
         case device::CudaCollective::kAllGather: {
             device::MemberBuffers members;
             MC_ASSIGN_OR_RETURN(const bool direct,
-                                maybeDirect(bytes * size, ptrOf(src), bytes, ptrOf(dst),
-                                            bytes * size, false, size, deadline, &members));
+                                !may_direct
+                                    ? Result<bool>(false)
+                                    : maybeDirect(bytes * size, ptrOf(src), bytes, ptrOf(dst),
+                                                  bytes * size, false, size, deadline, &members));
             launched = direct ? device::directAllGather(view, members, call.count, call.dtype, seq,
                                                         result, stream)
                               : device::allGather(view, ptrOf(src), ptrOf(dst), call.count,
@@ -182,9 +228,11 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
         }
         case device::CudaCollective::kReduceScatter: {
             device::MemberBuffers members;
-            MC_ASSIGN_OR_RETURN(const bool direct,
-                                maybeDirect(bytes * size, ptrOf(src), bytes * size, ptrOf(dst),
-                                            bytes, false, size, deadline, &members));
+            MC_ASSIGN_OR_RETURN(
+                const bool direct,
+                !may_direct ? Result<bool>(false)
+                            : maybeDirect(bytes * size, ptrOf(src), bytes * size, ptrOf(dst), bytes,
+                                          false, size, deadline, &members));
             launched = direct ? device::directReduceScatter(view, members, call.count, call.dtype,
                                                             call.op, seq, result, stream)
                               : device::reduceScatter(view, ptrOf(src), ptrOf(dst), call.count,
@@ -198,9 +246,11 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
             const uint64_t total = bytes * size;
             const bool overlap = device::bytesOverlap(ptrOf(src), ptrOf(dst), total);
             device::MemberBuffers members;
-            MC_ASSIGN_OR_RETURN(const bool direct,
-                                maybeDirect(total, overlap ? nullptr : ptrOf(src), total,
-                                            ptrOf(dst), total, false, size, deadline, &members));
+            MC_ASSIGN_OR_RETURN(
+                const bool direct,
+                !may_direct ? Result<bool>(false)
+                            : maybeDirect(total, overlap ? nullptr : ptrOf(src), total, ptrOf(dst),
+                                          total, false, size, deadline, &members));
             launched = direct ? device::directAllToAll(view, members, call.count, call.dtype, seq,
                                                        result, stream)
                               : device::allToAll(view, ptrOf(src), ptrOf(dst), call.count,
@@ -219,10 +269,17 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
     if (!launched.ok())
         return Internal("queuing the device " + std::string(call.op_name) + ": " +
                         launched.toString());
+    numbered.queued = true;
     device_calls_.fetch_add(1);
     // In stream order after the kernels: a failed call's output holds
     // whatever they wrote, as on the contiguous path.
     copyBack(call.output, dst);
+    if (call.captured) {
+        // Nothing to wait for now: the kernels run at each replay, which
+        // reports to the graph result (checkGraphReplays).
+        captured_calls_.fetch_add(1);
+        return Status::OK();
+    }
     kernel_launch_ = KernelLaunch{slot, size, applied_epoch_.load(), timeout_ns};
     return Status::OK();
 }
@@ -277,6 +334,29 @@ Status MooncakeBackend::runOnHost(const KernelCall& call, Deadline deadline) {
     copyBack(call.output, dst);
     // The pinned copies must outlive the copy back, which is queued only.
     return exec->drain(deadline, "copying the results back to the device");
+}
+
+void MooncakeBackend::checkGraphReplays() {
+    device::GroupWindow* w = device_window_ptr_.load(std::memory_order_acquire);
+    if (!w)
+        return;
+    const device::DeviceOpResult r = w->graphResult();
+    if (r.status == 0)
+        return;
+    w->clearGraphResult();
+    std::vector<int> failed;
+    Status st = device::resultStatus(r, "a collective replayed from a CUDA graph", &failed);
+    std::string message = "Mooncake PG: " + st.message();
+    if (r.status == static_cast<int32_t>(device::DeviceStatus::kStaleEpoch)) {
+        message +=
+            " (the membership changed after the graph was captured: capture it again, "
+            "after one device collective outside the graph)";
+    }
+    for (size_t i = 0; i < failed.size(); ++i)
+        message += (i == 0 ? " [failed ranks: " : " ") + std::to_string(failed[i]);
+    if (!failed.empty())
+        message += "]";
+    TORCH_CHECK_WITH(DistBackendError, false, message);
 }
 
 void MooncakeBackend::abortDeviceCalls() {

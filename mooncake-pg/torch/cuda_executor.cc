@@ -27,6 +27,18 @@ cudaStream_t createStream(c10::Device device) {
     return s;
 }
 
+// The worker and P2P progress threads query events of ops in flight while
+// the caller may be capturing a CUDA graph on another thread; in the default
+// (global) capture mode such queries from any thread would invalidate that
+// capture. Relaxed mode exempts this thread; it is set once per thread.
+void relaxCaptureModeOnThisThread() {
+    thread_local bool relaxed = false;
+    if (relaxed)
+        return;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    relaxed = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
+}
+
 cudaEvent_t createEvent(c10::Device device) {
     c10::cuda::CUDAGuard guard(device);
     cudaEvent_t e = nullptr;
@@ -111,11 +123,18 @@ Status pollEvent(cudaEvent_t event, Deadline deadline, const char* what,
 
 // The fence of one op: an event recorded on the communication stream after
 // the op's copies back (never recorded if the op never ran: then it reads as
-// complete, and the Work reports the failure).
+// complete, and the Work reports the failure). A captured op's fence is
+// recorded into the graph: the caller's stream may wait on it (that joins
+// the graph's branches), but it is never queried or blocked on, since
+// neither means anything for work that runs only when the graph is
+// replayed; it reads as complete.
 class CudaFence final : public DeviceFence {
 public:
-    CudaFence(c10::Device device, std::shared_ptr<CudaExecutor::EventPool> events)
-        : device_(device), events_(std::move(events)), event_(events_->take()) {}
+    CudaFence(c10::Device device, std::shared_ptr<CudaExecutor::EventPool> events, bool captured)
+        : device_(device),
+          events_(std::move(events)),
+          event_(events_->take()),
+          captured_(captured) {}
     // Dropped with the last Work and op that wait on it.
     ~CudaFence() override { events_->give(event_); }
 
@@ -128,25 +147,28 @@ public:
                   "making the current stream wait for the op");
     }
     void block() override {
-        checkCuda(cudaEventSynchronize(event_), "waiting for the op's device work");
+        if (!captured_)
+            checkCuda(cudaEventSynchronize(event_), "waiting for the op's device work");
     }
-    bool ready() override { return cudaEventQuery(event_) != cudaErrorNotReady; }
+    bool ready() override { return captured_ || cudaEventQuery(event_) != cudaErrorNotReady; }
 
 private:
     const c10::Device device_;
     const std::shared_ptr<CudaExecutor::EventPool> events_;
     const cudaEvent_t event_;
+    const bool captured_;
 };
 
 }  // namespace
 
 class CudaExecutor::Op final : public DeviceOp {
 public:
-    Op(Staging s, c10::Device device, const std::shared_ptr<EventPool>& events)
+    Op(Staging s, c10::Device device, const std::shared_ptr<EventPool>& events, bool captured)
         : staging(std::move(s)),
           // Only copies into host mirrors are waited for (awaitInputs).
           staged(staging.hasMirrors() ? events->take() : nullptr),
-          done(std::make_shared<CudaFence>(device, events)),
+          done(std::make_shared<CudaFence>(device, events, captured)),
+          captured(captured),
           device_(device),
           events_(events) {}
     ~Op() override {
@@ -162,6 +184,8 @@ public:
     // Recorded after the copies into the mirrors (none without mirrors).
     const cudaEvent_t staged;
     const std::shared_ptr<CudaFence> done;
+    // Issued while the caller's stream was being captured (callerCapturing).
+    const bool captured;
 
 private:
     const c10::Device device_;
@@ -194,9 +218,27 @@ Status CudaExecutor::drain(Deadline deadline, const char* what,
     return pollEvent(drained_, deadline, what, watch ? &watch : nullptr);
 }
 
+bool CudaExecutor::callerCapturing() const {
+    const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(caller, &status) != cudaSuccess) {
+        // The legacy default stream while another thread captures: it cannot
+        // be captured itself. Clear the error so that no later check sees it.
+        (void)cudaGetLastError();
+        return false;
+    }
+    return status == cudaStreamCaptureStatusActive;
+}
+
 std::shared_ptr<DeviceOp> CudaExecutor::issue(Staging staging) {
-    auto op = std::make_shared<Op>(std::move(staging), device_, events_);
     c10::cuda::CUDAGuard guard(device_);
+    const bool captured = callerCapturing();
+    TORCH_CHECK(!captured || staging.capturable(), "Mooncake PG: ", staging.op(),
+                " cannot be captured in a CUDA graph: only all_reduce, all_gather_into_tensor, "
+                "reduce_scatter_tensor, all_to_all_single without split sizes and broadcast "
+                "can, when they run on the device kernels (MC_PG_CUDA_PATH=kernels, the "
+                "default, and a group on one host); this call takes the host-staged path");
+    auto op = std::make_shared<Op>(std::move(staging), device_, events_, captured);
     {
         // One event serves every issue: a wait takes the record made just
         // before it, whatever is recorded later.
@@ -216,7 +258,9 @@ std::shared_ptr<DeviceOp> CudaExecutor::issue(Staging staging) {
     }
     if (op->staged)
         checkCuda(cudaEventRecord(op->staged, raw_stream_), "recording the staged inputs");
-    reap();
+    // Querying fences would break the caller's capture.
+    if (!captured)
+        reap();
     return op;
 }
 
@@ -229,6 +273,7 @@ Status CudaExecutor::awaitInputs(DeviceOp& op, Deadline deadline) {
 }
 
 Status CudaExecutor::beforeCore(DeviceOp& op, Deadline deadline) {
+    relaxCaptureModeOnThisThread();
     // The worker's Future completions record their events on this stream.
     c10::cuda::setCurrentCUDAStream(stream_);
     return awaitInputs(op, deadline);
@@ -236,6 +281,7 @@ Status CudaExecutor::beforeCore(DeviceOp& op, Deadline deadline) {
 
 Status CudaExecutor::finish(const std::shared_ptr<DeviceOp>& device_op, bool ok) {
     auto& op = static_cast<Op&>(*device_op);
+    relaxCaptureModeOnThisThread();
     Status status = Status::OK();
     try {
         c10::cuda::CUDAGuard guard(device_);
@@ -256,6 +302,11 @@ Status CudaExecutor::finish(const std::shared_ptr<DeviceOp>& device_op, bool ok)
     if (recorded != cudaSuccess && status.ok())
         status =
             Internal(std::string("recording the op's completion: ") + cudaGetErrorString(recorded));
+    // A captured op's device work runs at each replay: nothing to hold for
+    // it here (the graph's owner keeps its tensors), and its fence is never
+    // queried.
+    if (op.captured)
+        return status;
     std::vector<std::shared_ptr<DeviceOp>> done;
     {
         std::lock_guard<std::mutex> lock(retired_mu_);

@@ -52,6 +52,14 @@ public:
     // setting): the same on every rank of a call.
     CudaRoute route(const RouteQuery& q) const { return device::routeFor(path_, q); }
 
+    // Caller's thread: whether its current stream on this device is being
+    // captured into a CUDA graph. Ops issued then are captured: only those
+    // whose Staging allows it (the device kernels) are accepted, their
+    // fences are never queried (a query would break the capture), and the
+    // worker queues their kernels on the communication stream, which the
+    // capture takes in through the event.
+    bool callerCapturing() const;
+
     // Worker thread: waits, until `deadline`, for the work queued on the
     // communication stream so far (`what` names it in errors), calling
     // `watch` about every millisecond meanwhile (evidence checks).

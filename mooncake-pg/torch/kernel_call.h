@@ -38,6 +38,10 @@ struct KernelCall {
     // input and output: for a membership view the kernels cannot take (an
     // inactive member, a block count that no longer matches the group).
     std::function<Status(void* in, void* out, Deadline)> host_core;
+    // Set by maybeKernel when the caller's stream is being captured into a
+    // CUDA graph (docs/design/pg-cuda.md, CUDA graphs): the kernels are
+    // queued into the graph; the direct path and the host core are ruled out.
+    bool captured = false;
 };
 
 }  // namespace mooncake::pg

@@ -52,6 +52,12 @@ public:
     // Whether any entry has a host mirror to fill before the core runs.
     bool hasMirrors() const;
 
+    // The op runs on the device kernels, which a CUDA graph can capture
+    // (CudaExecutor::issue refuses every other op under capture).
+    void allowCapture() { capturable_ = true; }
+    bool capturable() const { return capturable_; }
+    const char* op() const { return op_; }
+
 private:
     void checkDevice(const at::Tensor& user, const std::string& what);
     at::Tensor add(const at::Tensor& user, const std::string& what, bool copy_out);
@@ -59,6 +65,7 @@ private:
     const char* op_;
     std::optional<c10::Device> device_;
     std::vector<Entry> entries_;
+    bool capturable_ = false;
 };
 
 }  // namespace mooncake::pg

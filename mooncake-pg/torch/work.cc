@@ -65,7 +65,23 @@ std::vector<at::Tensor> MooncakeWork::result() {
 }
 
 bool MooncakeWork::wait(std::chrono::milliseconds timeout) {
-    waitHost(timeout);
+    try {
+        waitHost(timeout);
+    } catch (...) {
+        // A failed op's fence is recorded too (the executor arms it whatever
+        // happened): ordering the stream after it anyway joins the branch a
+        // CUDA graph capture took in at issue, so the capture ends cleanly
+        // and the caller sees this error, not an unjoined capture.
+        if (done_.load(std::memory_order_acquire)) {
+            for (auto& f : fences_) {
+                try {
+                    f->streamWait();
+                } catch (...) {  // the op's own failure is the one to report
+                }
+            }
+        }
+        throw;
+    }
     for (auto& f : fences_)
         f->streamWait();
     return true;

@@ -31,6 +31,7 @@ __all__ = [
     "MooncakeProcessGroup",
     "MooncakeWork",
     "activate_ranks",
+    "check_graph_replays",
     "deactivate_ranks",
     "extend_group_size_to",
     "get_active_ranks",
@@ -291,6 +292,22 @@ def get_active_ranks(backend):
     ``active_ranks`` tensor, that same tensor is returned as the mirror.
     """
     return _lib.get_active_ranks(backend)
+
+
+def check_graph_replays(backend):
+    """Raises the first failure of a collective replayed from a CUDA graph.
+
+    ``backend`` as for :func:`get_active_ranks`. Collectives captured into a
+    CUDA graph (``torch.cuda.graph``) run without the host at each replay, so
+    their failures cannot raise there: the kernels record the first one (a
+    membership change after the capture, which fails every later replay
+    without touching a peer; a peer that did not signal within the op's
+    timeout; an abort), and this call raises it as ``DistBackendError``,
+    naming failed ranks where known, and clears it. Returns ``None`` when no
+    replay failed since the last check. Call it after the replays whose
+    results you are about to use, e.g. once per decode step.
+    """
+    _lib.check_graph_replays(backend)
 
 
 def set_transfer_engine(engine):

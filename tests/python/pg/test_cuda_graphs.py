@@ -1,0 +1,229 @@
+"""CUDA graphs on the `mooncake` backend: N processes sharing one GPU.
+
+all_reduce (one-shot and chunked two-shot), all_gather_into_tensor,
+reduce_scatter_tensor, all_to_all_single and broadcast captured in one
+torch.cuda.graph (the default, global capture mode) after eager warm-up
+calls, then replayed with new inputs each time, with eager calls between
+replays: exact against a Python reference every time. Capturing before any
+warm-up, and an op that cannot run on the device kernels, are refused with a
+clear error and the group works afterwards. A membership change after the
+capture makes the next replay's collectives fail as stale without touching
+their outputs; check_graph_replays raises it once. Skipped, with the reason
+shown, on a machine without a GPU.
+"""
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import harness
+
+if not torch.cuda.is_available():
+    pytest.skip("no CUDA device on this machine: the `mooncake` CUDA graph tests need a GPU",
+                allow_module_level=True)
+
+BACKEND = "mooncake"
+JOB_TIMEOUT_S = 150
+OP_TIMEOUT_S = 60
+ENV = {"MC_PG_CUDA_PATH": "kernels"}
+N = 1000          # elements per rank block
+BIG = 1 << 20     # a 4 MiB float all_reduce: chunked two-shot in the graph
+REPLAYS = 5
+
+
+def _pg():
+    from mooncake import pg
+    return pg
+
+
+class Buffers:
+    """The graph's static tensors, refilled for round `rnd` before each replay."""
+
+    def __init__(self, ws, dev):
+        self.ws = ws
+        self.x = torch.empty(N, device=dev)
+        self.y = torch.empty(BIG, device=dev)
+        self.ag_in = torch.empty(N, device=dev)
+        self.ag_out = torch.empty(ws * N, device=dev)
+        self.rs_in = torch.empty(ws * N, device=dev)
+        self.rs_out = torch.empty(N, device=dev)
+        self.a2a_in = torch.empty(ws * N, device=dev)
+        self.a2a_out = torch.empty(ws * N, device=dev)
+        self.b = torch.empty(N, device=dev)
+
+    @staticmethod
+    def inputs(r, ws, rnd):
+        """Rank r's inputs in round rnd: small integers, exact in float32."""
+        a = torch.arange(ws * N, dtype=torch.float32)
+        return {
+            "x": (a[:N] % 13) + r + rnd,
+            "y": torch.full((BIG,), float(r + 1 + rnd)),
+            "ag_in": (a[:N] % 7) + 10 * r + rnd,
+            "rs_in": (a % 11) + r + rnd,
+            "a2a_in": a + 100000 * r + rnd,
+            "b": torch.full((N,), float(1000 * r + rnd)),
+        }
+
+    def fill(self, rank, rnd):
+        for name, value in self.inputs(rank, self.ws, rnd).items():
+            getattr(self, name).copy_(value)
+
+    def ops(self):
+        dist.all_reduce(self.x)
+        dist.all_reduce(self.y)
+        dist.all_gather_into_tensor(self.ag_out, self.ag_in)
+        dist.reduce_scatter_tensor(self.rs_out, self.rs_in)
+        dist.all_to_all_single(self.a2a_out, self.a2a_in)
+        dist.broadcast(self.b, 0)
+
+    def wrong(self, rank, rnd):
+        """Names of the outputs that differ from the reference for round rnd."""
+        ws = self.ws
+        ins = [self.inputs(r, ws, rnd) for r in range(ws)]
+        want = {
+            "x": sum(i["x"] for i in ins),
+            "y": sum(i["y"] for i in ins),
+            "ag_out": torch.cat([i["ag_in"] for i in ins]),
+            "rs_out": sum(i["rs_in"][rank * N:(rank + 1) * N] for i in ins),
+            "a2a_out": torch.cat([i["a2a_in"][rank * N:(rank + 1) * N] for i in ins]),
+            "b": ins[0]["b"],
+        }
+        torch.cuda.synchronize()
+        return [name for name, w in want.items() if not torch.equal(getattr(self, name).cpu(), w)]
+
+
+def _outcome(fn):
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the error is the result
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def _capture(fn):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    return graph
+
+
+def _replays(ctx):
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    ws, rank = ctx.world_size, ctx.rank
+    pg = _pg()
+    group = dist.group.WORLD
+    out = {"failures": []}
+    bufs = Buffers(ws, dev)
+
+    # Nothing ran on the device yet: a capture would have to set it up.
+    bufs.fill(rank, 0)
+    out["before_warmup"] = _outcome(lambda: _capture(lambda: dist.all_reduce(bufs.x)))
+
+    # Warm-up, eager: every op once, exact.
+    bufs.fill(rank, 0)
+    bufs.ops()
+    wrong = bufs.wrong(rank, 0)
+    if wrong:
+        out["failures"].append(f"eager warm-up: {wrong}")
+
+    captured_before = int(pg._lib._captured_collective_calls(group))
+    graph = _capture(bufs.ops)
+    out["captured"] = int(pg._lib._captured_collective_calls(group)) - captured_before
+
+    eager = torch.empty(N, device=dev)
+    for rnd in range(1, REPLAYS + 1):
+        bufs.fill(rank, rnd)
+        graph.replay()
+        wrong = bufs.wrong(rank, rnd)
+        if wrong:
+            out["failures"].append(f"replay {rnd}: {wrong}")
+        if rnd % 2 == 1:
+            # Eager calls between replays take the next call numbers.
+            eager.fill_(float(rank + rnd))
+            dist.all_reduce(eager)
+            want = float(sum(r + rnd for r in range(ws)))
+            if not torch.equal(eager.cpu(), torch.full((N,), want)):
+                out["failures"].append(f"eager all_reduce after replay {rnd}")
+    out["check"] = _outcome(lambda: pg.check_graph_replays(group))
+
+    # Split sizes run through the host: refused under capture.
+    splits = [N] * ws
+    out["refused"] = _outcome(lambda: _capture(lambda: dist.all_to_all_single(
+        bufs.a2a_out, bufs.a2a_in, splits, splits)))
+    eager.fill_(1.0)
+    dist.all_reduce(eager)
+    out["after"] = sorted(set(eager.cpu().tolist()))
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_captured_collectives_replay_exactly(world_size):
+    res = harness.run_ranks(_replays, world_size, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            ref_group=False, env=ENV, pg_timeout_s=OP_TIMEOUT_S)
+    for rank, r in enumerate(res):
+        assert not r["failures"], (rank, r["failures"])
+        assert r["before_warmup"] and "warm-up" in r["before_warmup"], (rank, r)
+        assert r["captured"] == 6, (rank, r)
+        assert r["check"] is None, (rank, r)
+        assert r["refused"] and "cannot be captured in a CUDA graph" in r["refused"], (rank, r)
+        assert r["after"] == [float(world_size)], (rank, r)
+
+
+def _stale(ctx):
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    ws, rank = ctx.world_size, ctx.rank
+    pg = _pg()
+    group = dist.group.WORLD
+    out = {}
+    x = torch.full((N,), float(rank + 1), device=dev)
+    dist.all_reduce(x)  # warm-up
+    graph = _capture(lambda: dist.all_reduce(x))
+    x.fill_(float(rank + 1))
+    graph.replay()
+    torch.cuda.synchronize()
+    out["first"] = sorted(set(x.cpu().tolist()))
+
+    # Rank ws-1 leaves the membership; every rank sees the new view.
+    ctx.signal(f"replayed_{rank}")
+    if rank == 0:
+        for r in range(ws):
+            ctx.wait_for(f"replayed_{r}", 60)
+        pg.deactivate_ranks(group, [ws - 1])
+    want_mask = [1] * (ws - 1) + [0]
+    deadline = time.monotonic() + 30
+    while pg.get_active_ranks(group).tolist() != want_mask:
+        assert time.monotonic() < deadline, pg.get_active_ranks(group)
+        time.sleep(0.01)
+
+    x.fill_(-7.0)
+    graph.replay()
+    torch.cuda.synchronize()  # no hang
+    out["untouched"] = sorted(set(x.cpu().tolist()))
+    out["check"] = _outcome(lambda: pg.check_graph_replays(group))
+    out["check_again"] = _outcome(lambda: pg.check_graph_replays(group))
+    if rank < ws - 1:
+        y = torch.full((4,), float(rank + 1), device=dev)
+        dist.all_reduce(y)
+        out["after"] = sorted(set(y.cpu().tolist()))
+    return out
+
+
+def test_replay_after_a_membership_change_fails_stale_touching_nothing():
+    ws = 3
+    res = harness.run_ranks(_stale, ws, BACKEND, timeout_s=JOB_TIMEOUT_S, ref_group=False,
+                            env=ENV, pg_timeout_s=OP_TIMEOUT_S)
+    for rank, r in enumerate(res):
+        assert r["first"] == [float(sum(range(1, ws + 1)))], (rank, r)
+        assert r["untouched"] == [-7.0], (rank, r)
+        assert r["check"] and r["check"].startswith("DistBackendError"), (rank, r)
+        assert "membership changed after the graph was captured" in r["check"], (rank, r)
+        assert r["check_again"] is None, (rank, r)
+        if rank < ws - 1:
+            assert r["after"] == [float(sum(range(1, ws)))], (rank, r)
