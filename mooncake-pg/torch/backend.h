@@ -332,12 +332,14 @@ private:
     Result<bool> shareDirectBuffers(const void* in, uint64_t in_bytes, void* out,
                                     uint64_t out_bytes, bool peers_read_outputs, int size,
                                     Deadline deadline, device::MemberBuffers* members);
-    // Worker thread: shareDirectBuffers for a call of `bytes` (the larger
-    // side) when the direct path is on and the call is large enough; false
+    // Worker thread: shareDirectBuffers for `call`, of `bytes` (the larger
+    // side), when the direct path is on, the call is large enough and not
+    // being captured (a replay cannot run the host exchange); false
     // otherwise. Counts the calls that go direct.
-    Result<bool> maybeDirect(uint64_t bytes, const void* in, uint64_t in_bytes, void* out,
-                             uint64_t out_bytes, bool peers_read_outputs, int size,
-                             Deadline deadline, device::MemberBuffers* members);
+    Result<bool> maybeDirect(const KernelCall& call, uint64_t bytes, const void* in,
+                             uint64_t in_bytes, void* out, uint64_t out_bytes,
+                             bool peers_read_outputs, int size, Deadline deadline,
+                             device::MemberBuffers* members);
     // ---- kernel calls in flight (cuda_pipeline.cc; no-ops without CUDA).
     // Worker thread: completes the oldest calls whose fences have completed,
     // and for the oldest still running turns host evidence (dead peer,

@@ -188,8 +188,6 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
         next_result_slot_ = (slot + 1) % device::GroupWindow::kResultSlots;
         w.clearResult(slot);
     }
-    // Replays cannot run the host exchange that shares the members' buffers.
-    const bool may_direct = !call.captured;
     constexpr uint64_t seq = 0;  // the call counter numbers it (nextCall)
 
     // Contiguous stand-ins, made on the communication stream (current here).
@@ -204,9 +202,8 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
         case device::CudaCollective::kAllReduce: {
             device::MemberBuffers members;
             MC_ASSIGN_OR_RETURN(const bool direct,
-                                !may_direct ? Result<bool>(false)
-                                            : maybeDirect(bytes, ptrOf(src), bytes, ptrOf(dst),
-                                                          bytes, true, size, deadline, &members));
+                                maybeDirect(call, bytes, ptrOf(src), bytes, ptrOf(dst), bytes, true,
+                                            size, deadline, &members));
             launched = direct ? device::directAllReduce(view, members, call.count, call.dtype,
                                                         call.op, seq, result, stream)
                               : device::allReduce(view, ptrOf(src), ptrOf(dst), call.count,
@@ -216,10 +213,8 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
         case device::CudaCollective::kAllGather: {
             device::MemberBuffers members;
             MC_ASSIGN_OR_RETURN(const bool direct,
-                                !may_direct
-                                    ? Result<bool>(false)
-                                    : maybeDirect(bytes * size, ptrOf(src), bytes, ptrOf(dst),
-                                                  bytes * size, false, size, deadline, &members));
+                                maybeDirect(call, bytes * size, ptrOf(src), bytes, ptrOf(dst),
+                                            bytes * size, false, size, deadline, &members));
             launched = direct ? device::directAllGather(view, members, call.count, call.dtype, seq,
                                                         result, stream)
                               : device::allGather(view, ptrOf(src), ptrOf(dst), call.count,
@@ -228,11 +223,9 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
         }
         case device::CudaCollective::kReduceScatter: {
             device::MemberBuffers members;
-            MC_ASSIGN_OR_RETURN(
-                const bool direct,
-                !may_direct ? Result<bool>(false)
-                            : maybeDirect(bytes * size, ptrOf(src), bytes * size, ptrOf(dst), bytes,
-                                          false, size, deadline, &members));
+            MC_ASSIGN_OR_RETURN(const bool direct,
+                                maybeDirect(call, bytes * size, ptrOf(src), bytes * size,
+                                            ptrOf(dst), bytes, false, size, deadline, &members));
             launched = direct ? device::directReduceScatter(view, members, call.count, call.dtype,
                                                             call.op, seq, result, stream)
                               : device::reduceScatter(view, ptrOf(src), ptrOf(dst), call.count,
@@ -246,11 +239,9 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
             const uint64_t total = bytes * size;
             const bool overlap = device::bytesOverlap(ptrOf(src), ptrOf(dst), total);
             device::MemberBuffers members;
-            MC_ASSIGN_OR_RETURN(
-                const bool direct,
-                !may_direct ? Result<bool>(false)
-                            : maybeDirect(total, overlap ? nullptr : ptrOf(src), total, ptrOf(dst),
-                                          total, false, size, deadline, &members));
+            MC_ASSIGN_OR_RETURN(const bool direct,
+                                maybeDirect(call, total, overlap ? nullptr : ptrOf(src), total,
+                                            ptrOf(dst), total, false, size, deadline, &members));
             launched = direct ? device::directAllToAll(view, members, call.count, call.dtype, seq,
                                                        result, stream)
                               : device::allToAll(view, ptrOf(src), ptrOf(dst), call.count,

@@ -48,11 +48,11 @@ std::string segmentOf(const std::string& endpoint) {
 
 }  // namespace
 
-Result<bool> MooncakeBackend::maybeDirect(uint64_t bytes, const void* in, uint64_t in_bytes,
-                                          void* out, uint64_t out_bytes, bool peers_read_outputs,
-                                          int size, Deadline deadline,
+Result<bool> MooncakeBackend::maybeDirect(const KernelCall& call, uint64_t bytes, const void* in,
+                                          uint64_t in_bytes, void* out, uint64_t out_bytes,
+                                          bool peers_read_outputs, int size, Deadline deadline,
                                           device::MemberBuffers* members) {
-    if (!cuda_direct_ || bytes < device::kDirectMinBytes)
+    if (call.captured || !cuda_direct_ || bytes < device::kDirectMinBytes)
         return false;
     auto shared = shareDirectBuffers(in, in_bytes, out, out_bytes, peers_read_outputs, size,
                                      deadline, members);
