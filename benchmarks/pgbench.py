@@ -35,6 +35,13 @@ all_gather and reduce_scatter: (N+1)*S with S the larger side; all_to_all:
 fraction of that limit. The issue_us column is the host's time per op to
 issue the block: when it is close to time_us the host, not the GPU, sets the
 pace.
+
+--graph K (with --device cuda): the mooncake ops that can be captured are
+also captured K to a CUDA graph and replayed (backend mooncake-graph, same
+group, own buffers), as serving stacks run their decode step; time_us is a
+replay's time over K. Captured calls always go through the group window, so
+large sizes read slower than the eager rows, which share the members'
+buffers directly.
 """
 
 import argparse
@@ -56,6 +63,9 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broa
                "gather", "scatter", "sendrecv")
 MOONCAKE = "mooncake-cpu"
 MOONCAKE_CUDA = "mooncake"
+MOONCAKE_GRAPH = "mooncake-graph"
+# What the mooncake backend can capture in a CUDA graph (docs/pg-user-guide.md).
+GRAPH_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
 
 def mooncake_name(device):
@@ -213,6 +223,46 @@ class Bench:
         return None
 
 
+class GraphBench(Bench):
+    """A Bench whose run() replays a CUDA graph of `ops` back-to-back ops of the
+    group (captured once, after one eager op that sets up the group's device
+    state). check() replays a graph of one op and raises a replay's failure."""
+
+    def __init__(self, torch, dist, coll, count, dtype, op, group, rank, n, ops):
+        super().__init__(torch, dist, coll, count, dtype, op, group, rank, n, "cuda")
+        self.ops_per_run = ops
+        super().run()
+        torch.cuda.synchronize()
+        self.single = self._capture(1)
+        self.many = self._capture(ops)
+        self.graph = self.many
+
+    def _capture(self, ops):
+        graph = self.torch.cuda.CUDAGraph()
+        with self.torch.cuda.graph(graph):
+            for _ in range(ops):
+                super().run()
+        return graph
+
+    def run(self):
+        self.graph.replay()
+
+    def check(self):
+        from mooncake import pg
+        self.graph = self.single
+        try:
+            err = super().check()
+            self.torch.cuda.synchronize()
+            pg.check_graph_replays(self.group or self.dist.group.WORLD)
+            return err
+        finally:
+            self.graph = self.many
+            # Zeros stay zeros however many times the graph reduces them.
+            for name in ("buf", "inp", "out"):
+                if hasattr(self, name):
+                    getattr(self, name).zero_()
+
+
 def _expect(torch, got, want):
     got, want = got.cpu(), want.cpu()
     if torch.equal(got, want):
@@ -270,8 +320,9 @@ def measure(benches, ctrl, args, dist, torch):
                 issued = time.perf_counter() - t0
                 end.record()
                 end.synchronize()
-                local[name].extend([start.elapsed_time(end) * 1e-3 / todo] * todo)
-                issue[name].extend([issued / todo] * todo)
+                ops = todo * getattr(bench, "ops_per_run", 1)
+                local[name].extend([start.elapsed_time(end) * 1e-3 / ops] * todo)
+                issue[name].extend([issued / ops] * todo)
                 continue
             for _ in range(todo):
                 t0 = time.perf_counter()
@@ -454,6 +505,20 @@ def rank_main(rank, n, args, result_path):
                     if err and args.verbose:
                         print(f"[rank {rank}] {b} {coll} {count * elt} B check failed: {err}", flush=True)
                 benches[b] = bench
+            if args.graph > 0 and args.device == "cuda" and mc in backends and coll in GRAPH_COLLECTIVES:
+                bench = GraphBench(torch, dist, coll, count, dtype, args.op, groups[mc], rank, n, args.graph)
+                checks[MOONCAKE_GRAPH] = "skipped"
+                if args.check:
+                    try:
+                        err = bench.check()
+                    except RuntimeError as e:
+                        err = f"raised: {e}"
+                    flags = torch.tensor([0 if err is None else 1])
+                    dist.all_reduce(flags, group=ctrl)
+                    checks[MOONCAKE_GRAPH] = "ok" if flags.item() == 0 else "FAILED"
+                    if err and args.verbose:
+                        print(f"[rank {rank}] graph {coll} {count * elt} B check failed: {err}", flush=True)
+                benches[MOONCAKE_GRAPH] = bench
             all_times, issue_times = measure(benches, ctrl, args, dist, torch)
             for b in benches:
                 times = all_times[b]
@@ -466,7 +531,8 @@ def rank_main(rank, n, args, result_path):
                              "nranks": n, "iters": len(times), "time_us_median": med, "time_us_p99": p99,
                              "time_us_mean": statistics.fmean(times), "algbw_GBps": algbw,
                              "busbw_GBps": algbw * bus_factor(coll, n), "check": checks[b],
-                             "engine": args.engine if b == mc else None,
+                             "engine": args.engine if b in (mc, MOONCAKE_GRAPH) else None,
+                             "ops_per_graph": args.graph if b == MOONCAKE_GRAPH else None,
                              "issue_us_median": (statistics.median(issue_times[b])
                                                  if b in issue_times else None)})
                 if rank == 0 and args.verbose:
@@ -605,9 +671,9 @@ def print_tables(rows, rats, args, n):
     if fracs:
         print(f"#\n# fraction of the HBM traffic limit (device copy {fracs[0]['copy_GBps']:.0f} GB/s "
               "read+write, same run; 1.0 = the limit)")
-        print(f"# {'collective':>14} {'backend':>9} {'size':>12} {'time_us':>11} {'limit_us':>10} {'fraction':>9}")
+        print(f"# {'collective':>14} {'backend':>14} {'size':>12} {'time_us':>11} {'limit_us':>10} {'fraction':>9}")
         for x in fracs:
-            print(f"  {x['collective']:>14} {x['backend']:>9} {x['size']:>12} {x['time_us']:>11.2f} "
+            print(f"  {x['collective']:>14} {x['backend']:>14} {x['size']:>12} {x['time_us']:>11.2f} "
                   f"{x['limit_us']:>10.2f} {x['fraction_of_limit']:>9.4f}")
     bad = [r for r in rows if r["check"] == "FAILED"]
     if bad:
@@ -639,6 +705,9 @@ def main(argv=None):
     ap.add_argument("--engine", default="per-group", choices=("per-group", "shared"),
                     help="mooncake groups: an engine each, or one shared TransferEngine "
                          "(pg.set_transfer_engine)")
+    ap.add_argument("--graph", type=int, default=0, metavar="K",
+                    help="cuda: also time mooncake ops captured K per CUDA graph and replayed "
+                         "(backend mooncake-graph); 0: off")
     ap.add_argument("--no-check", dest="check", action="store_false", help="skip the correctness check")
     ap.add_argument("--json-output", help="write config, rows and ratios as JSON to this file")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds before every rank is killed")
@@ -649,6 +718,8 @@ def main(argv=None):
         ap.error(f"--collective: unknown {', '.join(unknown)}; choose from {', '.join(COLLECTIVES)} or all")
     if args.stepfactor <= 1:
         ap.error("-f must be > 1")
+    if args.graph < 0 or (args.graph > 0 and args.device != "cuda"):
+        ap.error(f"--graph {args.graph}: expected 0, or a positive op count with --device cuda")
 
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ:
         import tempfile

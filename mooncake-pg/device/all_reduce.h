@@ -67,10 +67,11 @@ Status twoShotAllReduce(const DeviceGroupView& group, const void* input, void* o
 // Every member's input and output are mapped in every member's process
 // (`buffers`), and the call runs three steps: each rank signals that its
 // input is ready; rank r reduces piece r of the members' inputs, in rank
-// order, into piece r of its output; it copies the other pieces from the
-// members' outputs; a last barrier keeps each rank's buffers until no member
-// reads them. Per rank it reads and writes about 2x the message, against
-// about 4x for two-shot. An input may equal its output.
+// order, and writes it into piece r of every member's output; the barriers
+// after it keep each rank's buffers until no member reads or writes them.
+// All ranks together read each input once and write each output once (the
+// traffic limit), against about twice that for two-shot. An input may equal
+// its output, but not overlap it otherwise (InvalidArgument).
 Status directAllReduce(const DeviceGroupView& group, const MemberBuffers& buffers, size_t count,
                        DataType dtype, ReduceOp op, uint64_t seq, DeviceOpResult* result,
                        cudaStream_t stream);

@@ -42,19 +42,38 @@ struct MemberBufferCopies {
     __device__ const T* operator()(int src) const { return static_cast<const T*>(bases[src]) + lo; }
 };
 
-// out[i] (and out2[i] when out2 is not null) = the `size` members' element i
+// Where a reduction's results go: `out`, and `out2` when it is not null.
+template <typename T>
+struct OneOrTwoOutputs {
+    T* out;
+    T* out2;
+    __device__ int count() const { return out2 ? 2 : 1; }
+    __device__ T* operator()(int k) const { return k == 0 ? out : out2; }
+};
+
+// Every member's own output at `lo` elements (mapped here).
+template <typename T>
+struct MemberBufferOutputs {
+    void* const* bases;
+    uint64_t lo;
+    int size;
+    __device__ int count() const { return size; }
+    __device__ T* operator()(int k) const { return static_cast<T*>(bases[k]) + lo; }
+};
+
+// outs(k)[i] for every k < outs.count() = the `size` members' element i
 // combined in rank order, member src's copy starting at copies(src), for i
-// in [0, n). 16-byte vectors when every pointer allows (`copy_bits`: the
-// copies' addresses or-ed together), element by element otherwise.
-template <typename T, ReduceOp kOp, class Copies>
-__device__ void gridReduceCopies(int size, const Copies& copies, uintptr_t copy_bits, T* out,
-                                 T* out2, uint64_t n) {
+// in [0, n). 16-byte vectors when every pointer allows (`address_bits`: the
+// copies' and outputs' addresses or-ed together), element by element
+// otherwise.
+template <typename T, ReduceOp kOp, class Copies, class Outputs>
+__device__ void gridReduceCopiesTo(int size, const Copies& copies, const Outputs& outs,
+                                   uintptr_t address_bits, uint64_t n) {
     constexpr int kPer = 16 / sizeof(T);
     const uint64_t t = globalThread(), nt = globalThreads();
+    const int outputs = outs.count();
     uint64_t done = 0;
-    const uintptr_t bits =
-        copy_bits | reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(out2);
-    if ((bits & 15) == 0) {
+    if ((address_bits & 15) == 0) {
         const uint64_t vectors = n / kPer;
         for (uint64_t v = t; v < vectors; v += nt) {
             int4 acc = reinterpret_cast<const int4*>(copies(0))[v];
@@ -71,9 +90,8 @@ __device__ void gridReduceCopies(int size, const Copies& copies, uintptr_t copy_
                 for (int k = 0; k < kPer; ++k)
                     a[k] = divideBy(a[k], size);
             }
-            reinterpret_cast<int4*>(out)[v] = acc;
-            if (out2)
-                reinterpret_cast<int4*>(out2)[v] = acc;
+            for (int k = 0; k < outputs; ++k)
+                reinterpret_cast<int4*>(outs(k))[v] = acc;
         }
         done = vectors * kPer;
     }
@@ -83,10 +101,19 @@ __device__ void gridReduceCopies(int size, const Copies& copies, uintptr_t copy_
             acc = combine<T, kOp>(acc, copies(src)[i]);
         if constexpr (kOp == ReduceOp::kAvg)
             acc = divideBy(acc, size);
-        out[i] = acc;
-        if (out2)
-            out2[i] = acc;
+        for (int k = 0; k < outputs; ++k)
+            outs(k)[i] = acc;
     }
+}
+
+// As gridReduceCopiesTo into `out`, and `out2` when it is not null;
+// `copy_bits`: the copies' addresses or-ed together.
+template <typename T, ReduceOp kOp, class Copies>
+__device__ void gridReduceCopies(int size, const Copies& copies, uintptr_t copy_bits, T* out,
+                                 T* out2, uint64_t n) {
+    const uintptr_t bits =
+        copy_bits | reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(out2);
+    gridReduceCopiesTo<T, kOp>(size, copies, OneOrTwoOutputs<T>{out, out2}, bits, n);
 }
 
 // The members' copies staged in their windows (this rank's own: `own`).

@@ -10,9 +10,10 @@
 namespace mooncake::pg::device {
 
 // Steps of a direct call (step_kernel.cuh): 0 signals the inputs ready,
-// the kernel after it does the call's reads and signals them done, step 2's
-// kernel (and for all_reduce its second pass) follows, and the last kernel
-// waits until every member is done with this rank's buffers.
+// the kernel after it does the call's reads and writes and signals them
+// done, and the kernels after it wait until every member is done with this
+// rank's buffers. Step 2 moves nothing; it is there because a call's steps
+// must be odd, so that the next call's flags land on the other parity.
 inline constexpr uint64_t kDirectSteps = 3;
 
 struct MemberBuffers {
@@ -33,6 +34,14 @@ inline uintptr_t inputAddressBits(const MemberBuffers& b, int size) {
     uintptr_t bits = 0;
     for (int r = 0; r < size; ++r)
         bits |= reinterpret_cast<uintptr_t>(b.inputs[r]);
+    return bits;
+}
+
+// The same for the members' outputs.
+inline uintptr_t outputAddressBits(const MemberBuffers& b, int size) {
+    uintptr_t bits = 0;
+    for (int r = 0; r < size; ++r)
+        bits |= reinterpret_cast<uintptr_t>(b.outputs[r]);
     return bits;
 }
 

@@ -235,6 +235,39 @@ TEST_P(DeviceDirectScatterGather, ReduceScatterAllGatherAndAllToAllAreExact) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DeviceDirectScatterGather, ::testing::Values(2, 3, 4));
 
+// Argument checks come before any CUDA call, so they run without a GPU on a
+// view whose windows are plain host memory.
+TEST(DeviceDirectArguments, AllReduceRefusesAnOutputThatOverlapsItsInputWithoutBeingIt) {
+    constexpr int kSize = 2;
+    constexpr size_t kCount = 64;
+    std::vector<char> windows(kSize * 4096);
+    uint64_t abort_word = 0, epoch = 1;
+    DeviceOpResult result{};
+    DeviceGroupView view;
+    view.rank = 0;
+    view.size = kSize;
+    view.slot_bytes = kSlotBytes;
+    view.epoch = epoch;
+    view.abort_word = &abort_word;
+    view.current_epoch = &epoch;
+    for (int r = 0; r < kSize; ++r)
+        view.windows[r] = windows.data() + r * 4096;
+    std::vector<float> buffers(kSize * 2 * kCount);
+    MemberBuffers b;
+    for (int r = 0; r < kSize; ++r) {
+        b.inputs[r] = buffers.data() + r * 2 * kCount;
+        b.outputs[r] = buffers.data() + r * 2 * kCount;  // in place: allowed
+    }
+    // Rank 1's output starts one element into its input.
+    b.outputs[1] = buffers.data() + 2 * kCount + 1;
+    const Status s =
+        directAllReduce(view, b, kCount, DataType::kFloat32, ReduceOp::kSum, 0, &result, nullptr);
+    ASSERT_EQ(s.code(), StatusCode::kInvalidArgument) << s.message();
+    EXPECT_NE(s.message().find("rank 1's output overlaps its input without being it"),
+              std::string::npos)
+        << s.message();
+}
+
 TEST(PeerBufferMappings, RejectsADescriptorOutsideItsAllocation) {
     PeerBufferMappings peers;
     BufferDescriptor d;
