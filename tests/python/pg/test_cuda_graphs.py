@@ -7,9 +7,10 @@ calls, then replayed with new inputs each time, with eager calls between
 replays: exact against a Python reference every time. Capturing before any
 warm-up, and an op that cannot run on the device kernels, are refused with a
 clear error and the group works afterwards. A membership change after the
-capture makes the next replay's collectives fail as stale without touching
-their outputs; check_graph_replays raises it once. Skipped, with the reason
-shown, on a machine without a GPU.
+capture (a deactivation, or a rank joining back) makes the next replay's
+collectives fail as stale without touching their outputs;
+check_graph_replays raises it once. Skipped, with the reason shown, on a
+machine without a GPU.
 """
 
 import time
@@ -227,3 +228,74 @@ def test_replay_after_a_membership_change_fails_stale_touching_nothing():
         assert r["check_again"] is None, (rank, r)
         if rank < ws - 1:
             assert r["after"] == [float(sum(range(1, ws)))], (rank, r)
+
+
+def _wait_mask(pg, group, want):
+    deadline = time.monotonic() + 30
+    while pg.get_active_ranks(group).tolist() != want:
+        assert time.monotonic() < deadline, pg.get_active_ranks(group)
+        time.sleep(0.01)
+
+
+def _rejoin(ctx):
+    """Rank 2 is deactivated; ranks 0 and 1 capture an all_reduce in their
+    two-member epoch and replay it exactly; rank 2 joins back; the replay is
+    then stale, and the three ranks go on eagerly."""
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    rank = ctx.rank
+    pg = _pg()
+    group = dist.group.WORLD
+    out = {}
+    x = torch.full((N,), float(rank + 1), device=dev)
+    dist.all_reduce(x)  # warm-up in the three-member epoch
+    if rank == 0:
+        pg.deactivate_ranks(group, [2])
+    _wait_mask(pg, group, [1, 1, 0])
+    if rank < 2:
+        y = torch.full((4,), float(rank + 1), device=dev)
+        dist.all_reduce(y)  # warm-up in the two-member epoch
+        graph = _capture(lambda: dist.all_reduce(x))
+        x.fill_(float(rank + 1))
+        graph.replay()
+        torch.cuda.synchronize()
+        out["two_members"] = sorted(set(x.cpu().tolist()))
+        out["check_two_members"] = _outcome(lambda: pg.check_graph_replays(group))
+        ctx.signal(f"captured_{rank}")
+        if rank == 0:
+            ctx.wait_for("captured_1", 60)
+            ctx.wait_for("rejoining", 60)
+            deadline = time.monotonic() + 30
+            while not all(pg.get_peer_state(group, [2])):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            pg.activate_ranks(group, [2])
+        _wait_mask(pg, group, [1, 1, 1])
+        x.fill_(-7.0)
+        graph.replay()
+        torch.cuda.synchronize()  # no hang
+        out["untouched"] = sorted(set(x.cpu().tolist()))
+        out["check"] = _outcome(lambda: pg.check_graph_replays(group))
+    else:
+        ctx.wait_for("captured_0", 60)
+        ctx.wait_for("captured_1", 60)
+        ctx.signal("rejoining")
+        pg.join_group(group)
+        _wait_mask(pg, group, [1, 1, 1])
+    z = torch.full((N,), float(rank + 1), device=dev)
+    dist.all_reduce(z)
+    out["after"] = sorted(set(z.cpu().tolist()))
+    return out
+
+
+def test_replay_after_a_rank_joins_back_fails_stale_touching_nothing():
+    res = harness.run_ranks(_rejoin, 3, BACKEND, timeout_s=JOB_TIMEOUT_S, ref_group=False,
+                            env=ENV, pg_timeout_s=OP_TIMEOUT_S)
+    for rank, r in enumerate(res):
+        if rank < 2:
+            assert r["two_members"] == [3.0], (rank, r)
+            assert r["check_two_members"] is None, (rank, r)
+            assert r["untouched"] == [-7.0], (rank, r)
+            assert r["check"] and r["check"].startswith("DistBackendError"), (rank, r)
+            assert "membership changed after the graph was captured" in r["check"], (rank, r)
+        assert r["after"] == [6.0], (rank, r)
