@@ -41,6 +41,26 @@ inline constexpr uint64_t kDirectMinBytes = uint64_t{4} << 20;
 // Its own id, so ranks that took different paths fail with kMismatch.
 inline constexpr uint8_t kDirectAllReduceCollective = 6;
 
+// A reduce to root r runs as an all_reduce whose non-root outputs the caller
+// discards (the traffic is the same order, the kernels are shared). Its calls
+// are signed with one collective id per root, window and direct paths apart,
+// so ranks that disagree on the root, or call all_reduce where another calls
+// reduce, fail with kMismatch instead of each taking a result.
+inline constexpr uint8_t kReduceCollectiveBase = 64;
+inline constexpr uint8_t kDirectReduceCollectiveBase = kReduceCollectiveBase + kMaxDeviceRanks;
+static_assert(kDirectReduceCollectiveBase + kMaxDeviceRanks <= 256);
+
+// The id a reduction call signs with: all_reduce when `reduce_root` < 0.
+MC_HOST_DEVICE inline constexpr uint8_t reductionCollective(bool direct, int reduce_root) {
+    if (reduce_root < 0)
+        return direct ? kDirectAllReduceCollective : kAllReduceCollective;
+    return static_cast<uint8_t>((direct ? kDirectReduceCollectiveBase : kReduceCollectiveBase) +
+                                reduce_root);
+}
+
+// InvalidArgument unless `reduce_root` is -1 (all_reduce) or a rank of the group.
+Status checkReduceRoot(const DeviceGroupView& group, int reduce_root, const char* what);
+
 // Messages up to this size (that also fit a slot) take the one-shot path.
 // Measured on one H200 with MPS (docs/design/pg-core.md): the two-shot's
 // fixed cost (four kernels, three flag round trips) is 41 us with 2
@@ -56,12 +76,12 @@ inline constexpr uint64_t kOneShotMaxBytes = 1 << 20;
 // input larger than a slot, bad group).
 Status oneShotAllReduce(const DeviceGroupView& group, const void* input, void* output, size_t count,
                         DataType dtype, ReduceOp op, uint64_t seq, DeviceOpResult* result,
-                        cudaStream_t stream);
+                        cudaStream_t stream, int reduce_root = -1);
 
 // As oneShotAllReduce, for any size; input may equal output.
 Status twoShotAllReduce(const DeviceGroupView& group, const void* input, void* output, size_t count,
                         DataType dtype, ReduceOp op, uint64_t seq, DeviceOpResult* result,
-                        cudaStream_t stream);
+                        cudaStream_t stream, int reduce_root = -1);
 
 // Direct: no byte goes through the windows, which then carry only the flags.
 // Every member's input and output are mapped in every member's process
@@ -74,13 +94,16 @@ Status twoShotAllReduce(const DeviceGroupView& group, const void* input, void* o
 // its output, but not overlap it otherwise (InvalidArgument).
 Status directAllReduce(const DeviceGroupView& group, const MemberBuffers& buffers, size_t count,
                        DataType dtype, ReduceOp op, uint64_t seq, DeviceOpResult* result,
-                       cudaStream_t stream);
+                       cudaStream_t stream, int reduce_root = -1);
 
+// Every entry point takes `reduce_root`: -1 for an all_reduce, a rank for a
+// reduce to it (reductionCollective; the kernels are the same).
+//
 // One-shot or two-shot by size (kOneShotMaxBytes). Every rank picks the same
 // for the same call; a call whose counts differ fails with kMismatch
 // whichever each rank picked.
 Status allReduce(const DeviceGroupView& group, const void* input, void* output, size_t count,
                  DataType dtype, ReduceOp op, uint64_t seq, DeviceOpResult* result,
-                 cudaStream_t stream);
+                 cudaStream_t stream, int reduce_root = -1);
 
 }  // namespace mooncake::pg::device

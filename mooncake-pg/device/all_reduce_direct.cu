@@ -33,7 +33,7 @@ struct DirectAllReduceAlgo {
 
 Status directAllReduce(const DeviceGroupView& group, const MemberBuffers& buffers, size_t count,
                        DataType dtype, ReduceOp op, uint64_t seq, DeviceOpResult* result,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, int reduce_root) {
     constexpr const char* kWhat = "device direct all_reduce";
     const uint64_t bytes = static_cast<uint64_t>(count) * dataTypeSize(dtype);
     MC_RETURN_IF_ERROR(
@@ -49,8 +49,10 @@ Status directAllReduce(const DeviceGroupView& group, const MemberBuffers& buffer
     }
     const uintptr_t address_bits =
         inputAddressBits(buffers, group.size) | outputAddressBits(buffers, group.size);
-    const uint64_t signature = callSignature(
-        kDirectAllReduceCollective, static_cast<uint8_t>(dtype), static_cast<uint8_t>(op), count);
+    MC_RETURN_IF_ERROR(checkReduceRoot(group, reduce_root, kWhat));
+    const uint64_t signature =
+        callSignature(reductionCollective(true, reduce_root), static_cast<uint8_t>(dtype),
+                      static_cast<uint8_t>(op), count);
     return visitReduce(dtype, op, [&](auto type, auto op_tag) {
         using T = typename decltype(type)::type;
         DirectAllReduceAlgo<T, decltype(op_tag)::value> algo{buffers, count, address_bits};

@@ -189,7 +189,7 @@ void launchReduce(const DeviceGroupView& g, void* output, uint64_t count, uint64
 
 Status oneShotAllReduce(const DeviceGroupView& group, const void* input, void* output, size_t count,
                         DataType dtype, ReduceOp op, uint64_t seq, DeviceOpResult* result,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, int reduce_root) {
     MC_RETURN_IF_ERROR(checkGroup(group));
     std::string why;
     if (!reduceOpSupported(op, dtype, &why))
@@ -202,8 +202,10 @@ Status oneShotAllReduce(const DeviceGroupView& group, const void* input, void* o
                                " bytes does not fit a " + std::to_string(group.slot_bytes) +
                                "-byte slot");
     }
-    const uint64_t signature = callSignature(kAllReduceCollective, static_cast<uint8_t>(dtype),
-                                             static_cast<uint8_t>(op), count);
+    MC_RETURN_IF_ERROR(checkReduceRoot(group, reduce_root, "one-shot all_reduce"));
+    const uint64_t signature =
+        callSignature(reductionCollective(false, reduce_root), static_cast<uint8_t>(dtype),
+                      static_cast<uint8_t>(op), count);
     if (bytes <= kSingleBlockBytes) {
         MC_RETURN_IF_ERROR(visitReduce(dtype, op, [&](auto type, auto op_tag) {
             using T = typename decltype(type)::type;

@@ -61,7 +61,7 @@ struct TwoShotAlgo {
 
 Status twoShotAllReduce(const DeviceGroupView& group, const void* input, void* output, size_t count,
                         DataType dtype, ReduceOp op, uint64_t seq, DeviceOpResult* result,
-                        cudaStream_t stream) {
+                        cudaStream_t stream, int reduce_root) {
     constexpr const char* kWhat = "device two-shot all_reduce";
     MC_RETURN_IF_ERROR(checkChunkedCall(group, result, kWhat));
     MC_RETURN_IF_ERROR(checkCount(count, kWhat));
@@ -75,8 +75,10 @@ Status twoShotAllReduce(const DeviceGroupView& group, const void* input, void* o
     const uint64_t chunk = group.slot_bytes / elem * group.size;
     uint64_t steps = 0;
     MC_RETURN_IF_ERROR(stepsFor(divUp(count, chunk), 2, kWhat, &steps));
-    const uint64_t signature = callSignature(kAllReduceCollective, static_cast<uint8_t>(dtype),
-                                             static_cast<uint8_t>(op), count);
+    MC_RETURN_IF_ERROR(checkReduceRoot(group, reduce_root, kWhat));
+    const uint64_t signature =
+        callSignature(reductionCollective(false, reduce_root), static_cast<uint8_t>(dtype),
+                      static_cast<uint8_t>(op), count);
     const uint64_t grid_bytes = std::min(bytes, chunk * elem);
     return visitReduce(dtype, op, [&](auto type, auto op_tag) {
         using T = typename decltype(type)::type;
@@ -88,11 +90,22 @@ Status twoShotAllReduce(const DeviceGroupView& group, const void* input, void* o
 
 Status allReduce(const DeviceGroupView& group, const void* input, void* output, size_t count,
                  DataType dtype, ReduceOp op, uint64_t seq, DeviceOpResult* result,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, int reduce_root) {
     const uint64_t bytes = static_cast<uint64_t>(count) * dataTypeSize(dtype);
-    if (bytes <= kOneShotMaxBytes && bytes <= group.slot_bytes)
-        return oneShotAllReduce(group, input, output, count, dtype, op, seq, result, stream);
-    return twoShotAllReduce(group, input, output, count, dtype, op, seq, result, stream);
+    if (bytes <= kOneShotMaxBytes && bytes <= group.slot_bytes) {
+        return oneShotAllReduce(group, input, output, count, dtype, op, seq, result, stream,
+                                reduce_root);
+    }
+    return twoShotAllReduce(group, input, output, count, dtype, op, seq, result, stream,
+                            reduce_root);
+}
+
+Status checkReduceRoot(const DeviceGroupView& group, int reduce_root, const char* what) {
+    if (reduce_root < -1 || reduce_root >= group.size)
+        return InvalidArgument(std::string(what) + ": reduce root " + std::to_string(reduce_root) +
+                               " is not a rank of the group of " + std::to_string(group.size) +
+                               " (or -1 for an all_reduce)");
+    return Status::OK();
 }
 
 }  // namespace mooncake::pg::device

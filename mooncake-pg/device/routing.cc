@@ -115,30 +115,44 @@ std::string describeSignature(uint64_t sig) {
     const auto dtype = static_cast<uint8_t>((sig >> 48) & 0xff);
     const auto op = static_cast<uint8_t>((sig >> 40) & 0xff);
     std::string text;
+    bool reduction = false;
     switch (collective) {
         case kAllReduceCollective:
+        case kDirectAllReduceCollective:
             text = "all_reduce";
+            reduction = true;
             break;
         case kAllGatherCollective:
+        case kDirectAllGatherCollective:
             text = "all_gather";
             break;
         case kReduceScatterCollective:
+        case kDirectReduceScatterCollective:
             text = "reduce_scatter";
+            reduction = true;
             break;
         case kAllToAllCollective:
+        case kDirectAllToAllCollective:
             text = "all_to_all";
             break;
         case kBroadcastCollective:
             text = "broadcast";
             break;
         default:
-            text = "device collective " + std::to_string(collective);
+            if (collective >= kReduceCollectiveBase &&
+                collective < kDirectReduceCollectiveBase + kMaxDeviceRanks) {
+                text = "reduce to root " +
+                       std::to_string((collective - kReduceCollectiveBase) % kMaxDeviceRanks);
+                reduction = true;
+            } else {
+                text = "device collective " + std::to_string(collective);
+            }
     }
     text += " of dtype ";
     text += dtype <= static_cast<uint8_t>(DataType::kBool)
                 ? dataTypeName(static_cast<DataType>(dtype))
                 : std::to_string(dtype);
-    if (collective == kAllReduceCollective || collective == kReduceScatterCollective) {
+    if (reduction) {
         text += ", op ";
         text += op <= static_cast<uint8_t>(ReduceOp::kBxor)
                     ? reduceOpName(static_cast<ReduceOp>(op))
@@ -151,7 +165,8 @@ std::string describeSignature(uint64_t sig) {
 }
 
 bool isReduction(CudaCollective c) {
-    return c == CudaCollective::kAllReduce || c == CudaCollective::kReduceScatter;
+    return c == CudaCollective::kAllReduce || c == CudaCollective::kReduceScatter ||
+           c == CudaCollective::kReduce;
 }
 
 }  // namespace
@@ -165,8 +180,8 @@ CudaRoute routeFor(CudaPath path, const RouteQuery& q, std::string* why) {
         case CudaCollective::kReduceScatter:
         case CudaCollective::kAllToAll:
         case CudaCollective::kBroadcast:
+        case CudaCollective::kReduce:  // an all_reduce signed as a reduce (all_reduce.h)
             break;
-        case CudaCollective::kReduce:
         case CudaCollective::kGather:
         case CudaCollective::kScatter:
             return staged(why,

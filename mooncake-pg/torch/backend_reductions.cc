@@ -94,6 +94,22 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce(Tensors& tensors,
     // they reduce a premultiplied copy.
     const at::Tensor operand =
         premultiplied(opts.reduceOp, user, /*in_place=*/getRank() == root, op);
+    if (user.is_cuda()) {
+        // The kernels run it as an all_reduce (all_reduce.h): a non-root's
+        // result lands in a scratch tensor it drops, its own left as it was.
+        const bool is_root = getRank() == root;
+        const at::Tensor target = is_root ? user : at::empty_like(operand, at::MemoryFormat::Contiguous);
+        if (auto work = maybeKernel(
+                KernelCall{device::CudaCollective::kReduce, op, OpType::REDUCE, operand, target,
+                           dtype, rop, root, static_cast<uint64_t>(user.numel()), 0,
+                           [this, user, dtype, rop, root](void* in, void* out, Deadline dl) {
+                               comm_->setNextCallSignature(shapeSignature(user));
+                               return comm_->reduce(in, out, user.numel(), dtype, rop, root, dl);
+                           },
+                           false, is_root ? at::Tensor() : user},
+                opts.timeout))
+            return work;
+    }
     Staging st(op);
     const at::Tensor t = st.inOut(operand, "tensor");
     at::Tensor buf = inOutBuffer(t);

@@ -92,11 +92,14 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
     auto* exec = static_cast<CudaExecutor*>(executorFor(st, call.op_name));
     if (exec->route(q) != device::CudaRoute::kKernel)
         return {};
-    st.allowCapture();
+    // A reduce's scratch output would be allocated in the capture's pool and
+    // dropped at once: it stays out of graphs (docs/pg-user-guide.md).
+    if (call.collective != device::CudaCollective::kReduce)
+        st.allowCapture();
     call.captured = exec->callerCapturing();
     const c10d::OpType type = call.type;
     const char* op_name = call.op_name;
-    at::Tensor output = call.output;
+    at::Tensor output = call.work_output.defined() ? call.work_output : call.output;
     const GroupSized sized = movesBlocks(call.collective) ? GroupSized::kBlocks : GroupSized::kNo;
     return enqueue(
         type, op_name, {output}, timeout, sized, std::move(st),
@@ -124,7 +127,8 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
         suits = active[r] != 0 && (r == config_.rank || fabric_->peerWindow(r) != nullptr);
     if (call.blocks > 0)
         suits = suits && size == call.blocks;
-    if (call.collective == device::CudaCollective::kBroadcast)
+    if (call.collective == device::CudaCollective::kBroadcast ||
+        call.collective == device::CudaCollective::kReduce)
         suits = suits && call.root < size;
     if (!suits && call.captured) {
         return InvalidArgument(std::string(call.op_name) +
@@ -199,15 +203,19 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
     const uint64_t bytes = static_cast<uint64_t>(call.count) * dataTypeSize(call.dtype);
     Status launched;
     switch (call.collective) {
-        case device::CudaCollective::kAllReduce: {
+        case device::CudaCollective::kAllReduce:
+        case device::CudaCollective::kReduce: {
+            const int reduce_root =
+                call.collective == device::CudaCollective::kReduce ? call.root : -1;
             device::MemberBuffers members;
             MC_ASSIGN_OR_RETURN(const bool direct,
                                 maybeDirect(call, bytes, ptrOf(src), bytes, ptrOf(dst), bytes, true,
                                             size, deadline, &members));
             launched = direct ? device::directAllReduce(view, members, call.count, call.dtype,
-                                                        call.op, seq, result, stream)
+                                                        call.op, seq, result, stream, reduce_root)
                               : device::allReduce(view, ptrOf(src), ptrOf(dst), call.count,
-                                                  call.dtype, call.op, seq, result, stream);
+                                                  call.dtype, call.op, seq, result, stream,
+                                                  reduce_root);
             break;
         }
         case device::CudaCollective::kAllGather: {

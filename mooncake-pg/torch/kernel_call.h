@@ -28,7 +28,7 @@ struct KernelCall {
     at::Tensor output;
     DataType dtype = DataType::kFloat32;
     ReduceOp op = ReduceOp::kSum;  // reductions
-    int root = 0;                  // broadcast
+    int root = 0;                  // broadcast, reduce
     // Elements per rank as the kernel takes them (device::RouteQuery::count).
     uint64_t count = 0;
     // all_gather, reduce_scatter, all_to_all: the blocks the tensors hold
@@ -42,6 +42,10 @@ struct KernelCall {
     // CUDA graph (docs/design/pg-cuda.md, CUDA graphs): the kernels are
     // queued into the graph; the direct path and the host core are ruled out.
     bool captured = false;
+    // What the Work returns, when not `output`: a reduce's non-roots pass
+    // their tensor here and a scratch `output` the kernels fill (they run
+    // the reduce as an all_reduce; all_reduce.h).
+    at::Tensor work_output = {};
 };
 
 }  // namespace mooncake::pg

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "mooncake-pg/device/all_reduce.h"
 #include "mooncake-pg/device/routing.h"
 
 namespace mooncake::pg::device {
@@ -104,8 +105,8 @@ RouteQuery query(CudaCollective c, DataType dtype = DataType::kFloat32,
 TEST(DeviceRouting, DecisionTable) {
     using C = CudaCollective;
     const C kernels[] = {C::kAllReduce, C::kAllGather, C::kReduceScatter, C::kAllToAll,
-                         C::kBroadcast};
-    const C staged[] = {C::kReduce, C::kGather, C::kScatter};
+                         C::kBroadcast,  C::kReduce};
+    const C staged[] = {C::kGather, C::kScatter};
     std::string why;
     for (C c : kernels) {
         EXPECT_EQ(routeFor(CudaPath::kKernels, query(c), &why), CudaRoute::kKernel)
@@ -143,7 +144,7 @@ TEST(DeviceRouting, DecisionTable) {
 
 TEST(DeviceRouting, ReductionsFollowTheOpAndDtype) {
     using C = CudaCollective;
-    for (C c : {C::kAllReduce, C::kReduceScatter}) {
+    for (C c : {C::kAllReduce, C::kReduceScatter, C::kReduce}) {
         // Every op the core defines for the dtype has a kernel.
         for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
                            DataType::kBFloat16, DataType::kInt8, DataType::kUInt8, DataType::kInt16,
@@ -241,6 +242,33 @@ TEST(DeviceRouting, ResultBecomesStatusAndHint) {
     st = resultStatus(result(DeviceStatus::kMismatch, 0, bsig), "broadcast", &failed);
     EXPECT_NE(st.message().find("broadcast of dtype int32, root 3, count 5"), std::string::npos)
         << st.toString();
+
+    // A reduce is an all_reduce signed with its root; the direct path's ids
+    // read as their collective.
+    const uint64_t rsig = callSignature(reductionCollective(false, 2),
+                                        static_cast<uint8_t>(DataType::kFloat32),
+                                        static_cast<uint8_t>(ReduceOp::kSum), 9);
+    st = resultStatus(result(DeviceStatus::kMismatch, 3, rsig), "reduce", &failed);
+    EXPECT_NE(st.message().find("rank 3 passed reduce to root 2 of dtype float32, op sum, count 9"),
+              std::string::npos)
+        << st.toString();
+    const uint64_t drsig = callSignature(reductionCollective(true, 63),
+                                         static_cast<uint8_t>(DataType::kFloat32),
+                                         static_cast<uint8_t>(ReduceOp::kMax), 9);
+    st = resultStatus(result(DeviceStatus::kMismatch, 3, drsig), "reduce", &failed);
+    EXPECT_NE(st.message().find("reduce to root 63 of dtype float32, op max"), std::string::npos)
+        << st.toString();
+    const uint64_t dsig = callSignature(reductionCollective(true, -1),
+                                        static_cast<uint8_t>(DataType::kFloat32),
+                                        static_cast<uint8_t>(ReduceOp::kSum), 9);
+    st = resultStatus(result(DeviceStatus::kMismatch, 3, dsig), "all_reduce", &failed);
+    EXPECT_NE(st.message().find("passed all_reduce of dtype float32, op sum, count 9"),
+              std::string::npos)
+        << st.toString();
+    // Every root has its own id, apart from the all_reduce's and the other path's.
+    EXPECT_NE(reductionCollective(false, 0), reductionCollective(false, -1));
+    EXPECT_NE(reductionCollective(false, 0), reductionCollective(false, 1));
+    EXPECT_NE(reductionCollective(false, 5), reductionCollective(true, 5));
 
     st = resultStatus(result(DeviceStatus::kStaleEpoch, -1, 0), "all_to_all", &failed);
     EXPECT_EQ(st.code(), StatusCode::kAborted);

@@ -513,6 +513,53 @@ def test_mismatch_among_queued_kernel_calls_fails_that_call_only():
         assert "mismatch" in bad["message"], (rank, bad)
 
 
+def _reduce_on_kernels(ctx):
+    """reduce runs on the device kernels (an all_reduce signed with its root):
+    exact at the root, the other ranks' tensors untouched, through the window
+    (8 KiB) and the direct path (8 MiB). Ranks that disagree on the root fail
+    that call on every rank, naming the mismatch; the group goes on."""
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    ws, rank = ctx.world_size, ctx.rank
+    out = {"failures": []}
+    before, direct_before = _device_calls(), _direct_calls()
+    for n in (2048, 2 << 20):
+        for root in range(ws):
+            t = torch.arange(n, dtype=torch.float32, device=dev) % 97 + rank
+            dist.reduce(t, dst=root)
+            base = torch.arange(n, dtype=torch.float32) % 97
+            want = base * ws + sum(range(ws)) if rank == root else base + rank
+            if not torch.equal(t.cpu(), want):
+                out["failures"].append(f"rank {rank}: reduce of {n} floats to {root} differs")
+    out["device_calls"] = _device_calls() - before
+    out["direct_calls"] = _direct_calls() - direct_before
+    x = torch.ones(64, device=dev)
+    work = dist.reduce(x, dst=0 if rank == 0 else 1, async_op=True)
+    try:
+        work.wait()
+        work.synchronize()
+        out["mismatch"] = None
+    except Exception as e:  # noqa: BLE001 - the failure is the result
+        out["mismatch"] = f"{type(e).__name__}: {str(e)[:600]}"
+    y = torch.full((64,), float(rank + 1), device=dev)
+    dist.all_reduce(y)
+    out["after"] = sorted(set(y.cpu().tolist()))
+    return out
+
+
+def test_reduce_runs_on_the_kernels_and_a_root_mismatch_fails_every_rank():
+    ws = 3
+    res = harness.run_ranks(_reduce_on_kernels, ws, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            ref_group=False, env=PATHS["kernels"], pg_timeout_s=OP_TIMEOUT_S)
+    for rank, r in enumerate(res):
+        assert not r["failures"], (rank, r["failures"])
+        assert r["device_calls"] == 2 * ws, (rank, r)
+        assert r["direct_calls"] == ws, (rank, r)
+        assert r["mismatch"] and r["mismatch"].startswith("DistBackendError"), (rank, r)
+        assert "passed reduce to root" in r["mismatch"], (rank, r)
+        assert r["after"] == [float(sum(range(1, ws + 1)))], (rank, r)
+
+
 # A stalled rank's peers wait this long (the group's timeout) before their op
 # fails; kept short so the test spends seconds, not minutes, on it.
 STALL_OP_TIMEOUT_S = 5
