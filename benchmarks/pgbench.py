@@ -486,38 +486,32 @@ def rank_main(rank, n, args, result_path):
         for nbytes in sizes(args):
             count = element_count(coll, nbytes, elt, n)
             benches, checks = {}, {}
+
+            def checked(b, bench):
+                """Runs bench's check on every rank: "ok" or "FAILED" (any rank), or
+                "unsupported" when gloo lacks the op on these tensors."""
+                try:
+                    err = bench.check()
+                except RuntimeError as e:  # gloo lacks some ops on CUDA tensors
+                    if b == "gloo":
+                        if rank == 0:
+                            print(f"# {b} {coll}: {str(e).splitlines()[0]}", flush=True)
+                        return "unsupported"
+                    err = f"raised: {e}"
+                flags = torch.tensor([0 if err is None else 1])
+                dist.all_reduce(flags, group=ctrl)
+                if err and args.verbose:
+                    print(f"[rank {rank}] {b} {coll} {count * elt} B check failed: {err}", flush=True)
+                return "ok" if flags.item() == 0 else "FAILED"
+
             for b in backends:
                 bench = Bench(torch, dist, coll, count, dtype, args.op, groups[b], rank, n, args.device)
-                checks[b] = "skipped"
-                if args.check:
-                    try:
-                        err = bench.check()
-                    except RuntimeError as e:  # gloo lacks some ops on CUDA tensors
-                        err = f"raised: {e}"
-                        if "gloo" == b:
-                            checks[b] = "unsupported"
-                            if rank == 0:
-                                print(f"# {b} {coll}: {str(e).splitlines()[0]}", flush=True)
-                            continue
-                    flags = torch.tensor([0 if err is None else 1])
-                    dist.all_reduce(flags, group=ctrl)
-                    checks[b] = "ok" if flags.item() == 0 else "FAILED"
-                    if err and args.verbose:
-                        print(f"[rank {rank}] {b} {coll} {count * elt} B check failed: {err}", flush=True)
-                benches[b] = bench
+                checks[b] = checked(b, bench) if args.check else "skipped"
+                if checks[b] != "unsupported":
+                    benches[b] = bench
             if args.graph > 0 and args.device == "cuda" and mc in backends and coll in GRAPH_COLLECTIVES:
                 bench = GraphBench(torch, dist, coll, count, dtype, args.op, groups[mc], rank, n, args.graph)
-                checks[MOONCAKE_GRAPH] = "skipped"
-                if args.check:
-                    try:
-                        err = bench.check()
-                    except RuntimeError as e:
-                        err = f"raised: {e}"
-                    flags = torch.tensor([0 if err is None else 1])
-                    dist.all_reduce(flags, group=ctrl)
-                    checks[MOONCAKE_GRAPH] = "ok" if flags.item() == 0 else "FAILED"
-                    if err and args.verbose:
-                        print(f"[rank {rank}] graph {coll} {count * elt} B check failed: {err}", flush=True)
+                checks[MOONCAKE_GRAPH] = checked(MOONCAKE_GRAPH, bench) if args.check else "skipped"
                 benches[MOONCAKE_GRAPH] = bench
             all_times, issue_times = measure(benches, ctrl, args, dist, torch)
             for b in benches:
