@@ -98,7 +98,8 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce(Tensors& tensors,
         // The kernels run it as an all_reduce (all_reduce.h): a non-root's
         // result lands in a scratch tensor it drops, its own left as it was.
         const bool is_root = getRank() == root;
-        const at::Tensor target = is_root ? user : at::empty_like(operand, at::MemoryFormat::Contiguous);
+        const at::Tensor target =
+            is_root ? user : at::empty_like(operand, at::MemoryFormat::Contiguous);
         if (auto work = maybeKernel(
                 KernelCall{device::CudaCollective::kReduce, op, OpType::REDUCE, operand, target,
                            dtype, rop, root, static_cast<uint64_t>(user.numel()), 0,

@@ -211,11 +211,11 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
             MC_ASSIGN_OR_RETURN(const bool direct,
                                 maybeDirect(call, bytes, ptrOf(src), bytes, ptrOf(dst), bytes, true,
                                             size, deadline, &members));
-            launched = direct ? device::directAllReduce(view, members, call.count, call.dtype,
-                                                        call.op, seq, result, stream, reduce_root)
-                              : device::allReduce(view, ptrOf(src), ptrOf(dst), call.count,
-                                                  call.dtype, call.op, seq, result, stream,
-                                                  reduce_root);
+            launched = direct
+                           ? device::directAllReduce(view, members, call.count, call.dtype, call.op,
+                                                     seq, result, stream, reduce_root)
+                           : device::allReduce(view, ptrOf(src), ptrOf(dst), call.count, call.dtype,
+                                               call.op, seq, result, stream, reduce_root);
             break;
         }
         case device::CudaCollective::kAllGather: {

@@ -104,8 +104,8 @@ RouteQuery query(CudaCollective c, DataType dtype = DataType::kFloat32,
 
 TEST(DeviceRouting, DecisionTable) {
     using C = CudaCollective;
-    const C kernels[] = {C::kAllReduce, C::kAllGather, C::kReduceScatter, C::kAllToAll,
-                         C::kBroadcast,  C::kReduce};
+    const C kernels[] = {C::kAllReduce, C::kAllGather, C::kReduceScatter,
+                         C::kAllToAll,  C::kBroadcast, C::kReduce};
     const C staged[] = {C::kGather, C::kScatter};
     std::string why;
     for (C c : kernels) {
@@ -245,22 +245,22 @@ TEST(DeviceRouting, ResultBecomesStatusAndHint) {
 
     // A reduce is an all_reduce signed with its root; the direct path's ids
     // read as their collective.
-    const uint64_t rsig = callSignature(reductionCollective(false, 2),
-                                        static_cast<uint8_t>(DataType::kFloat32),
-                                        static_cast<uint8_t>(ReduceOp::kSum), 9);
+    const uint64_t rsig =
+        callSignature(reductionCollective(false, 2), static_cast<uint8_t>(DataType::kFloat32),
+                      static_cast<uint8_t>(ReduceOp::kSum), 9);
     st = resultStatus(result(DeviceStatus::kMismatch, 3, rsig), "reduce", &failed);
     EXPECT_NE(st.message().find("rank 3 passed reduce to root 2 of dtype float32, op sum, count 9"),
               std::string::npos)
         << st.toString();
-    const uint64_t drsig = callSignature(reductionCollective(true, 63),
-                                         static_cast<uint8_t>(DataType::kFloat32),
-                                         static_cast<uint8_t>(ReduceOp::kMax), 9);
+    const uint64_t drsig =
+        callSignature(reductionCollective(true, 63), static_cast<uint8_t>(DataType::kFloat32),
+                      static_cast<uint8_t>(ReduceOp::kMax), 9);
     st = resultStatus(result(DeviceStatus::kMismatch, 3, drsig), "reduce", &failed);
     EXPECT_NE(st.message().find("reduce to root 63 of dtype float32, op max"), std::string::npos)
         << st.toString();
-    const uint64_t dsig = callSignature(reductionCollective(true, -1),
-                                        static_cast<uint8_t>(DataType::kFloat32),
-                                        static_cast<uint8_t>(ReduceOp::kSum), 9);
+    const uint64_t dsig =
+        callSignature(reductionCollective(true, -1), static_cast<uint8_t>(DataType::kFloat32),
+                      static_cast<uint8_t>(ReduceOp::kSum), 9);
     st = resultStatus(result(DeviceStatus::kMismatch, 3, dsig), "all_reduce", &failed);
     EXPECT_NE(st.message().find("passed all_reduce of dtype float32, op sum, count 9"),
               std::string::npos)
