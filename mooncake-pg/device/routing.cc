@@ -246,9 +246,6 @@ Status resultStatus(const DeviceOpResult& r, const char* what, std::vector<int>*
                 return PeerFailure(op + ": rank " + std::to_string(gone) +
                                    " was deactivated while the call ran");
             }
-            if (r.detail == kAbortDeactivated) {
-                return Aborted(op + ": a member of the call was deactivated while it ran");
-            }
             if (r.detail == kAbortDeadline) {
                 if (r.culprit >= 0) {
                     failed->push_back(r.culprit);

@@ -105,7 +105,8 @@ CudaRoute routeFor(CudaPath path, const RouteQuery& q, std::string* why = nullpt
 // Values the host writes into the abort word (device_group.h), as evidence
 // arrives; the kernels report the value back as DeviceOpResult::detail.
 inline constexpr uint64_t kAbortGroupAborted = 1;  // abort() / shutdown
-inline constexpr uint64_t kAbortDeactivated = 2;   // a member left the view
+// (2 was "a member left the view" without naming it: abortDeactivated(rank)
+// below replaced it.)
 // The host's deadline for the call (the kernels' own plus a grace) passed
 // with the kernels still waiting: a timeout, blaming the peer waited on.
 inline constexpr uint64_t kAbortDeadline = 3;

@@ -210,9 +210,6 @@ TEST(DeviceRouting, ResultBecomesStatusAndHint) {
     EXPECT_EQ(st.code(), StatusCode::kAborted);
     EXPECT_NE(st.message().find("aborted"), std::string::npos) << st.toString();
     EXPECT_TRUE(failed.empty());
-    st = resultStatus(result(DeviceStatus::kAborted, 1, kAbortDeactivated), "broadcast", &failed);
-    EXPECT_EQ(st.code(), StatusCode::kAborted);
-    EXPECT_NE(st.message().find("deactivated"), std::string::npos) << st.toString();
     // A member the host saw leave the view is named, as a dead one is.
     st =
         resultStatus(result(DeviceStatus::kAborted, 0, abortDeactivated(2)), "all_reduce", &failed);
