@@ -176,6 +176,13 @@ def test_captured_collectives_replay_exactly(world_size):
         assert r["after"] == [float(world_size)], (rank, r)
 
 
+def _wait_mask(pg, group, want):
+    deadline = time.monotonic() + 30
+    while pg.get_active_ranks(group).tolist() != want:
+        assert time.monotonic() < deadline, pg.get_active_ranks(group)
+        time.sleep(0.01)
+
+
 def _stale(ctx):
     torch.cuda.set_device(0)
     dev = torch.device("cuda", 0)
@@ -197,11 +204,7 @@ def _stale(ctx):
         for r in range(ws):
             ctx.wait_for(f"replayed_{r}", 60)
         pg.deactivate_ranks(group, [ws - 1])
-    want_mask = [1] * (ws - 1) + [0]
-    deadline = time.monotonic() + 30
-    while pg.get_active_ranks(group).tolist() != want_mask:
-        assert time.monotonic() < deadline, pg.get_active_ranks(group)
-        time.sleep(0.01)
+    _wait_mask(pg, group, [1] * (ws - 1) + [0])
 
     x.fill_(-7.0)
     graph.replay()
@@ -228,13 +231,6 @@ def test_replay_after_a_membership_change_fails_stale_touching_nothing():
         assert r["check_again"] is None, (rank, r)
         if rank < ws - 1:
             assert r["after"] == [float(sum(range(1, ws)))], (rank, r)
-
-
-def _wait_mask(pg, group, want):
-    deadline = time.monotonic() + 30
-    while pg.get_active_ranks(group).tolist() != want:
-        assert time.monotonic() < deadline, pg.get_active_ranks(group)
-        time.sleep(0.01)
 
 
 def _rejoin(ctx):
