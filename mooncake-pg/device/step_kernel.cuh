@@ -1,11 +1,10 @@
 // The step protocol of the chunked device collectives (device_group.h), and
-// the kernels that run it. A call of K steps is K + 1 kernels on the stream
-// (one when a single block does the call: singleBlockStepsKernel):
-// kernel i waits for every member's flag of step i - 1, consumes that step
-// (reads the members' windows), stages step i (writes this rank's window),
-// and its last block to finish raises step i's flag at every member. Kernel
-// order on the stream is what makes a flag mean "staged this step and done
-// reading the one before", so nothing is rewritten while a peer reads it.
+// the kernel that runs it. A call of K steps runs K + 1 rounds in one kernel
+// (allStepsKernel): round i waits for every member's flag of step i - 1,
+// consumes that step (reads the members' windows), stages step i (writes
+// this rank's window), and the last block to finish it raises step i's flag
+// at every member. A flag thus means "staged this step and done reading the
+// one before", so nothing is rewritten while a peer reads it.
 //
 // Data is staged in the owner's window and pulled by the readers: a byte
 // needed by several members is written once. Each rank's region of a parity
@@ -41,7 +40,11 @@ struct StepArgs {
     uint64_t signature = 0;
     uint64_t call_tag = 0;  // step 0's tag: names the call in the failed-call word
     uint64_t seq = 0;       // the call's number
-    bool ends_call = false;  // the call's last kernel: advances the call counter
+    bool ends_call = false;  // the call's last round: advances the call counter
+    // Every block of the kernel arrives (blockArrive) `rounds` times, the
+    // allStepsKernel once per step: the arrival counter resets only after
+    // the kernel's final arrival.
+    uint32_t rounds = 1;
 };
 
 __device__ __forceinline__ uint64_t* callCounter(const DeviceGroupView& g) {
@@ -170,19 +173,30 @@ __device__ __forceinline__ bool blockWaitStep(const DeviceGroupView& g, const St
 }
 
 // Every block, whether it did its work or not: counts itself in; the last
-// one resets the counter and, when the call has not failed and the kernel
-// staged a step, publishes the signature and raises the step's flag at every
-// member; in the call's last kernel it advances the call counter. The system
-// fences order every block's stores before the flags.
+// one of a round, when the call has not failed and the round staged a step,
+// publishes the signature and raises the step's flag at every member; in the
+// call's last round it advances the call counter. The system fences order
+// every block's stores before the flags.
+//
+// The count runs over the kernel's rounds and resets after its final
+// arrival, never between rounds: a round's blocks wait for that round's
+// flags, so rounds stay apart; once the call failed they no longer wait and
+// a fast block may arrive for a later round before slow ones arrive for an
+// earlier one, which a reset between rounds would lose. Then the "last"
+// arrivals fall to whichever blocks make each multiple of the grid, which
+// raise nothing (the call failed) and at most advance the call counter to
+// the same value again.
 __device__ __forceinline__ void blockArrive(const DeviceGroupView& g, const StepArgs& a) {
     __shared__ bool last;
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence_system();
         unsigned* counter = reinterpret_cast<unsigned*>(g.windows[g.rank] + kArrivalOffset);
-        last = atomicAdd(counter, 1u) == gridDim.x - 1;
+        const unsigned arrived = atomicAdd(counter, 1u) + 1;
+        last = arrived % gridDim.x == 0;
         if (last) {
-            atomicExch(counter, 0u);
+            if (arrived == gridDim.x * a.rounds)
+                atomicExch(counter, 0u);
             __threadfence_system();
             if (a.stage_step >= 0 && !callFailed(failWordOf(g, a.call_tag))) {
                 for (int dst = 0; dst < g.size; ++dst) {
@@ -202,7 +216,7 @@ __device__ __forceinline__ void blockArrive(const DeviceGroupView& g, const Step
     }
 }
 
-// Kernel i of a call of `steps` steps (0 <= i <= steps).
+// Round i of a call of `steps` steps (0 <= i <= steps).
 MC_HOST_DEVICE inline StepArgs stepArgs(const DeviceGroupView& g, uint64_t steps, uint64_t seq,
                                         uint64_t signature, uint64_t i) {
     StepArgs a;
@@ -210,6 +224,7 @@ MC_HOST_DEVICE inline StepArgs stepArgs(const DeviceGroupView& g, uint64_t steps
     a.seq = seq;
     a.ends_call = i == steps;
     a.call_tag = stepTag(g.epoch, seq, 0);
+    a.rounds = static_cast<uint32_t>(steps + 1);
     if (i > 0) {
         a.wait_step = static_cast<int64_t>(i - 1);
         a.wait_parity = stepParity(seq, i - 1);
@@ -234,45 +249,33 @@ __device__ __forceinline__ void runStep(const DeviceGroupView& g, const Algo& al
     blockArrive(g, a);
 }
 
-// Kernel i of a call; its step arguments are worked out on the device,
-// where the call's number is (callSeq).
+// Every step of a call in one kernel. Between steps nothing needs a kernel
+// boundary: step i + 1 starts with blockWaitStep on every member's flag of
+// step i, this rank's own included, and that flag goes up only once every
+// block of this grid has arrived (blockArrive), its stores fenced. So the
+// grid is also barriered, and one launch serves the whole call instead of
+// steps + 1. The waits need the grid's blocks resident together: gridBlocks
+// caps a member's grid at one block per SM per member, and two fit an SM.
 template <class Algo>
 __global__ void __launch_bounds__(kStepThreads, 2)
-    stepKernel(DeviceGroupView g, Algo algo, uint64_t steps, uint64_t seq, uint64_t signature,
-               uint64_t i, DeviceOpResult* result) {
-    runStep(g, algo, stepArgs(g, steps, callSeq(g, seq), signature, i), result);
-}
-
-// Every step of a call in one single-block kernel: with one block, all of
-// step i's work is done at the block barrier in blockArrive, before its flag
-// is raised, so no kernel boundary is needed between steps and a small call
-// costs one launch instead of steps + 1.
-template <class Algo>
-__global__ void __launch_bounds__(kStepThreads, 2)
-    singleBlockStepsKernel(DeviceGroupView g, Algo algo, uint64_t steps, uint64_t seq,
-                           uint64_t signature, DeviceOpResult* result) {
+    allStepsKernel(DeviceGroupView g, Algo algo, uint64_t steps, uint64_t seq, uint64_t signature,
+                   DeviceOpResult* result) {
+    // Read before any block arrives at the last step: only then may the
+    // counter advance.
     const uint64_t call = callSeq(g, seq);
     for (uint64_t i = 0; i <= steps; ++i)
         runStep(g, algo, stepArgs(g, steps, call, signature, i), result);
 }
 
-// Queues the K + 1 kernels of a call of `steps` steps (odd, from stepsFor),
-// or one kernel when `chunk_bytes` needs a single block. `chunk_bytes`
-// sizes the grid.
+// Queues the call of `steps` steps (odd, from stepsFor) as one kernel.
+// `chunk_bytes` sizes the grid.
 template <class Algo>
 Status launchSteps(const DeviceGroupView& g, const Algo& algo, uint64_t steps, uint64_t seq,
                    uint64_t signature, uint64_t chunk_bytes, DeviceOpResult* result,
                    cudaStream_t stream, const char* what) {
     const unsigned blocks = gridBlocks(g, chunk_bytes);
-    if (blocks == 1) {
-        singleBlockStepsKernel<Algo>
-            <<<1, kStepThreads, 0, stream>>>(g, algo, steps, seq, signature, result);
-        return cudaLaunchStatus(what);
-    }
-    for (uint64_t i = 0; i <= steps; ++i) {
-        stepKernel<Algo>
-            <<<blocks, kStepThreads, 0, stream>>>(g, algo, steps, seq, signature, i, result);
-    }
+    allStepsKernel<Algo>
+        <<<blocks, kStepThreads, 0, stream>>>(g, algo, steps, seq, signature, result);
     return cudaLaunchStatus(what);
 }
 
