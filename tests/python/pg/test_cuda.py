@@ -513,6 +513,22 @@ def test_mismatch_among_queued_kernel_calls_fails_that_call_only():
         assert "mismatch" in bad["message"], (rank, bad)
 
 
+def _failure_then_group(op, rank, dev):
+    """Runs op() (an async collective expected to fail on every rank), waits
+    and synchronizes it; returns its failure as "Type: message" (None if it
+    succeeded) and the values of an all_reduce after it (the group goes on)."""
+    try:
+        work = op()
+        work.wait()
+        work.synchronize()
+        failure = None
+    except Exception as e:  # noqa: BLE001 - the failure is the result
+        failure = f"{type(e).__name__}: {str(e)[:600]}"
+    z = torch.full((64,), float(rank + 1), device=dev)
+    dist.all_reduce(z)
+    return failure, sorted(set(z.cpu().tolist()))
+
+
 def _reduce_on_kernels(ctx):
     """reduce runs on the device kernels (an all_reduce signed with its root):
     exact at the root, the other ranks' tensors untouched, through the window
@@ -534,16 +550,8 @@ def _reduce_on_kernels(ctx):
     out["device_calls"] = _device_calls() - before
     out["direct_calls"] = _direct_calls() - direct_before
     x = torch.ones(64, device=dev)
-    work = dist.reduce(x, dst=0 if rank == 0 else 1, async_op=True)
-    try:
-        work.wait()
-        work.synchronize()
-        out["mismatch"] = None
-    except Exception as e:  # noqa: BLE001 - the failure is the result
-        out["mismatch"] = f"{type(e).__name__}: {str(e)[:600]}"
-    y = torch.full((64,), float(rank + 1), device=dev)
-    dist.all_reduce(y)
-    out["after"] = sorted(set(y.cpu().tolist()))
+    out["mismatch"], out["after"] = _failure_then_group(
+        lambda: dist.reduce(x, dst=0 if rank == 0 else 1, async_op=True), rank, dev)
     return out
 
 
@@ -590,16 +598,8 @@ def _uneven_all_to_all(ctx):
         recv[1] = 3
     x = torch.ones(2 * ws, device=dev)
     y = torch.zeros(sum(recv), device=dev)
-    try:
-        work = dist.all_to_all_single(y, x, recv, send, async_op=True)
-        work.wait()
-        work.synchronize()
-        out["mismatch"] = None
-    except Exception as e:  # noqa: BLE001 - the failure is the result
-        out["mismatch"] = f"{type(e).__name__}: {str(e)[:600]}"
-    z = torch.full((64,), float(rank + 1), device=dev)
-    dist.all_reduce(z)
-    out["after"] = sorted(set(z.cpu().tolist()))
+    out["mismatch"], out["after"] = _failure_then_group(
+        lambda: dist.all_to_all_single(y, x, recv, send, async_op=True), rank, dev)
     return out
 
 
