@@ -59,7 +59,7 @@ import traceback
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_PYTHON = os.path.join(os.path.dirname(HERE), "python")
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce",
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_all_v", "broadcast", "reduce",
                "gather", "scatter", "sendrecv")
 MOONCAKE = "mooncake-cpu"
 MOONCAKE_CUDA = "mooncake"
@@ -89,7 +89,7 @@ def parse_size(text):
 def bus_factor(coll, n):
     if coll == "all_reduce":
         return 2 * (n - 1) / n
-    if coll in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
+    if coll in ("all_gather", "reduce_scatter", "all_to_all", "all_to_all_v", "gather", "scatter"):
         return (n - 1) / n
     return 1.0
 
@@ -103,8 +103,18 @@ def sizes(args):
     return out
 
 
+def split_weight(s, q, n):
+    """all_to_all_v: rank s sends rank q this many units (1 to n, uneven); every
+    rank's weights sum to the same total, so every rank's input and output
+    have the same size while the splits differ."""
+    return 1 + (s + q) % n
+
+
 def element_count(coll, nbytes, elt, n):
     count = max(1, nbytes // elt)
+    if coll == "all_to_all_v":
+        total = sum(split_weight(0, q, n) for q in range(n))
+        return max(total, count // total * total)
     if coll in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
         count = max(n, count // n * n)  # whole buffer split evenly over the ranks
     return count
@@ -132,6 +142,11 @@ class Bench:
             self.inp, self.out = z(count), z(per)
         elif coll == "all_to_all":
             self.inp, self.out = z(count), z(count)
+        elif coll == "all_to_all_v":
+            unit = count // sum(split_weight(0, q, n) for q in range(n))
+            self.send = [unit * split_weight(rank, q, n) for q in range(n)]
+            self.recv = [unit * split_weight(s, rank, n) for s in range(n)]
+            self.inp, self.out = z(count), z(count)
         elif coll == "gather":
             self.inp = z(per)
             self.lst = [z(per) for _ in range(n)] if rank == 0 else None
@@ -156,6 +171,8 @@ class Bench:
             d.reduce_scatter_tensor(self.out, self.inp, op=self.op, group=g)
         elif c == "all_to_all":
             d.all_to_all_single(self.out, self.inp, group=g)
+        elif c == "all_to_all_v":
+            d.all_to_all_single(self.out, self.inp, self.recv, self.send, group=g)
         elif c == "gather":
             d.gather(self.inp, gather_list=self.lst, dst=0, group=g)
         elif c == "scatter":
@@ -196,6 +213,15 @@ class Bench:
             per = self.count // n
             want = torch.arange(self.count).remainder(7)[r * per:(r + 1) * per].to(torch.float64) * n
             return _expect(torch, self.out, want.to(self.out.dtype).to(self.out.device))
+        if c == "all_to_all_v":
+            at = 0
+            for q in range(n):
+                self.inp[at:at + self.send[q]].fill_(float((r * n + q) % 100))
+                at += self.send[q]
+            self.run()
+            want = torch.cat([torch.full((self.recv[s],), float((s * n + r) % 100), dtype=self.out.dtype,
+                                         device=self.out.device) for s in range(n)])
+            return _expect(torch, self.out, want)
         if c == "all_to_all":
             per = self.count // n
             for d in range(n):
@@ -407,7 +433,7 @@ def traffic_bytes(coll, size, n):
         return 2 * n * size
     if coll in ("all_gather", "reduce_scatter"):
         return (n + 1) * size
-    if coll == "all_to_all":
+    if coll in ("all_to_all", "all_to_all_v"):
         return 2 * n * size
     return None
 

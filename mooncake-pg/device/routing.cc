@@ -7,6 +7,7 @@
 #include "mooncake-pg/device/all_gather.h"
 #include "mooncake-pg/device/all_reduce.h"
 #include "mooncake-pg/device/all_to_all.h"
+#include "mooncake-pg/device/all_to_all_v_plan.h"
 #include "mooncake-pg/device/broadcast.h"
 #include "mooncake-pg/device/reduce_scatter.h"
 
@@ -89,6 +90,8 @@ const char* cudaCollectiveName(CudaCollective c) {
             return "reduce_scatter";
         case CudaCollective::kAllToAll:
             return "all_to_all";
+        case CudaCollective::kAllToAllV:
+            return "all_to_all with split sizes";
         case CudaCollective::kBroadcast:
             return "broadcast";
         case CudaCollective::kReduce:
@@ -138,6 +141,9 @@ std::string describeSignature(uint64_t sig) {
         case kBroadcastCollective:
             text = "broadcast";
             break;
+        case kDirectAllToAllVCollective:
+            // The count field holds the exchange's fingerprint, not a count.
+            return "all_to_all with other split sizes, unlike this rank's call";
         default:
             if (collective >= kReduceCollectiveBase &&
                 collective < kDirectReduceCollectiveBase + kMaxDeviceRanks) {
@@ -179,6 +185,7 @@ CudaRoute routeFor(CudaPath path, const RouteQuery& q, std::string* why) {
         case CudaCollective::kAllGather:
         case CudaCollective::kReduceScatter:
         case CudaCollective::kAllToAll:
+        case CudaCollective::kAllToAllV:
         case CudaCollective::kBroadcast:
         case CudaCollective::kReduce:  // an all_reduce signed as a reduce (all_reduce.h)
             break;

@@ -77,7 +77,8 @@ enum class CudaCollective {
     kAllReduce,
     kAllGather,
     kReduceScatter,
-    kAllToAll,  // equal splits
+    kAllToAll,   // equal splits
+    kAllToAllV,  // split sizes: the direct path only (all_to_all_v.h), else the host
     kBroadcast,
     kReduce,
     kGather,
@@ -92,7 +93,8 @@ struct RouteQuery {
     ReduceOp op = ReduceOp::kSum;
     // Elements per rank as the kernel takes them (all_reduce/broadcast: the
     // tensor; all_gather: the input; reduce_scatter: the output; all_to_all:
-    // one block).
+    // one block; all_to_all with split sizes: 1, since the ranks' sizes
+    // differ and the route must not).
     uint64_t count = 0;
     // The group's size when the op is issued.
     int group_size = 0;

@@ -328,10 +328,20 @@ private:
     // core and maps theirs into `members` (their outputs only when
     // `peers_read_outputs`; cuda_direct.cc). False on every rank when any
     // member cannot share or map (the call then goes through the window); an
-    // error when the exchange itself fails.
+    // error when the exchange itself fails. `peer_in_bytes`, when given, has
+    // every member's own input size (all_to_all with split sizes); else each
+    // member's input is taken to be `in_bytes` long.
     Result<bool> shareDirectBuffers(const void* in, uint64_t in_bytes, void* out,
                                     uint64_t out_bytes, bool peers_read_outputs, int size,
-                                    Deadline deadline, device::MemberBuffers* members);
+                                    Deadline deadline, device::MemberBuffers* members,
+                                    const std::vector<uint64_t>* peer_in_bytes = nullptr);
+    // Worker thread: the direct all_to_all with split sizes (cuda_direct.cc):
+    // the members' rows exchanged and planned, their buffers shared, the
+    // kernel queued; false, with nothing queued, when a member's buffers
+    // cannot be shared (the call then goes through the host core).
+    Result<bool> directAllToAllV(const KernelCall& call, const device::DeviceGroupView& view,
+                                 const void* in, void* out, device::DeviceOpResult* result,
+                                 Deadline deadline);
     // Worker thread: shareDirectBuffers for `call`, of `bytes` (the larger
     // side), when the direct path is on, the call is large enough and not
     // being captured (a replay cannot run the host exchange); false

@@ -65,10 +65,11 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall_base(
     std::vector<size_t> send_bytes, send_offsets, recv_bytes, recv_offsets;
     splitBytes(input, input_split_sizes, n, op, "input", &send_bytes, &send_offsets);
     splitBytes(output, output_split_sizes, n, op, "output", &recv_bytes, &recv_offsets);
-    // The device kernel takes equal blocks only, and every rank must choose
-    // the same path. Only split sizes left out (equal blocks by definition,
-    // on every rank) say that: a rank whose own explicit splits happen to be
-    // equal cannot tell whether the other ranks' are.
+    // Every rank must choose the same path. Only split sizes left out (equal
+    // blocks by definition, on every rank) say the blocks are equal: a rank
+    // whose own explicit splits happen to be equal cannot tell whether the
+    // other ranks' are. Explicit splits take the direct all_to_all with split
+    // sizes (or the host core when the buffers cannot be shared).
     const bool equal =
         input_split_sizes.empty() && output_split_sizes.empty() && input.numel() == output.numel();
     if (equal) {
@@ -81,6 +82,30 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall_base(
                                return comm_->allToAllV(in, send_bytes, send_offsets, out,
                                                        recv_bytes, recv_offsets, dl);
                            }},
+                opts.timeout))
+            return work;
+    }
+    if (!equal && input.is_cuda()) {
+        // Each rank's sizes differ, so the route may not depend on them:
+        // count 1 for all. The rows travel with the call (all_to_all_v_plan.h).
+        device::AllToAllVRow row;
+        for (int p = 0; p < n; ++p) {
+            row.send_bytes.push_back(send_bytes[p]);
+            row.send_offsets.push_back(send_offsets[p]);
+            row.recv_bytes.push_back(recv_bytes[p]);
+            row.recv_offsets.push_back(recv_offsets[p]);
+        }
+        row.input_bytes = bytesOf(input);
+        row.output_bytes = bytesOf(output);
+        if (auto work = maybeKernel(
+                KernelCall{device::CudaCollective::kAllToAllV, op, OpType::ALLTOALL_BASE, input,
+                           output, dtype, ReduceOp::kSum, 0, 1, n,
+                           [this, send_bytes, send_offsets, recv_bytes, recv_offsets](
+                               void* in, void* out, Deadline dl) {
+                               return comm_->allToAllV(in, send_bytes, send_offsets, out,
+                                                       recv_bytes, recv_offsets, dl);
+                           },
+                           false, at::Tensor(), std::move(row)},
                 opts.timeout))
             return work;
     }

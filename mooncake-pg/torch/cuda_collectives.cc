@@ -49,7 +49,7 @@ std::string segmentOf(const std::string& endpoint) {
 
 bool movesBlocks(device::CudaCollective c) {
     return c == device::CudaCollective::kAllGather || c == device::CudaCollective::kReduceScatter ||
-           c == device::CudaCollective::kAllToAll;
+           c == device::CudaCollective::kAllToAll || c == device::CudaCollective::kAllToAllV;
 }
 
 }  // namespace
@@ -94,7 +94,10 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
         return {};
     // A reduce's scratch output would be allocated in the capture's pool and
     // dropped at once: it stays out of graphs (docs/pg-user-guide.md).
-    if (call.collective != device::CudaCollective::kReduce)
+    // all_to_all with split sizes exchanges its rows through the host per
+    // call, which a replay cannot.
+    if (call.collective != device::CudaCollective::kReduce &&
+        call.collective != device::CudaCollective::kAllToAllV)
         st.allowCapture();
     call.captured = exec->callerCapturing();
     const c10d::OpType type = call.type;
@@ -254,6 +257,20 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
                                                        result, stream)
                               : device::allToAll(view, ptrOf(src), ptrOf(dst), call.count,
                                                  call.dtype, seq, result, stream);
+            break;
+        }
+        case device::CudaCollective::kAllToAllV: {
+            MC_ASSIGN_OR_RETURN(const bool direct, directAllToAllV(call, view, ptrOf(src),
+                                                                   ptrOf(dst), result, deadline));
+            if (!direct) {
+                // A member's buffers cannot be shared, as every rank saw: the
+                // host core moves it (the numbered call is skipped on the device).
+                Status hosted = runOnHost(call, deadline);
+                if (!hosted.ok())
+                    kernel_failed_ = comm_->lastFailure().failed_ranks;
+                return hosted;
+            }
+            launched = Status::OK();
             break;
         }
         case device::CudaCollective::kBroadcast:

@@ -4,6 +4,7 @@
 // allocations behind their input and output through the host core's
 // all_gather, map each other's (once per allocation), and agree through a
 // second all_gather that every member could, so all take the same path.
+#include <algorithm>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -12,8 +13,10 @@
 #include "mooncake-pg/core/communicator.h"
 #include "mooncake-pg/core/engine_fabric.h"
 #include "mooncake-pg/device/all_reduce.h"
+#include "mooncake-pg/device/all_to_all_v.h"
 #include "mooncake-pg/device/peer_buffers.h"
 #include "mooncake-pg/torch/backend.h"
+#include "mooncake-pg/torch/cuda_executor.h"
 #include "mooncake-transfer-engine/common/logging.h"
 
 namespace mooncake::pg {
@@ -69,7 +72,8 @@ Result<bool> MooncakeBackend::maybeDirect(const KernelCall& call, uint64_t bytes
 Result<bool> MooncakeBackend::shareDirectBuffers(const void* in, uint64_t in_bytes, void* out,
                                                  uint64_t out_bytes, bool peers_read_outputs,
                                                  int size, Deadline deadline,
-                                                 device::MemberBuffers* members) {
+                                                 device::MemberBuffers* members,
+                                                 const std::vector<uint64_t>* peer_in_bytes) {
     ProcessBuffers& pb = processBuffers();
     DirectOffer mine;
     {
@@ -97,7 +101,8 @@ Result<bool> MooncakeBackend::shareDirectBuffers(const void* in, uint64_t in_byt
                 break;
             }
             const std::string peer = segmentOf(fabric_->peerEndpoint(p));
-            auto peer_in = pb.peers.map(peer, offers[p].in, in_bytes);
+            auto peer_in =
+                pb.peers.map(peer, offers[p].in, peer_in_bytes ? (*peer_in_bytes)[p] : in_bytes);
             Result<char*> peer_out = static_cast<char*>(nullptr);
             if (!peer_in.ok())
                 peer_out = peer_in;
@@ -120,6 +125,51 @@ Result<bool> MooncakeBackend::shareDirectBuffers(const void* in, uint64_t in_byt
         if (!ok)
             return false;
     }
+    return true;
+}
+
+Result<bool> MooncakeBackend::directAllToAllV(const KernelCall& call,
+                                              const device::DeviceGroupView& view, const void* in,
+                                              void* out, device::DeviceOpResult* result,
+                                              Deadline deadline) {
+    const int size = view.size;
+    // Every rank sees every row: a mismatch fails all of them with one text.
+    const std::vector<uint64_t> mine = device::rowWords(call.splits);
+    std::vector<uint64_t> words(mine.size() * static_cast<size_t>(size));
+    Status exchanged =
+        comm_->allGather(mine.data(), words.data(), mine.size() * sizeof(uint64_t), deadline);
+    if (!exchanged.ok()) {
+        kernel_failed_ = comm_->lastFailure().failed_ranks;
+        return exchanged;
+    }
+    std::vector<device::AllToAllVRow> rows;
+    std::vector<uint64_t> input_bytes;
+    for (int p = 0; p < size; ++p) {
+        MC_ASSIGN_OR_RETURN(device::AllToAllVRow row,
+                            device::rowFromWords(words.data() + p * mine.size(), size));
+        input_bytes.push_back(row.input_bytes);
+        rows.push_back(std::move(row));
+    }
+    device::AllToAllVPlan plan;
+    MC_RETURN_IF_ERROR(device::planAllToAllV(rows, config_.rank, &plan));
+    // The members read this rank's input while it writes its output: with
+    // the two overlapping it offers nothing, and every rank takes the host.
+    const uint64_t in_bytes = call.splits.input_bytes, out_bytes = call.splits.output_bytes;
+    const bool overlap = device::bytesOverlap(in, out, std::max(in_bytes, out_bytes));
+    device::MemberBuffers members;
+    auto shared = shareDirectBuffers(overlap ? nullptr : in, in_bytes, out, out_bytes, false, size,
+                                     deadline, &members, &input_bytes);
+    if (!shared.ok()) {
+        kernel_failed_ = comm_->lastFailure().failed_ranks;
+        return shared.status();
+    }
+    if (!shared.value())
+        return false;
+    direct_calls_.fetch_add(1);
+    auto* exec = static_cast<CudaExecutor*>(cuda_executor_ptr_.load(std::memory_order_acquire));
+    constexpr uint64_t seq = 0;  // the call counter numbers it (GroupWindow::nextCall)
+    MC_RETURN_IF_ERROR(device::directAllToAllV(view, members, plan, in_bytes, out_bytes, seq,
+                                               result, exec->stream().stream()));
     return true;
 }
 

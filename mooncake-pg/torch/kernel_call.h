@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "mooncake-pg/core/types.h"
+#include "mooncake-pg/device/all_to_all_v_plan.h"
 #include "mooncake-pg/device/routing.h"
 #include "mooncake-transfer-engine/common/deadline.h"
 #include "mooncake-transfer-engine/common/status.h"
@@ -46,6 +47,9 @@ struct KernelCall {
     // their tensor here and a scratch `output` the kernels fill (they run
     // the reduce as an all_reduce; all_reduce.h).
     at::Tensor work_output = {};
+    // all_to_all with split sizes: this rank's row, in bytes of the
+    // contiguous input and output (all_to_all_v_plan.h).
+    device::AllToAllVRow splits = {};
 };
 
 }  // namespace mooncake::pg

@@ -104,8 +104,8 @@ RouteQuery query(CudaCollective c, DataType dtype = DataType::kFloat32,
 
 TEST(DeviceRouting, DecisionTable) {
     using C = CudaCollective;
-    const C kernels[] = {C::kAllReduce, C::kAllGather, C::kReduceScatter,
-                         C::kAllToAll,  C::kBroadcast, C::kReduce};
+    const C kernels[] = {C::kAllReduce, C::kAllGather, C::kReduceScatter, C::kAllToAll,
+                         C::kAllToAllV, C::kBroadcast, C::kReduce};
     const C staged[] = {C::kGather, C::kScatter};
     std::string why;
     for (C c : kernels) {

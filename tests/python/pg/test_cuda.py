@@ -513,6 +513,22 @@ def test_mismatch_among_queued_kernel_calls_fails_that_call_only():
         assert "mismatch" in bad["message"], (rank, bad)
 
 
+def _failure_then_group(op, rank, dev):
+    """Runs op() (an async collective expected to fail on every rank), waits
+    and synchronizes it; returns its failure as "Type: message" (None if it
+    succeeded) and the values of an all_reduce after it (the group goes on)."""
+    try:
+        work = op()
+        work.wait()
+        work.synchronize()
+        failure = None
+    except Exception as e:  # noqa: BLE001 - the failure is the result
+        failure = f"{type(e).__name__}: {str(e)[:600]}"
+    z = torch.full((64,), float(rank + 1), device=dev)
+    dist.all_reduce(z)
+    return failure, sorted(set(z.cpu().tolist()))
+
+
 def _reduce_on_kernels(ctx):
     """reduce runs on the device kernels (an all_reduce signed with its root):
     exact at the root, the other ranks' tensors untouched, through the window
@@ -534,16 +550,8 @@ def _reduce_on_kernels(ctx):
     out["device_calls"] = _device_calls() - before
     out["direct_calls"] = _direct_calls() - direct_before
     x = torch.ones(64, device=dev)
-    work = dist.reduce(x, dst=0 if rank == 0 else 1, async_op=True)
-    try:
-        work.wait()
-        work.synchronize()
-        out["mismatch"] = None
-    except Exception as e:  # noqa: BLE001 - the failure is the result
-        out["mismatch"] = f"{type(e).__name__}: {str(e)[:600]}"
-    y = torch.full((64,), float(rank + 1), device=dev)
-    dist.all_reduce(y)
-    out["after"] = sorted(set(y.cpu().tolist()))
+    out["mismatch"], out["after"] = _failure_then_group(
+        lambda: dist.reduce(x, dst=0 if rank == 0 else 1, async_op=True), rank, dev)
     return out
 
 
@@ -557,6 +565,53 @@ def test_reduce_runs_on_the_kernels_and_a_root_mismatch_fails_every_rank():
         assert r["direct_calls"] == ws, (rank, r)
         assert r["mismatch"] and r["mismatch"].startswith("DistBackendError"), (rank, r)
         assert "passed reduce to root" in r["mismatch"], (rank, r)
+        assert r["after"] == [float(sum(range(1, ws + 1)))], (rank, r)
+
+
+def _uneven_all_to_all(ctx):
+    """all_to_all_single with split sizes on CUDA tensors: rank s sends rank r
+    (s + 1) * (r + 2) rows of 3 (none when r == s + 1), each row naming its
+    sender, receiver and index; exact on every rank through the direct path.
+    Then rank 0 claims one row more from rank 1 than rank 1 sends: the call
+    fails on every rank naming the pair, and the group goes on."""
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    ws, rank = ctx.world_size, ctx.rank
+    rows = lambda s, r: 0 if r == s + 1 else (s + 1) * (r + 2)  # noqa: E731
+    out = {"failures": []}
+    before = _direct_calls()
+    for _ in range(2):
+        send = [rows(rank, r) for r in range(ws)]
+        recv = [rows(s, rank) for s in range(ws)]
+        inp = torch.cat([torch.tensor([[rank, r, i] for i in range(send[r])], dtype=torch.float32)
+                         .reshape(-1, 3) for r in range(ws)]).to(dev)
+        got = torch.full((sum(recv), 3), -1.0, device=dev)
+        dist.all_to_all_single(got, inp, recv, send)
+        want = torch.cat([torch.tensor([[s, rank, i] for i in range(recv[s])], dtype=torch.float32)
+                          .reshape(-1, 3) for s in range(ws)])
+        if not torch.equal(got.cpu(), want):
+            out["failures"].append(f"rank {rank}: uneven all_to_all_single differs")
+    out["direct_calls"] = _direct_calls() - before
+    send = [2] * ws
+    recv = [2] * ws
+    if rank == 0:
+        recv[1] = 3
+    x = torch.ones(2 * ws, device=dev)
+    y = torch.zeros(sum(recv), device=dev)
+    out["mismatch"], out["after"] = _failure_then_group(
+        lambda: dist.all_to_all_single(y, x, recv, send, async_op=True), rank, dev)
+    return out
+
+
+def test_all_to_all_with_split_sizes_runs_direct_and_a_size_mismatch_fails_every_rank():
+    ws = 3
+    res = harness.run_ranks(_uneven_all_to_all, ws, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            ref_group=False, env=PATHS["kernels"], pg_timeout_s=OP_TIMEOUT_S)
+    for rank, r in enumerate(res):
+        assert not r["failures"], (rank, r["failures"])
+        assert r["direct_calls"] == 2, (rank, r)
+        assert r["mismatch"] and "rank 1 sends 8 bytes to rank 0, which expects 12 bytes" in \
+            r["mismatch"], (rank, r)
         assert r["after"] == [float(sum(range(1, ws + 1)))], (rank, r)
 
 
