@@ -80,6 +80,10 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
     // Windows hold a slot per reserved rank: at most kMaxDeviceRanks.
     if (max_group_size_ > device::kMaxDeviceRanks || !fabric_)
         return {};
+    // all_to_all with split sizes runs only on the direct path (every rank
+    // reads MC_PG_CUDA_DIRECT alike: bootstrap compares it).
+    if (call.collective == device::CudaCollective::kAllToAllV && !cuda_direct_)
+        return {};
     device::RouteQuery q;
     q.collective = call.collective;
     q.dtype = call.dtype;
