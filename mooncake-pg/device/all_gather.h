@@ -20,6 +20,10 @@ namespace mooncake::pg::device {
 
 inline constexpr uint8_t kAllGatherCollective = 2;
 inline constexpr uint8_t kDirectAllGatherCollective = 7;
+// A gather to root r runs the all_gather's window steps with only the root
+// copying the blocks out. Its own id, the root in the signature's op field:
+// ranks that disagree on the root, or call all_gather, fail with kMismatch.
+inline constexpr uint8_t kGatherCollective = 11;
 
 // Queues the call on `stream`: output (size * count elements) = every
 // member's input (count elements) in rank order. `seq` numbers the group's
@@ -28,6 +32,11 @@ inline constexpr uint8_t kDirectAllGatherCollective = 7;
 // completes. Fails before queuing anything for arguments no kernel can run.
 Status allGather(const DeviceGroupView& group, const void* input, void* output, size_t count,
                  DataType dtype, uint64_t seq, DeviceOpResult* result, cudaStream_t stream);
+
+// As allGather, but only `root` writes its `output` (size * count
+// elements); the others' `output` is not touched and may be null.
+Status gather(const DeviceGroupView& group, const void* input, void* output, size_t count,
+              DataType dtype, int root, uint64_t seq, DeviceOpResult* result, cudaStream_t stream);
 
 // Direct: every member's input is mapped here (`buffers.inputs`; outputs
 // are this rank's only): once every member has signalled its input ready,

@@ -20,6 +20,8 @@
 namespace mooncake::pg::device {
 
 inline constexpr uint8_t kBroadcastCollective = 5;
+// Its own id, the root in the signature's op field, as broadcast.
+inline constexpr uint8_t kScatterCollective = 12;
 
 // Queues the call on `stream`: `buffer` (count elements) is read at `root`
 // and written everywhere else. The root is part of the call signature. seq
@@ -27,5 +29,12 @@ inline constexpr uint8_t kBroadcastCollective = 5;
 // kernel can run (root out of range, bad group).
 Status broadcast(const DeviceGroupView& group, void* buffer, size_t count, DataType dtype, int root,
                  uint64_t seq, DeviceOpResult* result, cudaStream_t stream);
+
+// Scatter from `root`: block r (count elements) of the root's `input`
+// (size * count elements; the others' is not read and may be null) is
+// written to rank r's `output`. The broadcast's steps over the root's whole
+// input, each member keeping only the part of each chunk in its block.
+Status scatter(const DeviceGroupView& group, const void* input, void* output, size_t count,
+               DataType dtype, int root, uint64_t seq, DeviceOpResult* result, cudaStream_t stream);
 
 }  // namespace mooncake::pg::device

@@ -141,6 +141,12 @@ std::string describeSignature(uint64_t sig) {
         case kBroadcastCollective:
             text = "broadcast";
             break;
+        case kGatherCollective:
+            text = "gather";
+            break;
+        case kScatterCollective:
+            text = "scatter";
+            break;
         case kDirectAllToAllVCollective:
             // The count field holds the exchange's fingerprint, not a count.
             return "all_to_all with other split sizes, unlike this rank's call";
@@ -163,7 +169,8 @@ std::string describeSignature(uint64_t sig) {
         text += op <= static_cast<uint8_t>(ReduceOp::kBxor)
                     ? reduceOpName(static_cast<ReduceOp>(op))
                     : std::to_string(op);
-    } else if (collective == kBroadcastCollective) {
+    } else if (collective == kBroadcastCollective || collective == kGatherCollective ||
+               collective == kScatterCollective) {
         text += ", root " + std::to_string(op);
     }
     text += ", count " + std::to_string(sig & ((uint64_t{1} << 40) - 1));
@@ -188,11 +195,9 @@ CudaRoute routeFor(CudaPath path, const RouteQuery& q, std::string* why) {
         case CudaCollective::kAllToAllV:
         case CudaCollective::kBroadcast:
         case CudaCollective::kReduce:  // an all_reduce signed as a reduce (all_reduce.h)
-            break;
         case CudaCollective::kGather:
         case CudaCollective::kScatter:
-            return staged(why,
-                          std::string("no device kernel for ") + cudaCollectiveName(q.collective));
+            break;
     }
     if (q.group_size < 2 || q.group_size > kMaxDeviceRanks) {
         return staged(why, "group of " + std::to_string(q.group_size) +

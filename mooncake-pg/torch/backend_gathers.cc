@@ -57,8 +57,31 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather(std::vector<Tensors>& 
     TORCH_CHECK(outputs.size() == 1, "Mooncake PG: all_gather takes one output list, got ",
                 outputs.size());
     checkTensor(inputs[0], op, "input tensor");
-    checkDtype(inputs[0], op, "input tensor");
+    const DataType dtype = checkDtype(inputs[0], op, "input tensor");
     checkPerRankList(outputs[0], inputs[0], op, "tensor_list");
+    if (inputs[0].is_cuda()) {
+        // The kernels gather into one contiguous tensor, copied out to the list.
+        const at::Tensor input = inputs[0];
+        KernelCall call{device::CudaCollective::kAllGather,
+                        op,
+                        OpType::ALLGATHER,
+                        input,
+                        at::empty({groupSize() * input.numel()}, input.options()),
+                        dtype,
+                        ReduceOp::kSum,
+                        0,
+                        static_cast<uint64_t>(input.numel()),
+                        groupSize(),
+                        [this, input](void* in, void* out, Deadline dl) {
+                            comm_->setNextCallSignature(shapeSignature(input));
+                            return comm_->allGather(in, out, bytesOf(input), dl);
+                        }};
+        call.output_blocks = outputs[0];
+        call.results = outputs[0];
+        call.capturable = false;
+        if (auto work = maybeKernel(std::move(call), opts.timeout))
+            return work;
+    }
     Staging st(op);
     const at::Tensor in = st.in(inputs[0], "input tensor");
     const Tensors outs = st.inOut(outputs[0], "tensor_list");
@@ -227,6 +250,32 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::gather(std::vector<Tensors>& out
                                                        const c10d::GatherOptions& opts) {
     const char* op = "gather";
     const RootedArgs args = checkRooted(inputs, outputs, opts.rootRank, op, "dst", "gather_list");
+    if (args.local.is_cuda()) {
+        // The root's kernels gather into one contiguous tensor, copied out
+        // to its list; the others' output is their own input, untouched.
+        const at::Tensor local = args.local;
+        const bool is_root = args.is_root;
+        const int root = args.root;
+        KernelCall call{device::CudaCollective::kGather,
+                        op,
+                        OpType::GATHER,
+                        local,
+                        is_root ? at::empty({groupSize() * local.numel()}, local.options()) : local,
+                        checkDtype(local, op, "tensor"),
+                        ReduceOp::kSum,
+                        root,
+                        static_cast<uint64_t>(local.numel()),
+                        groupSize(),
+                        [this, local, is_root, root](void* in, void* out, Deadline dl) {
+                            comm_->setNextCallSignature(shapeSignature(local));
+                            return comm_->gather(in, is_root ? out : nullptr, bytesOf(local), root,
+                                                 dl);
+                        }};
+        call.output_blocks = args.list;
+        call.results = args.list;
+        if (auto work = maybeKernel(std::move(call), opts.timeout))
+            return work;
+    }
     Staging st(op);
     const Tensors outs = st.inOut(args.list, "gather_list");
     const int root = args.root;
@@ -254,6 +303,32 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::scatter(Tensors& outputs,
                                                         const c10d::ScatterOptions& opts) {
     const char* op = "scatter";
     const RootedArgs args = checkRooted(outputs, inputs, opts.rootRank, op, "src", "scatter_list");
+    if (args.local.is_cuda()) {
+        // The root's list packed into one contiguous tensor on the caller's
+        // stream; the others' input is their own output, which the kernels
+        // only write.
+        const at::Tensor local = args.local;
+        const bool is_root = args.is_root;
+        const int root = args.root;
+        KernelCall call{device::CudaCollective::kScatter,
+                        op,
+                        OpType::SCATTER,
+                        is_root ? pack(args.list, local.options()) : local,
+                        local,
+                        checkDtype(local, op, "tensor"),
+                        ReduceOp::kSum,
+                        root,
+                        static_cast<uint64_t>(local.numel()),
+                        groupSize(),
+                        [this, local, is_root, root](void* in, void* out, Deadline dl) {
+                            comm_->setNextCallSignature(shapeSignature(local));
+                            return comm_->scatter(is_root ? in : nullptr, out, bytesOf(local), root,
+                                                  dl);
+                        }};
+        call.held = args.list;
+        if (auto work = maybeKernel(std::move(call), opts.timeout))
+            return work;
+    }
     Staging st(op);
     const at::Tensor out = st.inOut(args.local, "tensor");
     const Tensors ins = st.in(args.list, "scatter_list");

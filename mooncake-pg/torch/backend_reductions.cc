@@ -138,6 +138,28 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce_scatter(
     Tensors operands;
     for (const auto& t : inputs[0])
         operands.push_back(premultiplied(opts.reduceOp, t, /*in_place=*/false, op));
+    if (user_out.is_cuda()) {
+        // The kernels take the list packed into one contiguous tensor, on
+        // the caller's stream.
+        KernelCall call{device::CudaCollective::kReduceScatter,
+                        op,
+                        OpType::REDUCE_SCATTER,
+                        pack(operands, user_out.options()),
+                        user_out,
+                        dtype,
+                        rop,
+                        0,
+                        static_cast<uint64_t>(user_out.numel()),
+                        groupSize(),
+                        [this, user_out, dtype, rop](void* in, void* out, Deadline dl) {
+                            comm_->setNextCallSignature(shapeSignature(user_out));
+                            return comm_->reduceScatter(in, out, user_out.numel(), dtype, rop, dl);
+                        }};
+        call.held = inputs[0];
+        call.capturable = false;
+        if (auto work = maybeKernel(std::move(call), opts.timeout))
+            return work;
+    }
     Staging st(op);
     const at::Tensor out = st.inOut(user_out, "output");
     const Tensors ins = st.in(operands, "input_list");

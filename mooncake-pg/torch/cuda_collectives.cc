@@ -52,6 +52,21 @@ bool movesBlocks(device::CudaCollective c) {
            c == device::CudaCollective::kAllToAll || c == device::CudaCollective::kAllToAllV;
 }
 
+bool rooted(device::CudaCollective c) {
+    return c == device::CudaCollective::kGather || c == device::CudaCollective::kScatter;
+}
+
+// Block r of the call's contiguous output into its list, for the ranks
+// whose blocks were written (`written`, or all of them when null).
+void copyOutputBlocks(const KernelCall& call, const std::vector<uint8_t>* written) {
+    for (size_t r = 0; r < call.output_blocks.size(); ++r) {
+        if (written == nullptr || blockWritten(*written, r)) {
+            const at::Tensor& to = call.output_blocks[r];
+            to.copy_(block(call.output, static_cast<int64_t>(r), to));
+        }
+    }
+}
+
 }  // namespace
 
 void MooncakeBackend::GroupWindowDeleter::operator()(device::GroupWindow* w) const {
@@ -93,6 +108,10 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
     Staging st(call.op_name);
     st.onDevice(call.input, "input");
     st.onDevice(call.output, "output");
+    for (const auto& t : call.output_blocks)
+        st.onDevice(t, "output list");
+    for (const auto& t : call.held)
+        st.onDevice(t, "input list");
     auto* exec = static_cast<CudaExecutor*>(executorFor(st, call.op_name));
     if (exec->route(q) != device::CudaRoute::kKernel)
         return {};
@@ -100,16 +119,21 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
     // dropped at once: it stays out of graphs (docs/pg-user-guide.md).
     // all_to_all with split sizes exchanges its rows through the host per
     // call, which a replay cannot.
-    if (call.collective != device::CudaCollective::kReduce &&
-        call.collective != device::CudaCollective::kAllToAllV)
+    if (call.capturable && call.collective != device::CudaCollective::kReduce &&
+        call.collective != device::CudaCollective::kAllToAllV &&
+        call.collective != device::CudaCollective::kGather &&
+        call.collective != device::CudaCollective::kScatter)
         st.allowCapture();
     call.captured = exec->callerCapturing();
     const c10d::OpType type = call.type;
     const char* op_name = call.op_name;
     at::Tensor output = call.work_output.defined() ? call.work_output : call.output;
-    const GroupSized sized = movesBlocks(call.collective) ? GroupSized::kBlocks : GroupSized::kNo;
+    std::vector<at::Tensor> results = call.results.value_or(std::vector<at::Tensor>{output});
+    const GroupSized sized = rooted(call.collective)        ? GroupSized::kRooted
+                             : movesBlocks(call.collective) ? GroupSized::kBlocks
+                                                            : GroupSized::kNo;
     return enqueue(
-        type, op_name, {output}, timeout, sized, std::move(st),
+        type, op_name, std::move(results), timeout, sized, std::move(st),
         [this, call = std::move(call)](Deadline dl) { return runKernelCall(call, dl); },
         /*kernel_call=*/true);
 }
@@ -135,7 +159,7 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
     if (call.blocks > 0)
         suits = suits && size == call.blocks;
     if (call.collective == device::CudaCollective::kBroadcast ||
-        call.collective == device::CudaCollective::kReduce)
+        call.collective == device::CudaCollective::kReduce || rooted(call.collective))
         suits = suits && call.root < size;
     if (!suits && call.captured) {
         return InvalidArgument(std::string(call.op_name) +
@@ -281,6 +305,18 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
             launched = device::broadcast(view, ptrOf(dst), call.count, call.dtype, call.root, seq,
                                          result, stream);
             break;
+        // Off the root, a gather's output and a scatter's input are the
+        // rank's own tensor (in place), which the kernels leave alone.
+        case device::CudaCollective::kGather:
+            launched =
+                device::gather(view, ptrOf(src), call.root == config_.rank ? ptrOf(dst) : nullptr,
+                               call.count, call.dtype, call.root, seq, result, stream);
+            break;
+        case device::CudaCollective::kScatter:
+            launched =
+                device::scatter(view, call.root == config_.rank ? ptrOf(src) : nullptr, ptrOf(dst),
+                                call.count, call.dtype, call.root, seq, result, stream);
+            break;
         default:
             return Internal(std::string("no device kernel for ") + call.op_name);
     }
@@ -294,6 +330,7 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
     // In stream order after the kernels: a failed call's output holds
     // whatever they wrote, as on the contiguous path.
     copyBack(call.output, dst);
+    copyOutputBlocks(call, nullptr);
     if (call.captured) {
         // Nothing to wait for now: the kernels run at each replay, which
         // reports to the graph result (checkGraphReplays).
@@ -352,6 +389,7 @@ Status MooncakeBackend::runOnHost(const KernelCall& call, Deadline deadline) {
     MC_RETURN_IF_ERROR(call.host_core(ptrOf(host_in), ptrOf(host_out), deadline));
     dst.copy_(host_out, /*non_blocking=*/true);
     copyBack(call.output, dst);
+    copyOutputBlocks(call, &comm_->active());
     // The pinned copies must outlive the copy back, which is queued only.
     return exec->drain(deadline, "copying the results back to the device");
 }

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -50,6 +52,21 @@ struct KernelCall {
     // all_to_all with split sizes: this rank's row, in bytes of the
     // contiguous input and output (all_to_all_v_plan.h).
     device::AllToAllVRow splits = {};
+    // List forms, which the kernels run on a contiguous `output` (or
+    // `input`) made at issue: after the call, in stream order, block r of
+    // `output` is copied into output_blocks[r] (all_gather's list, a
+    // gather's list on its root). On the host core's path only the blocks
+    // of active ranks are, the ones the core wrote.
+    std::vector<at::Tensor> output_blocks = {};
+    // Further tensors the op reads, held until it completes and checked to
+    // be on the op's device (the list a contiguous `input` was packed from).
+    std::vector<at::Tensor> held = {};
+    // What the Work returns, when not `work_output` or `output` (the list;
+    // empty on a gather's non-roots).
+    std::optional<std::vector<at::Tensor>> results = std::nullopt;
+    // Whether a CUDA graph may capture it: the list forms pack or unpack
+    // on the caller's side, and stay out of graphs like gather and scatter.
+    bool capturable = true;
 };
 
 }  // namespace mooncake::pg

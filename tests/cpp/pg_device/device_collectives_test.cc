@@ -1,6 +1,6 @@
 // The chunked device collectives between processes on the one GPU, exact
-// against a host reference at 2, 3 and 4 ranks: all_gather, all_to_all and
-// broadcast on byte patterns (aligned and unaligned buffers and lengths,
+// against a host reference at 2, 3 and 4 ranks: all_gather, all_to_all,
+// broadcast, gather and scatter on byte patterns (aligned and unaligned buffers and lengths,
 // messages many slots long), reduce_scatter and the two-shot all_reduce for
 // every dtype and op (reduce_reference.h), allReduce's choice on both sides
 // of its threshold, and in-place calls. Skips with the reason where no GPU
@@ -166,6 +166,57 @@ int checkBroadcast(Rank& r, const MoveCase& c, int root, uint64_t seq) {
     return compareBytes(r, "broadcast", out, want);
 }
 
+// Non-roots' outputs keep their bytes (0xee): gather writes only the root's.
+int checkGather(Rank& r, const MoveCase& c, int root, uint64_t seq) {
+    const uint64_t bytes = c.count * dataTypeSize(c.dtype);
+    Buffers b;
+    if (int rc = allocate(b, bytes * r.size + c.offset_bytes); rc != 0)
+        return rc;
+    std::vector<uint8_t> in(bytes), out(bytes * r.size), want(bytes * r.size, 0xee);
+    for (uint64_t i = 0; i < bytes; ++i)
+        in[i] = pattern(r.rank, i, seq);
+    for (int s = 0; s < r.size && r.rank == root; ++s) {
+        for (uint64_t i = 0; i < bytes; ++i)
+            want[s * bytes + i] = pattern(s, i, seq);
+    }
+    if (int rc = upload(r, b.in + c.offset_bytes, in); rc != 0)
+        return rc;
+    if (int rc = upload(r, b.out + c.offset_bytes, std::vector<uint8_t>(bytes * r.size, 0xee));
+        rc != 0)
+        return rc;
+    r.clearResult();
+    CHILD_OK(gather(r.view, b.in + c.offset_bytes, b.out + c.offset_bytes, c.count, c.dtype, root,
+                    seq, r.deviceResult(), r.stream));
+    if (int rc = finish(r, "gather"); rc != 0)
+        return rc;
+    if (int rc = download(&out, b.out + c.offset_bytes); rc != 0)
+        return rc;
+    return compareBytes(r, "gather", out, want);
+}
+
+// Only the root's input is read: the others' holds a decoy.
+int checkScatter(Rank& r, const MoveCase& c, int root, uint64_t seq) {
+    const uint64_t bytes = c.count * dataTypeSize(c.dtype);
+    Buffers b;
+    if (int rc = allocate(b, bytes * r.size + c.offset_bytes); rc != 0)
+        return rc;
+    std::vector<uint8_t> in(bytes * r.size), out(bytes), want(bytes);
+    for (uint64_t i = 0; i < bytes * r.size; ++i)
+        in[i] = pattern(r.rank == root ? root : r.size + r.rank, i, seq);
+    for (uint64_t i = 0; i < bytes; ++i)
+        want[i] = pattern(root, r.rank * bytes + i, seq);
+    if (int rc = upload(r, b.in + c.offset_bytes, in); rc != 0)
+        return rc;
+    r.clearResult();
+    CHILD_OK(scatter(r.view, b.in + c.offset_bytes, b.out + c.offset_bytes, c.count, c.dtype, root,
+                     seq, r.deviceResult(), r.stream));
+    if (int rc = finish(r, "scatter"); rc != 0)
+        return rc;
+    if (int rc = download(&out, b.out + c.offset_bytes); rc != 0)
+        return rc;
+    return compareBytes(r, "scatter", out, want);
+}
+
 int dataMovement(const std::string& dir, int rank, int size) {
     Rank r;
     if (int rc = setUp(r, dir, rank, size, kSlotBytes); rc != 0)
@@ -180,6 +231,10 @@ int dataMovement(const std::string& dir, int rank, int size) {
         }
         for (int root = 0; root < size; ++root) {
             if (int rc = checkBroadcast(r, c, root, seq++); rc != 0)
+                return rc;
+            if (int rc = checkGather(r, c, root, seq++); rc != 0)
+                return rc;
+            if (int rc = checkScatter(r, c, root, seq++); rc != 0)
                 return rc;
         }
     }
@@ -283,7 +338,7 @@ int allReduceChoice(const std::string& dir, int rank, int size) {
 
 class DeviceCollectives : public ::testing::TestWithParam<int> {};
 
-TEST_P(DeviceCollectives, AllGatherAllToAllAndBroadcastAreExact) {
+TEST_P(DeviceCollectives, AllGatherAllToAllBroadcastGatherAndScatterAreExact) {
     SKIP_WITHOUT_GPU();
     TempDir dir;
     const int size = GetParam();

@@ -5,9 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "mooncake-pg/device/all_gather.h"
 #include "mooncake-pg/device/all_reduce.h"
+#include "mooncake-pg/device/broadcast.h"
 #include "mooncake-pg/device/routing.h"
 
 namespace mooncake::pg::device {
@@ -104,9 +107,9 @@ RouteQuery query(CudaCollective c, DataType dtype = DataType::kFloat32,
 
 TEST(DeviceRouting, DecisionTable) {
     using C = CudaCollective;
-    const C kernels[] = {C::kAllReduce, C::kAllGather, C::kReduceScatter, C::kAllToAll,
-                         C::kAllToAllV, C::kBroadcast, C::kReduce};
-    const C staged[] = {C::kGather, C::kScatter};
+    const C kernels[] = {C::kAllReduce, C::kAllGather, C::kReduceScatter,
+                         C::kAllToAll,  C::kAllToAllV, C::kBroadcast,
+                         C::kReduce,    C::kGather,    C::kScatter};
     std::string why;
     for (C c : kernels) {
         EXPECT_EQ(routeFor(CudaPath::kKernels, query(c), &why), CudaRoute::kKernel)
@@ -133,12 +136,6 @@ TEST(DeviceRouting, DecisionTable) {
                   CudaRoute::kKernel);
         EXPECT_EQ(routeFor(CudaPath::kKernels, query(c, DataType::kFloat32, ReduceOp::kSum, 1, 2)),
                   CudaRoute::kKernel);
-    }
-    for (C c : staged) {
-        EXPECT_EQ(routeFor(CudaPath::kKernels, query(c), &why), CudaRoute::kHostStaging);
-        EXPECT_NE(why.find(std::string("no device kernel for ") + cudaCollectiveName(c)),
-                  std::string::npos)
-            << why;
     }
 }
 
@@ -239,6 +236,17 @@ TEST(DeviceRouting, ResultBecomesStatusAndHint) {
     st = resultStatus(result(DeviceStatus::kMismatch, 0, bsig), "broadcast", &failed);
     EXPECT_NE(st.message().find("broadcast of dtype int32, root 3, count 5"), std::string::npos)
         << st.toString();
+
+    // gather and scatter carry their root where broadcast does.
+    for (auto [id, name] :
+         {std::pair{kGatherCollective, "gather"}, std::pair{kScatterCollective, "scatter"}}) {
+        const uint64_t gsig = callSignature(id, static_cast<uint8_t>(DataType::kInt64), 2, 6);
+        st = resultStatus(result(DeviceStatus::kMismatch, 1, gsig), name, &failed);
+        EXPECT_NE(st.message().find(std::string("rank 1 passed ") + name +
+                                    " of dtype int64, root 2, count 6"),
+                  std::string::npos)
+            << st.toString();
+    }
 
     // A reduce is an all_reduce signed with its root; the direct path's ids
     // read as their collective.

@@ -615,6 +615,75 @@ def test_all_to_all_with_split_sizes_runs_direct_and_a_size_mismatch_fails_every
         assert r["after"] == [float(sum(range(1, ws + 1)))], (rank, r)
 
 
+def _lists_on_kernels(ctx):
+    """all_gather and reduce_scatter with tensor lists, gather and scatter run
+    on the device kernels (one call each): exact for every root, 3 KiB and
+    3 MiB (the window path, messages many slots long), non-contiguous list
+    tensors included, a gather's non-roots and their tensors untouched. Ranks
+    that disagree on a gather's root fail that call on every rank, naming it;
+    the group goes on."""
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    ws, rank = ctx.world_size, ctx.rank
+    out = {"failures": []}
+    before = _device_calls()
+    calls = 0
+
+    def check(what, got, want):
+        if not torch.equal(got.cpu(), want):
+            out["failures"].append(f"{what}: got {got.flatten()[:6].tolist()}, want {want.flatten()[:6].tolist()}")
+
+    def value(src, dst, n):  # what rank src holds for rank dst: exact in float32
+        return (torch.arange(n, dtype=torch.float32) % 251) + 1000 * src + 7 * dst
+
+    for n in (768, 768 << 10):
+        mine = value(rank, 0, n).to(dev)
+        # all_gather into a list whose tensors are strided views of one buffer
+        big = torch.full((n, 2 * ws), -1.0, device=dev)
+        outs = [big[:, 2 * r] for r in range(ws)]
+        dist.all_gather(outs, mine)
+        calls += 1
+        for r in range(ws):
+            check(f"all_gather {n} [{r}]", outs[r], value(r, 0, n))
+        check(f"all_gather {n} odd columns untouched", big[:, 1::2].cpu(), torch.full((n, ws), -1.0))
+        got = torch.zeros(n, device=dev)
+        dist.reduce_scatter(got, [value(rank, p, n).to(dev) for p in range(ws)])
+        calls += 1
+        check(f"reduce_scatter {n}", got, sum(value(s, rank, n) for s in range(ws)))
+        for root in range(ws):
+            gl = [torch.full((n,), -2.0, device=dev) for _ in range(ws)] if rank == root else None
+            dist.gather(mine, gather_list=gl, dst=root)
+            calls += 1
+            if rank == root:
+                for r in range(ws):
+                    check(f"gather {n} root {root} [{r}]", gl[r], value(r, 0, n))
+            check(f"gather {n} root {root}: input untouched", mine, value(rank, 0, n))
+            sl = [value(root, p, n).to(dev) for p in range(ws)] if rank == root else None
+            got = torch.full((n,), -3.0, device=dev)
+            dist.scatter(got, scatter_list=sl, src=root)
+            calls += 1
+            check(f"scatter {n} root {root}", got, value(root, rank, n))
+    out["device_calls"] = _device_calls() - before
+    out["expected_calls"] = calls
+    x = torch.ones(64, device=dev)
+    gl = [torch.zeros(64, device=dev) for _ in range(ws)] if rank in (0, 1) else None
+    out["mismatch"], out["after"] = _failure_then_group(
+        lambda: dist.gather(x, gather_list=gl, dst=0 if rank == 0 else 1, async_op=True), rank, dev)
+    return out
+
+
+def test_list_forms_gather_and_scatter_run_on_the_kernels_and_a_root_mismatch_fails_every_rank():
+    ws = 3
+    res = harness.run_ranks(_lists_on_kernels, ws, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            ref_group=False, env=PATHS["kernels"], pg_timeout_s=OP_TIMEOUT_S)
+    for rank, r in enumerate(res):
+        assert not r["failures"], (rank, r["failures"][:10])
+        assert r["device_calls"] == r["expected_calls"], (rank, r)
+        assert r["mismatch"] and r["mismatch"].startswith("DistBackendError"), (rank, r)
+        assert "passed gather of dtype float32, root" in r["mismatch"], (rank, r)
+        assert r["after"] == [float(sum(range(1, ws + 1)))], (rank, r)
+
+
 # A stalled rank's peers wait this long (the group's timeout) before their op
 # fails; kept short so the test spends seconds, not minutes, on it.
 STALL_OP_TIMEOUT_S = 5
