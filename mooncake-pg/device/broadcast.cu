@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <string>
 
-#include "mooncake-pg/device/member_buffers.h"
 #include "mooncake-pg/device/step_kernel.cuh"
 
 namespace mooncake::pg::device {
@@ -96,7 +95,9 @@ Status scatter(const DeviceGroupView& group, const void* input, void* output, si
     const uint64_t total = bytes * static_cast<uint64_t>(group.size);
     if (group.rank == root) {
         MC_RETURN_IF_ERROR(checkBuffer(input, total, "input", kWhat));
-        if (bytesOverlap(input, output, total))
+        const auto* in = static_cast<const char*>(input);
+        const auto* out = static_cast<const char*>(output);
+        if (out != nullptr && out < in + total && in < out + bytes)
             return InvalidArgument(std::string(kWhat) + ": the root's output overlaps its input");
     }
     MC_RETURN_IF_ERROR(checkBuffer(output, bytes, "output", kWhat));
