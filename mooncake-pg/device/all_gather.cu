@@ -1,7 +1,6 @@
 #include "mooncake-pg/device/all_gather.h"
 
 #include <algorithm>
-#include <string>
 
 #include "mooncake-pg/device/step_kernel.cuh"
 
@@ -68,9 +67,7 @@ Status allGather(const DeviceGroupView& group, const void* input, void* output, 
 Status gather(const DeviceGroupView& group, const void* input, void* output, size_t count,
               DataType dtype, int root, uint64_t seq, DeviceOpResult* result, cudaStream_t stream) {
     constexpr const char* kWhat = "device gather";
-    if (root < 0 || root >= group.size)
-        return InvalidArgument(std::string(kWhat) + ": root " + std::to_string(root) +
-                               " is not in [0, " + std::to_string(group.size) + ")");
+    MC_RETURN_IF_ERROR(checkRoot(group, root, kWhat));
     return launchGatherSteps(group, input, output, count, dtype, root, seq, result, stream, kWhat);
 }
 

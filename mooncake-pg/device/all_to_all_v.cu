@@ -42,9 +42,9 @@ Status directAllToAllV(const DeviceGroupView& group, const MemberBuffers& buffer
                                        ("rank " + std::to_string(s) + "'s input").c_str(), kWhat));
     }
     MC_RETURN_IF_ERROR(checkBuffer(buffers.outputs[group.rank], output_bytes, "output", kWhat));
-    const auto* in = static_cast<const char*>(buffers.inputs[group.rank]);
-    const auto* out = static_cast<const char*>(buffers.outputs[group.rank]);
-    if (in && out && in < out + output_bytes && out < in + input_bytes)
+    const void* in = buffers.inputs[group.rank];
+    const void* out = buffers.outputs[group.rank];
+    if (in && out && rangesOverlap(in, input_bytes, out, output_bytes))
         return InvalidArgument(std::string(kWhat) + ": the output overlaps the input");
     const uint64_t signature = callSignature(kDirectAllToAllVCollective, 0, 0, plan.fingerprint);
     const DirectPullVAlgo algo{buffers, plan};

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "mooncake-pg/device/member_buffers.h"
 #include "mooncake-pg/device/step_kernel.cuh"
 
 namespace mooncake::pg::device {
@@ -57,13 +58,6 @@ struct ScatterAlgo {
     }
 };
 
-Status checkRoot(const DeviceGroupView& group, int root, const char* what) {
-    if (root < 0 || root >= group.size)
-        return InvalidArgument(std::string(what) + ": root " + std::to_string(root) +
-                               " is not in [0, " + std::to_string(group.size) + ")");
-    return Status::OK();
-}
-
 }  // namespace
 
 Status broadcast(const DeviceGroupView& group, void* buffer, size_t count, DataType dtype, int root,
@@ -95,9 +89,7 @@ Status scatter(const DeviceGroupView& group, const void* input, void* output, si
     const uint64_t total = bytes * static_cast<uint64_t>(group.size);
     if (group.rank == root) {
         MC_RETURN_IF_ERROR(checkBuffer(input, total, "input", kWhat));
-        const auto* in = static_cast<const char*>(input);
-        const auto* out = static_cast<const char*>(output);
-        if (out != nullptr && out < in + total && in < out + bytes)
+        if (output != nullptr && rangesOverlap(input, total, output, bytes))
             return InvalidArgument(std::string(kWhat) + ": the root's output overlaps its input");
     }
     MC_RETURN_IF_ERROR(checkBuffer(output, bytes, "output", kWhat));

@@ -63,6 +63,13 @@ Status checkCount(uint64_t count, const char* what) {
     return Status::OK();
 }
 
+Status checkRoot(const DeviceGroupView& g, int root, const char* what) {
+    if (root < 0 || root >= g.size)
+        return InvalidArgument(std::string(what) + ": root " + std::to_string(root) +
+                               " is not in [0, " + std::to_string(g.size) + ")");
+    return Status::OK();
+}
+
 Status checkBuffer(const void* p, uint64_t bytes, const char* name, const char* what) {
     if (bytes > 0 && !p)
         return InvalidArgument(std::string(what) + ": " + name + " is null for " +

@@ -26,6 +26,9 @@ Status checkChunkedCall(const DeviceGroupView& g, DeviceOpResult* result, const 
 // The element count fits the call signature's 40-bit field.
 Status checkCount(uint64_t count, const char* what);
 
+// `root` is a rank of the group (broadcast, gather, scatter).
+Status checkRoot(const DeviceGroupView& g, int root, const char* what);
+
 // A buffer of `bytes` > 0 must not be null; `name` is the argument's name.
 Status checkBuffer(const void* p, uint64_t bytes, const char* name, const char* what);
 // Every member's input of `input_bytes`, and the outputs of `output_bytes`

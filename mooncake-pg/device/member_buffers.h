@@ -22,11 +22,16 @@ struct MemberBuffers {
     void* outputs[kMaxDeviceRanks] = {};
 };
 
-// Whether [a, a + bytes) and [b, b + bytes) share a byte.
-inline bool bytesOverlap(const void* a, const void* b, uint64_t bytes) {
+// Whether [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+inline bool rangesOverlap(const void* a, uint64_t a_bytes, const void* b, uint64_t b_bytes) {
     const auto* x = static_cast<const char*>(a);
     const auto* y = static_cast<const char*>(b);
-    return x < y + bytes && y < x + bytes;
+    return x < y + b_bytes && y < x + a_bytes;
+}
+
+// Whether [a, a + bytes) and [b, b + bytes) share a byte.
+inline bool bytesOverlap(const void* a, const void* b, uint64_t bytes) {
+    return rangesOverlap(a, bytes, b, bytes);
 }
 
 // The members' input addresses or-ed together: their common alignment.

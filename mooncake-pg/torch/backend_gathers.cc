@@ -78,7 +78,6 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather(std::vector<Tensors>& 
                         }};
         call.output_blocks = outputs[0];
         call.results = outputs[0];
-        call.capturable = false;
         if (auto work = maybeKernel(std::move(call), opts.timeout))
             return work;
     }

@@ -156,7 +156,6 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce_scatter(
                             return comm_->reduceScatter(in, out, user_out.numel(), dtype, rop, dl);
                         }};
         call.held = inputs[0];
-        call.capturable = false;
         if (auto work = maybeKernel(std::move(call), opts.timeout))
             return work;
     }

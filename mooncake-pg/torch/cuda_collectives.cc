@@ -118,8 +118,10 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
     // A reduce's scratch output would be allocated in the capture's pool and
     // dropped at once: it stays out of graphs (docs/pg-user-guide.md).
     // all_to_all with split sizes exchanges its rows through the host per
-    // call, which a replay cannot.
-    if (call.capturable && call.collective != device::CudaCollective::kReduce &&
+    // call, which a replay cannot. The list forms (a list packed or
+    // unpacked around the kernels) stay out too.
+    const bool list_form = !call.output_blocks.empty() || !call.held.empty();
+    if (!list_form && call.collective != device::CudaCollective::kReduce &&
         call.collective != device::CudaCollective::kAllToAllV &&
         call.collective != device::CudaCollective::kGather &&
         call.collective != device::CudaCollective::kScatter)

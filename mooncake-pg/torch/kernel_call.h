@@ -64,9 +64,6 @@ struct KernelCall {
     // What the Work returns, when not `work_output` or `output` (the list;
     // empty on a gather's non-roots).
     std::optional<std::vector<at::Tensor>> results = std::nullopt;
-    // Whether a CUDA graph may capture it: the list forms pack or unpack
-    // on the caller's side, and stay out of graphs like gather and scatter.
-    bool capturable = true;
 };
 
 }  // namespace mooncake::pg
