@@ -61,38 +61,78 @@ struct MemberBufferOutputs {
     __device__ T* operator()(int k) const { return static_cast<T*>(bases[k]) + lo; }
 };
 
+// acc = acc combined with x, element by element (one 16-byte vector).
+template <typename T, ReduceOp kOp>
+__device__ __forceinline__ void combineVector(int4& acc, const int4& x) {
+    constexpr int kPer = 16 / sizeof(T);
+    T* a = reinterpret_cast<T*>(&acc);
+    const T* b = reinterpret_cast<const T*>(&x);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k)
+        a[k] = combine<T, kOp>(a[k], b[k]);
+}
+
+// The end of a vector's reduction over `size` members: AVG divides.
+template <typename T, ReduceOp kOp>
+__device__ __forceinline__ void finishVector(int4& acc, int size) {
+    if constexpr (kOp == ReduceOp::kAvg) {
+        constexpr int kPer = 16 / sizeof(T);
+        T* a = reinterpret_cast<T*>(&acc);
+#pragma unroll
+        for (int k = 0; k < kPer; ++k)
+            a[k] = divideBy(a[k], size);
+    }
+}
+
+// Vectors v, v + stride, ... (kVectors of them) reduced over the members and
+// stored to every output: all of a member's loads are issued before any is
+// combined, so each thread keeps kVectors loads in flight (the reduction is
+// bound by memory latency otherwise).
+template <typename T, ReduceOp kOp, int kVectors, class Copies, class Outputs>
+__device__ __forceinline__ void reduceVectors(int size, const Copies& copies, const Outputs& outs,
+                                              uint64_t v, uint64_t stride) {
+    int4 acc[kVectors];
+#pragma unroll
+    for (int u = 0; u < kVectors; ++u)
+        acc[u] = reinterpret_cast<const int4*>(copies(0))[v + u * stride];
+    for (int src = 1; src < size; ++src) {
+        int4 x[kVectors];
+#pragma unroll
+        for (int u = 0; u < kVectors; ++u)
+            x[u] = reinterpret_cast<const int4*>(copies(src))[v + u * stride];
+#pragma unroll
+        for (int u = 0; u < kVectors; ++u)
+            combineVector<T, kOp>(acc[u], x[u]);
+    }
+    const int outputs = outs.count();
+#pragma unroll
+    for (int u = 0; u < kVectors; ++u) {
+        finishVector<T, kOp>(acc[u], size);
+        for (int k = 0; k < outputs; ++k)
+            reinterpret_cast<int4*>(outs(k))[v + u * stride] = acc[u];
+    }
+}
+
 // outs(k)[i] for every k < outs.count() = the `size` members' element i
 // combined in rank order, member src's copy starting at copies(src), for i
-// in [0, n). 16-byte vectors when every pointer allows (`address_bits`: the
-// copies' and outputs' addresses or-ed together), element by element
-// otherwise.
+// in [0, n). 16-byte vectors, four per thread at a time, when every pointer
+// allows (`address_bits`: the copies' and outputs' addresses or-ed
+// together), element by element otherwise.
 template <typename T, ReduceOp kOp, class Copies, class Outputs>
 __device__ void gridReduceCopiesTo(int size, const Copies& copies, const Outputs& outs,
                                    uintptr_t address_bits, uint64_t n) {
     constexpr int kPer = 16 / sizeof(T);
+    constexpr int kInFlight = 4;
     const uint64_t t = globalThread(), nt = globalThreads();
     const int outputs = outs.count();
     uint64_t done = 0;
     if ((address_bits & 15) == 0) {
         const uint64_t vectors = n / kPer;
-        for (uint64_t v = t; v < vectors; v += nt) {
-            int4 acc = reinterpret_cast<const int4*>(copies(0))[v];
-            T* a = reinterpret_cast<T*>(&acc);
-            for (int src = 1; src < size; ++src) {
-                int4 x = reinterpret_cast<const int4*>(copies(src))[v];
-                const T* b = reinterpret_cast<const T*>(&x);
-#pragma unroll
-                for (int k = 0; k < kPer; ++k)
-                    a[k] = combine<T, kOp>(a[k], b[k]);
-            }
-            if constexpr (kOp == ReduceOp::kAvg) {
-#pragma unroll
-                for (int k = 0; k < kPer; ++k)
-                    a[k] = divideBy(a[k], size);
-            }
-            for (int k = 0; k < outputs; ++k)
-                reinterpret_cast<int4*>(outs(k))[v] = acc;
-        }
+        uint64_t v = t;
+        for (; v + (kInFlight - 1) * nt < vectors; v += kInFlight * nt)
+            reduceVectors<T, kOp, kInFlight>(size, copies, outs, v, nt);
+        for (; v < vectors; v += nt)
+            reduceVectors<T, kOp, 1>(size, copies, outs, v, nt);
         done = vectors * kPer;
     }
     for (uint64_t i = done + t; i < n; i += nt) {

@@ -310,9 +310,11 @@ private:
     // ---- device collectives on CUDA tensors (cuda_collectives.cc; without
     // CUDA, maybeKernel returns null). maybeKernel: the op's Work when the
     // CUDA executor's route() gives `call` to the kernels, else null (the
-    // entry point stages it).
-    c10::intrusive_ptr<MooncakeWork> maybeKernel(KernelCall call,
-                                                 std::chrono::milliseconds timeout);
+    // entry point stages it). `async_op`: the caller's opts.asyncOp; false
+    // (torch waits at once) queues the kernels on the caller's current
+    // stream rather than the group's.
+    c10::intrusive_ptr<MooncakeWork> maybeKernel(KernelCall call, std::chrono::milliseconds timeout,
+                                                 bool async_op);
     // Reads MC_PG_CUDA_PATH and MC_PG_CUDA_SLOT_BYTES; throws c10::Error
     // naming a bad value.
     void configureCuda();
@@ -383,6 +385,25 @@ private:
     Status connectPeers(const control_plane::GroupView& view, Deadline deadline);
     // Adds `work` to the open coalescing batch, if any.
     void track(const c10::intrusive_ptr<MooncakeWork>& work);
+    // One Work for `works` (endCoalescing, the coalesced collectives on the
+    // device kernels): its wait() returns once every op's host part is done,
+    // it completes when all have, failed with the first failure's message
+    // and every op's failed ranks, and it holds every op's fences.
+    c10::intrusive_ptr<MooncakeWork> joinWorks(c10d::OpType type,
+                                               std::vector<c10::intrusive_ptr<MooncakeWork>> works);
+    // Whether a coalesced collective on `tensors` runs as one op per tensor
+    // (each on the device kernels where route() takes it), joined
+    // (joinWorks): CUDA tensors on a group whose path is the kernels. The
+    // staged path runs the list as one host op.
+    bool coalescedPerTensor(const std::vector<at::Tensor>& tensors) const;
+    // The ops one per tensor issues, joined.
+    template <typename IssueOne>
+    c10::intrusive_ptr<c10d::Work> perTensor(c10d::OpType type, size_t count, IssueOne issue_one) {
+        std::vector<c10::intrusive_ptr<MooncakeWork>> works;
+        for (size_t i = 0; i < count; ++i)
+            works.push_back(c10::static_intrusive_pointer_cast<MooncakeWork>(issue_one(i)));
+        return joinWorks(type, std::move(works));
+    }
     std::string failureMessage(const char* op_name, const Status& status,
                                std::chrono::milliseconds timeout) const;
 
@@ -522,6 +543,7 @@ private:
     std::deque<KernelInFlight> kernels_in_flight_;
     int next_result_slot_ = 0;
     std::chrono::steady_clock::time_point next_kernel_watch_{};
+    std::chrono::steady_clock::time_point next_fence_query_{};  // pollKernelCalls
     std::atomic<uint64_t> device_calls_{0};
     std::atomic<uint64_t> direct_calls_{0};
     std::atomic<uint64_t> captured_calls_{0};

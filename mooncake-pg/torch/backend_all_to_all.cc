@@ -82,7 +82,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall_base(
                                return comm_->allToAllV(in, send_bytes, send_offsets, out,
                                                        recv_bytes, recv_offsets, dl);
                            }},
-                opts.timeout))
+                opts.timeout, opts.asyncOp))
             return work;
     }
     if (!equal && input.is_cuda()) {
@@ -106,7 +106,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall_base(
                                                        recv_bytes, recv_offsets, dl);
                            },
                            false, at::Tensor(), std::move(row)},
-                opts.timeout))
+                opts.timeout, opts.asyncOp))
             return work;
     }
     Staging st(op);

@@ -40,10 +40,15 @@ Executor* MooncakeBackend::executorFor(const Staging& staging, const char* op) {
 #endif
 }
 
+bool MooncakeBackend::coalescedPerTensor(const std::vector<at::Tensor>& tensors) const {
+    return config_.is_cuda && cuda_path_ == device::CudaPath::kKernels && !tensors.empty() &&
+           tensors.front().is_cuda();
+}
+
 #ifndef MC_PG_WITH_CUDA
 // Without CUDA no op reaches a device kernel (cuda_collectives.cc).
-c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall,
-                                                              std::chrono::milliseconds) {
+c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall, std::chrono::milliseconds,
+                                                              bool) {
     return {};
 }
 void MooncakeBackend::configureCuda() {}

@@ -35,7 +35,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::broadcast(Tensors& tensors,
                            comm_->setNextCallSignature(shapeSignature(user));
                            return comm_->broadcast(in, bytesOf(user), root, dl);
                        }},
-            opts.timeout))
+            opts.timeout, opts.asyncOp))
         return work;
     Staging st(op);
     const at::Tensor t = st.inOut(user, "tensor");
@@ -78,7 +78,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather(std::vector<Tensors>& 
                         }};
         call.output_blocks = outputs[0];
         call.results = outputs[0];
-        if (auto work = maybeKernel(std::move(call), opts.timeout))
+        if (auto work = maybeKernel(std::move(call), opts.timeout, opts.asyncOp))
             return work;
     }
     Staging st(op);
@@ -114,7 +114,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::_allgather_base(
                                        comm_->setNextCallSignature(shapeSignature(input));
                                        return comm_->allGather(in, out, bytesOf(input), dl);
                                    }},
-                        opts.timeout))
+                        opts.timeout, opts.asyncOp))
         return work;
     Staging st(op);
     const at::Tensor staged_in = st.in(input, "input tensor");
@@ -145,6 +145,10 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather_into_tensor_coalesced(
         TORCH_CHECK(outputs[i].numel() == inputs[i].numel() * groupSize(), "Mooncake PG: ", op,
                     ": outputs", idx, " has ", outputs[i].numel(), " elements; expected ",
                     inputs[i].numel() * groupSize(), " (input elements x group size)");
+    }
+    if (coalescedPerTensor(inputs)) {
+        return perTensor(OpType::COALESCED, inputs.size(),
+                         [&](size_t i) { return _allgather_base(outputs[i], inputs[i], opts); });
     }
     Staging st(op);
     const Tensors ins = st.in(inputs, "inputs");
@@ -272,7 +276,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::gather(std::vector<Tensors>& out
                         }};
         call.output_blocks = args.list;
         call.results = args.list;
-        if (auto work = maybeKernel(std::move(call), opts.timeout))
+        if (auto work = maybeKernel(std::move(call), opts.timeout, opts.asyncOp))
             return work;
     }
     Staging st(op);
@@ -325,7 +329,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::scatter(Tensors& outputs,
                                                   dl);
                         }};
         call.held = args.list;
-        if (auto work = maybeKernel(std::move(call), opts.timeout))
+        if (auto work = maybeKernel(std::move(call), opts.timeout, opts.asyncOp))
             return work;
     }
     Staging st(op);

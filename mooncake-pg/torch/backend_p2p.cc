@@ -42,6 +42,11 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::endCoalescing() {
         coalescing_ = false;
         works.swap(coalesced_);
     }
+    return joinWorks(c10d::OpType::COALESCED, std::move(works));
+}
+
+c10::intrusive_ptr<MooncakeWork> MooncakeBackend::joinWorks(
+    c10d::OpType type, std::vector<c10::intrusive_ptr<MooncakeWork>> works) {
     std::vector<at::Tensor> outputs;
     std::vector<c10::Device> devices;
     for (auto& w : works) {
@@ -52,8 +57,8 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::endCoalescing() {
                 devices.push_back(d);
         }
     }
-    auto batch = c10::make_intrusive<MooncakeWork>(rank_, c10d::OpType::COALESCED,
-                                                   std::move(outputs), max_group_size_, devices);
+    auto batch = c10::make_intrusive<MooncakeWork>(rank_, type, std::move(outputs), max_group_size_,
+                                                   devices);
     // The batch's wait() orders the caller's stream after every op's copies.
     for (auto& w : works) {
         for (const auto& f : w->fences())
@@ -71,6 +76,30 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::endCoalescing() {
     };
     auto join = std::make_shared<Join>();
     join->left = works.size();
+    // With kernel calls among them, the batch's host part is done once every
+    // op's is (launched or completed), unless one has failed by then: its
+    // wait() then raises. Without, it is done when it completes.
+    struct HostJoin {
+        std::mutex mu;
+        size_t left = 0;
+        bool failed = false;
+        bool launched = false;
+    };
+    auto host_join = std::make_shared<HostJoin>();
+    host_join->left = works.size();
+    for (auto& w : works) {
+        w->onHostPartDone([batch, host_join](MooncakeWork& done) {
+            const bool failed = done.exception() != nullptr;
+            {
+                std::lock_guard<std::mutex> lock(host_join->mu);
+                host_join->failed = host_join->failed || failed;
+                host_join->launched = host_join->launched || done.launched();
+                if (--host_join->left > 0 || host_join->failed || !host_join->launched)
+                    return;
+            }
+            batch->markLaunched();
+        });
+    }
     for (auto& w : works) {
         w->onCompletion([batch, join](MooncakeWork& done) {
             std::string error;

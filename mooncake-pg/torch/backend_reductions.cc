@@ -33,7 +33,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allreduce(Tensors& tensors,
                            comm_->setNextCallSignature(shapeSignature(user));
                            return comm_->allReduce(in, out, user.numel(), dtype, rop, dl);
                        }},
-            opts.timeout))
+            opts.timeout, opts.asyncOp))
         return work;
     Staging st(op);
     const at::Tensor t = st.inOut(user, "tensor");
@@ -60,6 +60,16 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allreduce_coalesced(
         checkTensor(tensors[i], op, what);
         dtypes.push_back(checkDtype(tensors[i], op, what));
         rops.push_back(checkReduceOp(opts.reduceOp, dtypes.back(), op));
+    }
+    if (coalescedPerTensor(tensors)) {
+        c10d::AllreduceOptions one;
+        one.reduceOp = opts.reduceOp;
+        one.timeout = opts.timeout;
+        one.asyncOp = opts.asyncOp;
+        return perTensor(OpType::ALLREDUCE_COALESCED, tensors.size(), [&](size_t i) {
+            Tensors single{tensors[i]};
+            return allreduce(single, one);
+        });
     }
     for (const auto& t : tensors)
         premultiplied(opts.reduceOp, t, /*in_place=*/true, op);
@@ -108,7 +118,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce(Tensors& tensors,
                                return comm_->reduce(in, out, user.numel(), dtype, rop, root, dl);
                            },
                            false, is_root ? at::Tensor() : user},
-                opts.timeout))
+                opts.timeout, opts.asyncOp))
             return work;
     }
     Staging st(op);
@@ -156,7 +166,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce_scatter(
                             return comm_->reduceScatter(in, out, user_out.numel(), dtype, rop, dl);
                         }};
         call.held = inputs[0];
-        if (auto work = maybeKernel(std::move(call), opts.timeout))
+        if (auto work = maybeKernel(std::move(call), opts.timeout, opts.asyncOp))
             return work;
     }
     Staging st(op);
@@ -191,7 +201,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::_reduce_scatter_base(
                            comm_->setNextCallSignature(shapeSignature(output));
                            return comm_->reduceScatter(in, out, output.numel(), dtype, rop, dl);
                        }},
-            opts.timeout))
+            opts.timeout, opts.asyncOp))
         return work;
     Staging st(op);
     const at::Tensor staged_in = st.in(operand, "input tensor");
@@ -227,6 +237,11 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce_scatter_tensor_coalesced(
                     dtypeName(inputs[i].scalar_type()), ", ", inputs[i].numel(),
                     " elements); expected the same dtype and input elements = output elements x ",
                     groupSize());
+    }
+    if (coalescedPerTensor(inputs)) {
+        return perTensor(OpType::COALESCED, inputs.size(), [&](size_t i) {
+            return _reduce_scatter_base(outputs[i], inputs[i], opts);
+        });
     }
     Tensors operands;
     for (const auto& t : inputs)

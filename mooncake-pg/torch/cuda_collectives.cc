@@ -89,7 +89,8 @@ void MooncakeBackend::configureCuda() {
 }
 
 c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
-                                                              std::chrono::milliseconds timeout) {
+                                                              std::chrono::milliseconds timeout,
+                                                              bool async_op) {
     if (!config_.is_cuda || cuda_path_ != device::CudaPath::kKernels || !call.output.is_cuda())
         return {};
     // Windows hold a slot per reserved rank: at most kMaxDeviceRanks.
@@ -127,6 +128,11 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
         call.collective != device::CudaCollective::kScatter)
         st.allowCapture();
     call.captured = exec->callerCapturing();
+    // torch waits for a synchronous op at once: on the caller's stream the
+    // kernels need no event to follow its work, nor its stream one to
+    // follow them (the NCCL backend does the same).
+    if (!async_op && !call.captured)
+        st.onCallerStream();
     const c10d::OpType type = call.type;
     const char* op_name = call.op_name;
     at::Tensor output = call.work_output.defined() ? call.work_output : call.output;
@@ -195,7 +201,25 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
     MC_RETURN_IF_ERROR(setUpDeviceWindow(size, deadline));
     device::GroupWindow& w = *device_window_;
     const int64_t timeout_ns = std::min(deadline.remaining(), kMaxKernelWait).count();
-    const cudaStream_t stream = exec->stream().stream();
+    // The op's stream (beforeCore made it current): the group's, or the
+    // caller's for a synchronous op.
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(exec->device().index()).stream();
+    // The window's calls run in call order: one queued on another stream
+    // than the previous one first waits for it.
+    struct QueuedInOrder {
+        CudaExecutor& exec;
+        cudaStream_t stream;
+        bool captured;
+        ~QueuedInOrder() {
+            if (!captured)
+                exec.callQueued(stream);
+        }
+    } in_order{*exec, stream, call.captured};
+    if (!call.captured) {
+        Status ordered = exec->followPreviousCall(stream);
+        if (!ordered.ok())
+            return ordered.withContext(call.op_name);
+    }
     auto next = w.nextCall(timeout_ns, stream, call.captured);
     if (!next.ok())
         return next.status().withContext(call.op_name);

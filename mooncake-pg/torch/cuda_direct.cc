@@ -168,8 +168,9 @@ Result<bool> MooncakeBackend::directAllToAllV(const KernelCall& call,
     direct_calls_.fetch_add(1);
     auto* exec = static_cast<CudaExecutor*>(cuda_executor_ptr_.load(std::memory_order_acquire));
     constexpr uint64_t seq = 0;  // the call counter numbers it (GroupWindow::nextCall)
-    MC_RETURN_IF_ERROR(device::directAllToAllV(view, members, plan, in_bytes, out_bytes, seq,
-                                               result, exec->stream().stream()));
+    MC_RETURN_IF_ERROR(
+        device::directAllToAllV(view, members, plan, in_bytes, out_bytes, seq, result,
+                                c10::cuda::getCurrentCUDAStream(exec->device().index()).stream()));
     return true;
 }
 

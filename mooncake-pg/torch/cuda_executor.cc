@@ -130,8 +130,10 @@ Status pollEvent(cudaEvent_t event, Deadline deadline, const char* what,
 // replayed; it reads as complete.
 class CudaFence final : public DeviceFence {
 public:
-    CudaFence(c10::Device device, std::shared_ptr<CudaExecutor::EventPool> events, bool captured)
+    CudaFence(c10::Device device, cudaStream_t stream,
+              std::shared_ptr<CudaExecutor::EventPool> events, bool captured)
         : device_(device),
+          stream_(stream),
           events_(std::move(events)),
           event_(events_->take()),
           captured_(captured) {}
@@ -143,6 +145,9 @@ public:
     void streamWait() override {
         c10::cuda::CUDAGuard guard(device_);
         const cudaStream_t current = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+        // On the op's own stream (a synchronous op) the order holds already.
+        if (current == stream_)
+            return;
         checkCuda(cudaStreamWaitEvent(current, event_, 0),
                   "making the current stream wait for the op");
     }
@@ -151,9 +156,15 @@ public:
             checkCuda(cudaEventSynchronize(event_), "waiting for the op's device work");
     }
     bool ready() override { return captured_ || cudaEventQuery(event_) != cudaErrorNotReady; }
+    void onStream(const std::function<void()>& fn) override {
+        c10::cuda::CUDAStreamGuard guard(
+            c10::cuda::getStreamFromExternal(stream_, device_.index()));
+        fn();
+    }
 
 private:
     const c10::Device device_;
+    const cudaStream_t stream_;  // the op's: the group's, or its caller's
     const std::shared_ptr<CudaExecutor::EventPool> events_;
     const cudaEvent_t event_;
     const bool captured_;
@@ -163,11 +174,13 @@ private:
 
 class CudaExecutor::Op final : public DeviceOp {
 public:
-    Op(Staging s, c10::Device device, const std::shared_ptr<EventPool>& events, bool captured)
+    Op(Staging s, c10::Device device, c10::cuda::CUDAStream stream,
+       const std::shared_ptr<EventPool>& events, bool captured)
         : staging(std::move(s)),
+          stream(stream),
           // Only copies into host mirrors are waited for (awaitInputs).
           staged(staging.hasMirrors() ? events->take() : nullptr),
-          done(std::make_shared<CudaFence>(device, events, captured)),
+          done(std::make_shared<CudaFence>(device, stream.stream(), events, captured)),
           captured(captured),
           device_(device),
           events_(events) {}
@@ -181,6 +194,8 @@ public:
 
     // Holds the user's tensors and their host mirrors until retired.
     const Staging staging;
+    // Where its device work goes: the group's stream, or the caller's.
+    const c10::cuda::CUDAStream stream;
     // Recorded after the copies into the mirrors (none without mirrors).
     const cudaEvent_t staged;
     const std::shared_ptr<CudaFence> done;
@@ -199,12 +214,17 @@ CudaExecutor::CudaExecutor(c10::Device device, CudaPath path)
       raw_stream_(createStream(device)),
       stream_(c10::cuda::getStreamFromExternal(raw_stream_, device.index())),
       ready_(createEvent(device)),
-      drained_(createEvent(device)) {}
+      drained_(createEvent(device)),
+      call_queued_(createEvent(device)) {}
 
 CudaExecutor::~CudaExecutor() {
     // Queued copies still read and write the held tensors.
     cudaStreamSynchronize(raw_stream_);
+    // And a synchronous op's, on its caller's stream.
+    if (last_call_stream_ != nullptr && last_call_stream_ != raw_stream_)
+        cudaEventSynchronize(call_queued_);
     retired_.clear();
+    cudaEventDestroy(call_queued_);
     cudaEventDestroy(drained_);
     cudaEventDestroy(ready_);
     cudaStreamDestroy(raw_stream_);
@@ -212,10 +232,28 @@ CudaExecutor::~CudaExecutor() {
 
 Status CudaExecutor::drain(Deadline deadline, const char* what,
                            const std::function<void()>& watch) {
-    const cudaError_t e = cudaEventRecord(drained_, raw_stream_);
+    const cudaStream_t current = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+    const cudaError_t e = cudaEventRecord(drained_, current);
     if (e != cudaSuccess)
         return Internal(std::string(what) + ": " + cudaGetErrorString(e));
     return pollEvent(drained_, deadline, what, watch ? &watch : nullptr);
+}
+
+Status CudaExecutor::followPreviousCall(cudaStream_t stream) {
+    if (last_call_stream_ == nullptr || last_call_stream_ == stream)
+        return Status::OK();
+    const cudaError_t e = cudaStreamWaitEvent(stream, call_queued_, 0);
+    if (e != cudaSuccess)
+        return Internal(std::string("ordering the call after the previous one: ") +
+                        cudaGetErrorString(e));
+    return Status::OK();
+}
+
+void CudaExecutor::callQueued(cudaStream_t stream) {
+    // A failed record leaves the next call on another stream unordered;
+    // the call after this one fails first anyway (its launch reports it).
+    if (cudaEventRecord(call_queued_, stream) == cudaSuccess)
+        last_call_stream_ = stream;
 }
 
 bool CudaExecutor::callerCapturing() const {
@@ -238,7 +276,16 @@ std::shared_ptr<DeviceOp> CudaExecutor::issue(Staging staging) {
                 "reduce_scatter_tensor, all_to_all_single without split sizes and broadcast "
                 "can, when they run on the device kernels (MC_PG_CUDA_PATH=kernels, the "
                 "default, and a group on one host); this call takes the host-staged path");
-    auto op = std::make_shared<Op>(std::move(staging), device_, events_, captured);
+    const bool caller_stream = staging.callerStream() && !captured && !staging.hasMirrors();
+    auto op = std::make_shared<Op>(
+        std::move(staging), device_,
+        caller_stream ? c10::cuda::getCurrentCUDAStream(device_.index()) : stream_, events_,
+        captured);
+    if (caller_stream) {
+        // Nothing to order: the kernels follow the caller's work on its stream.
+        reap();
+        return op;
+    }
     {
         // One event serves every issue: a wait takes the record made just
         // before it, whatever is recorded later.
@@ -274,8 +321,9 @@ Status CudaExecutor::awaitInputs(DeviceOp& op, Deadline deadline) {
 
 Status CudaExecutor::beforeCore(DeviceOp& op, Deadline deadline) {
     relaxCaptureModeOnThisThread();
-    // The worker's Future completions record their events on this stream.
-    c10::cuda::setCurrentCUDAStream(stream_);
+    // The op's device work goes on its stream, and the worker's Future
+    // completions record their events there.
+    c10::cuda::setCurrentCUDAStream(static_cast<Op&>(op).stream);
     return awaitInputs(op, deadline);
 }
 
@@ -286,7 +334,7 @@ Status CudaExecutor::finish(const std::shared_ptr<DeviceOp>& device_op, bool ok)
     try {
         c10::cuda::CUDAGuard guard(device_);
         // Also for the P2P progress thread, whose completions record here.
-        c10::cuda::setCurrentCUDAStream(stream_);
+        c10::cuda::setCurrentCUDAStream(op.stream);
         if (ok) {
             at::NoGradGuard no_grad;
             for (const auto& e : op.staging.entries()) {
@@ -298,7 +346,7 @@ Status CudaExecutor::finish(const std::shared_ptr<DeviceOp>& device_op, bool ok)
         status = Internal(std::string("copying the results back to the device: ") + e.what());
     }
     // Recorded whatever happened, so the Work's fence is always armed.
-    const cudaError_t recorded = cudaEventRecord(op.done->event(), raw_stream_);
+    const cudaError_t recorded = cudaEventRecord(op.done->event(), op.stream.stream());
     if (recorded != cudaSuccess && status.ok())
         status =
             Internal(std::string("recording the op's completion: ") + cudaGetErrorString(recorded));

@@ -2,7 +2,8 @@
 //
 // One communication stream per group. At issue, on the caller's thread, the
 // stream waits (event) on the caller's current stream, so the op reads its
-// inputs after the caller's prior work, and the inputs are copied into the
+// inputs after the caller's prior work (a synchronous kernel op goes on the
+// caller's stream itself: Staging::onCallerStream), and the inputs are copied into the
 // op's pinned host mirrors (Staging) on it. The worker runs the core op on
 // the mirrors once those copies have completed, then queues the copies back
 // into the user's tensors on the stream and records the op's fence (a CUDA
@@ -60,10 +61,19 @@ public:
     // capture takes in through the issue's event.
     bool callerCapturing() const;
 
-    // Worker thread: waits, until `deadline`, for the work queued on the
-    // communication stream so far (`what` names it in errors), calling
-    // `watch` about every millisecond meanwhile (evidence checks).
+    // Worker thread: waits, until `deadline`, for the work queued on its
+    // current stream (the op's, set by beforeCore) so far (`what` names it
+    // in errors), calling `watch` about every millisecond meanwhile
+    // (evidence checks).
     Status drain(Deadline deadline, const char* what, const std::function<void()>& watch = {});
+
+    // Worker thread, around each device-window call outside a capture: the
+    // calls must run in call order, and a synchronous one goes on its
+    // caller's stream. followPreviousCall makes `stream` wait for the
+    // previous call when that was queued on another stream; callQueued
+    // notes the call just queued on `stream`.
+    Status followPreviousCall(cudaStream_t stream);
+    void callQueued(cudaStream_t stream);
 
     std::shared_ptr<DeviceOp> issue(Staging staging) override;
     Status beforeCore(DeviceOp& op, Deadline deadline) override;
@@ -91,6 +101,10 @@ private:
     std::mutex ready_mu_;  // guards ready_'s record-then-wait
     cudaEvent_t ready_ = nullptr;
     cudaEvent_t drained_ = nullptr;  // worker thread only (drain)
+    // Worker thread only: recorded after the last device-window call, on
+    // last_call_stream_.
+    cudaEvent_t call_queued_ = nullptr;
+    cudaStream_t last_call_stream_ = nullptr;
     std::mutex retired_mu_;
     // Finished ops whose device work may still be running, oldest first.
     std::deque<std::shared_ptr<DeviceOp>> retired_;

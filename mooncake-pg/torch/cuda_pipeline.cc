@@ -32,6 +32,9 @@ namespace {
 constexpr auto kKernelGrace = std::chrono::seconds(2);
 // How often the evidence behind the abort word is checked while a call runs.
 constexpr auto kKernelWatchPeriod = std::chrono::milliseconds(1);
+// How often the fence of the oldest call in flight is queried; a Work
+// completes at most this long after its kernels.
+constexpr auto kFenceQueryPeriod = std::chrono::microseconds(8);
 
 }  // namespace
 
@@ -45,8 +48,17 @@ void MooncakeBackend::pollKernelCalls() {
             front.host_deadline =
                 Deadline::after(std::chrono::nanoseconds(front.launch.timeout_ns) + kKernelGrace);
         }
-        if (!front.fence->ready()) {
-            const auto now = std::chrono::steady_clock::now();
+        // A fence query takes the CUDA driver's lock, which the caller's
+        // thread needs meanwhile for its launches and event records: queried
+        // back to back, the queries cost an eager op several microseconds.
+        const auto now = std::chrono::steady_clock::now();
+        bool ready = false;
+        if (now >= next_fence_query_) {
+            ready = front.fence->ready();
+            if (!ready)
+                next_fence_query_ = now + kFenceQueryPeriod;
+        }
+        if (!ready) {
             if (now >= next_kernel_watch_) {
                 next_kernel_watch_ = now + kKernelWatchPeriod;
                 {

@@ -56,6 +56,11 @@ public:
     // (CudaExecutor::issue refuses every other op under capture).
     void allowCapture() { capturable_ = true; }
     bool capturable() const { return capturable_; }
+    // The op's device work goes on the caller's current stream instead of
+    // the group's (a synchronous kernel op; mirrors would still use the
+    // group's).
+    void onCallerStream() { on_caller_stream_ = true; }
+    bool callerStream() const { return on_caller_stream_; }
     const char* op() const { return op_; }
 
 private:
@@ -66,6 +71,7 @@ private:
     std::optional<c10::Device> device_;
     std::vector<Entry> entries_;
     bool capturable_ = false;
+    bool on_caller_stream_ = false;
 };
 
 }  // namespace mooncake::pg

@@ -101,8 +101,10 @@ void MooncakeWork::synchronize() {
     std::unique_lock<std::mutex> lock(mutex_);
     cv_.wait(lock, [this] { return completed_; });
     const std::exception_ptr error = exception_;
+    const bool requested = future_requested_;
     lock.unlock();
-    future_->wait();
+    if (requested)
+        future_->wait();  // as in waitHost()
     if (error)
         std::rethrow_exception(error);
 }
@@ -123,15 +125,25 @@ void MooncakeWork::waitHost(std::chrono::milliseconds timeout) {
                          " did not complete within ", timeout.count(),
                          " ms of wait(); it is still running");
     }
-    if (!completed_)
-        return;  // queued on the device; it completes (or fails) later
+    if (!completed_) {
+        // Queued on the device; the Work completes (or fails) later, its
+        // Future at launch (markLaunched).
+        const bool requested = future_requested_;
+        lock.unlock();
+        if (requested)
+            future_->wait();
+        return;
+    }
     const std::exception_ptr error = exception_;
+    const bool requested = future_requested_;
     lock.unlock();
-    // The completing thread settles the future right after it releases
-    // mutex_ (its callbacks may call back into this Work); waiting for that
-    // here means a caller that returns from wait() finds get_future() done,
-    // as torch's own backends guarantee.
-    future_->wait();
+    // The completing thread settles a requested future right after it
+    // releases mutex_ (its callbacks may call back into this Work); waiting
+    // for that here means a caller that returns from wait() finds the future
+    // done, as torch's own backends guarantee (one asked for later is
+    // completed by getFuture() itself).
+    if (requested)
+        future_->wait();
     if (error)
         std::rethrow_exception(error);
 }
@@ -141,7 +153,47 @@ void MooncakeWork::abort() {
 }
 
 c10::intrusive_ptr<c10::ivalue::Future> MooncakeWork::getFuture() {
+    bool mine = false;
+    bool settled = false;
+    std::exception_ptr error;
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        future_requested_ = true;
+        settled = launched_.load() || completed_;
+        if (settled && !future_claimed_) {
+            future_claimed_ = true;
+            mine = true;
+            // A launched op's Future completes as at launch, whatever the
+            // Work's outcome since (markLaunched).
+            if (!launched_.load())
+                error = exception_;
+        }
+    }
+    if (mine) {
+        completeFuture(error);
+    } else if (settled) {
+        future_->wait();  // its completing thread is at it
+    }
     return future_;
+}
+
+void MooncakeWork::completeFuture(const std::exception_ptr& error) {
+    if (error) {
+        future_->setError(error);
+        return;
+    }
+    const auto complete = [this] { future_->markCompleted(c10::IValue(outputs_)); };
+    // Asked for while the op's device work is pending, the Future's events
+    // go on the op's stream (one for all of a Work's fences: its group's),
+    // not the caller's current one. Once it is done, any stream will do,
+    // even after the group and its stream are gone.
+    bool pending = false;
+    for (auto& f : fences_)
+        pending = pending || !f->ready();
+    if (pending)
+        fences_.front()->onStream(complete);
+    else
+        complete();
 }
 
 int MooncakeWork::sourceRank() const {
@@ -178,8 +230,8 @@ std::vector<int> MooncakeWork::failedRanks() const {
 }
 
 bool MooncakeWork::complete(std::exception_ptr error, const std::string& message,
-                            const std::vector<int>& failed_ranks,
-                            std::vector<Callback>* callbacks) {
+                            const std::vector<int>& failed_ranks, std::vector<Callback>* callbacks,
+                            std::vector<Callback>* host_callbacks) {
     {
         std::lock_guard<std::mutex> lock(mutex_);
         if (completed_)
@@ -190,15 +242,16 @@ bool MooncakeWork::complete(std::exception_ptr error, const std::string& message
         error_message_ = message;
         failed_ranks_ = failed_ranks;
         callbacks->swap(callbacks_);
+        host_callbacks->swap(host_part_callbacks_);
         done_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
     return true;
 }
 
-bool MooncakeWork::claimFuture() {
+bool MooncakeWork::claimRequestedFuture() {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (future_claimed_)
+    if (future_claimed_ || !future_requested_)
         return false;
     future_claimed_ = true;
     return true;
@@ -206,39 +259,64 @@ bool MooncakeWork::claimFuture() {
 
 void MooncakeWork::markLaunched() {
     // As NCCL's: the Future completes once the kernels are queued. Its CUDA
-    // events, recorded on this thread's current stream (the communication
-    // stream, after the kernels), order its consumers after them. A later
-    // failure is the Work's (exception(), synchronize()), not the Future's.
-    if (claimFuture())
-        future_->markCompleted(c10::IValue(outputs_));
+    // events, recorded on the op's stream after the kernels, order its
+    // consumers after them. A later failure is the Work's (exception(),
+    // synchronize()), not the Future's. One not asked for yet is completed
+    // so when it is (getFuture()).
+    bool claimed = false;
+    std::vector<Callback> host_callbacks;
     {
         std::lock_guard<std::mutex> lock(mutex_);
+        if (completed_)
+            return;  // its host part was done with it
         launched_.store(true, std::memory_order_release);
+        claimed = future_requested_ && !future_claimed_;
+        future_claimed_ = future_claimed_ || claimed;
+        host_callbacks.swap(host_part_callbacks_);
     }
     cv_.notify_all();
+    if (claimed)
+        completeFuture(nullptr);
+    for (auto& cb : host_callbacks)
+        cb(*this);
 }
 
 void MooncakeWork::markSucceeded() {
-    std::vector<Callback> callbacks;
-    if (!complete(nullptr, {}, {}, &callbacks))
+    std::vector<Callback> callbacks, host_callbacks;
+    if (!complete(nullptr, {}, {}, &callbacks, &host_callbacks))
         return;
     // Outside the lock: Future callbacks (DDP hooks, then()) may call back
     // into this Work.
-    if (claimFuture())
-        future_->markCompleted(c10::IValue(outputs_));
+    if (claimRequestedFuture())
+        completeFuture(nullptr);
+    for (auto& cb : host_callbacks)
+        cb(*this);
     for (auto& cb : callbacks)
         cb(*this);
 }
 
 void MooncakeWork::markFailed(const std::string& message, const std::vector<int>& failed_ranks) {
-    std::vector<Callback> callbacks;
+    std::vector<Callback> callbacks, host_callbacks;
     std::exception_ptr error = makeBackendError(message);
-    if (!complete(error, message, failed_ranks, &callbacks))
+    if (!complete(error, message, failed_ranks, &callbacks, &host_callbacks))
         return;
-    if (claimFuture())
-        future_->setError(error);
+    if (claimRequestedFuture())
+        completeFuture(error);
+    for (auto& cb : host_callbacks)
+        cb(*this);
     for (auto& cb : callbacks)
         cb(*this);
+}
+
+void MooncakeWork::onHostPartDone(Callback cb) {
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!completed_ && !launched_.load()) {
+            host_part_callbacks_.push_back(std::move(cb));
+            return;
+        }
+    }
+    cb(*this);
 }
 
 void MooncakeWork::onCompletion(Callback cb) {

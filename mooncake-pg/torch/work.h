@@ -34,6 +34,10 @@ public:
     // Blocks the calling thread until it has completed.
     virtual void block() = 0;
     virtual bool ready() = 0;
+    // Runs `fn` with the stream the fence is recorded on as the calling
+    // thread's current stream: CUDA events `fn` records there (a Future's)
+    // come after the op.
+    virtual void onStream(const std::function<void()>& fn) = 0;
 };
 
 class MooncakeWork : public c10d::Work {
@@ -78,6 +82,10 @@ public:
     // still run to its deadline: a collective must stay in lockstep with the
     // other ranks, so it is not cut short.
     void abort() override;
+    // Completed when first asked for (a Future's CUDA events cost an eager
+    // op several microseconds, and most callers never ask): as NCCL's, it
+    // completes once the kernels are queued (launched ops), else with the
+    // Work; pending until then.
     c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
 
     // The rank a recv received from (torch's Work._source_rank()): its peer,
@@ -99,22 +107,33 @@ public:
     // The host part of a kernel call is done: its kernels and fences are
     // queued, so wait() may return before the Work completes.
     void markLaunched();
+    bool launched() const { return launched_.load(std::memory_order_acquire); }
     // Completion. Callable from any thread; the first call wins and later
     // ones are ignored (an aborted Work stays aborted).
     void markSucceeded();
     void markFailed(const std::string& message, const std::vector<int>& failed_ranks);
     // Runs `cb` once the Work completes (at once, on this thread, if it has).
     void onCompletion(Callback cb);
+    // Runs `cb` once the op's host part is done, as wait() sees it: launched
+    // (a kernel call) or completed, whichever comes first (at once, on this
+    // thread, if it is).
+    void onHostPartDone(Callback cb);
 
 private:
     // Returns false if the Work had already completed.
+    // `host_callbacks`: the onHostPartDone ones not yet run (launched_ unset).
     bool complete(std::exception_ptr error, const std::string& message,
-                  const std::vector<int>& failed_ranks, std::vector<Callback>* callbacks);
+                  const std::vector<int>& failed_ranks, std::vector<Callback>* callbacks,
+                  std::vector<Callback>* host_callbacks);
 
     // wait() without the fences; returns after rethrowing any failure.
     void waitHost(std::chrono::milliseconds timeout);
-    // Whether the caller is the one to complete future_ (first call only).
-    bool claimFuture();
+    // Whether the caller is the one to complete future_: getFuture() was
+    // called and no one has claimed it yet.
+    bool claimRequestedFuture();
+    // Completes future_ (the caller claimed it): with `error`, else with the
+    // outputs, its CUDA events recorded after the op's fences.
+    void completeFuture(const std::exception_ptr& error);
 
     const std::vector<at::Tensor> outputs_;
     const int hint_size_;
@@ -133,7 +152,10 @@ private:
     std::string error_message_;
     std::vector<int> failed_ranks_;
     std::vector<Callback> callbacks_;
+    std::vector<Callback> host_part_callbacks_;
     bool future_claimed_ = false;
+    // getFuture() was called: completions complete future_ too.
+    bool future_requested_ = false;
 };
 
 // A c10::DistBackendError as an exception_ptr, for Work and Future errors.

@@ -684,6 +684,78 @@ def test_list_forms_gather_and_scatter_run_on_the_kernels_and_a_root_mismatch_fa
         assert r["after"] == [float(sum(range(1, ws + 1)))], (rank, r)
 
 
+def _coalesced_forms(ctx):
+    """all_reduce, all_gather_into_tensor and reduce_scatter_tensor coalesced
+    (torch's _coalescing_manager fast path, sync and async, and the deprecated
+    all_reduce_coalesced), two tensors of different dtypes each, at 3 KiB and
+    3 MiB: exact; on the kernels path one device call per tensor."""
+    import warnings
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    ws, rank = ctx.world_size, ctx.rank
+    out = {"failures": []}
+    before = _device_calls()
+    calls = 0
+
+    def check(what, got, want):
+        if not torch.equal(got.cpu(), want.cpu()):
+            out["failures"].append(f"{what}: got {got.flatten()[:6].tolist()}, want {want.flatten()[:6].tolist()}")
+
+    def value(src, n, dtype):  # exact in both dtypes: small integers
+        return ((torch.arange(n) % 13) + 3 * src + 1).to(dtype)
+
+    total = lambda n, dtype: sum(value(s, n, dtype) for s in range(ws))  # noqa: E731
+    for n in (768, 768 << 10):
+        for async_ops in (False, True):
+            a, b = value(rank, n, torch.float32).to(dev), value(rank, n, torch.int32).to(dev)
+            with dist._coalescing_manager(async_ops=async_ops) as cm:
+                dist.all_reduce(a)
+                dist.all_reduce(b)
+            if async_ops:
+                cm.wait()
+            calls += 2
+            check(f"coalesced all_reduce {n} async={async_ops} float32", a, total(n, torch.float32))
+            check(f"coalesced all_reduce {n} async={async_ops} int32", b, total(n, torch.int32))
+        ins = [value(rank, n, torch.float32).to(dev), value(rank, 2 * n, torch.int32).to(dev)]
+        outs = [torch.full((ws * n,), -1.0, device=dev), torch.full((ws * 2 * n,), -1, dtype=torch.int32, device=dev)]
+        with dist._coalescing_manager():
+            for o, i in zip(outs, ins):
+                dist.all_gather_into_tensor(o, i)
+        calls += 2
+        check(f"coalesced all_gather_into_tensor {n} [0]", outs[0], torch.cat([value(r, n, torch.float32) for r in range(ws)]))
+        check(f"coalesced all_gather_into_tensor {n} [1]", outs[1], torch.cat([value(r, 2 * n, torch.int32) for r in range(ws)]))
+        full = [value(rank, ws * n, torch.float32).to(dev), value(rank, ws * n, torch.int32).to(dev)]
+        got = [torch.zeros(n, device=dev), torch.zeros(n, dtype=torch.int32, device=dev)]
+        with dist._coalescing_manager():
+            for g, f in zip(got, full):
+                dist.reduce_scatter_tensor(g, f)
+        calls += 2
+        for k, dtype in enumerate((torch.float32, torch.int32)):
+            want = total(ws * n, dtype)[rank * n:(rank + 1) * n]
+            check(f"coalesced reduce_scatter_tensor {n} [{k}]", got[k], want)
+        # torch's all_reduce_coalesced takes one dtype
+        x, y = value(rank, n, torch.float32).to(dev), value(rank, 2 * n, torch.float32).to(dev)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated in torch, still served
+            dist.all_reduce_coalesced([x, y])
+        calls += 2
+        check(f"all_reduce_coalesced {n} [0]", x, total(n, torch.float32))
+        check(f"all_reduce_coalesced {n} [1]", y, total(2 * n, torch.float32))
+    out["device_calls"] = _device_calls() - before
+    out["expected_calls"] = calls
+    return out
+
+
+@pytest.mark.parametrize("path", ["kernels", "staged"])
+def test_coalesced_forms_are_exact_and_run_one_kernel_call_per_tensor(path):
+    res = harness.run_ranks(_coalesced_forms, 3, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            ref_group=False, env=PATHS[path], pg_timeout_s=OP_TIMEOUT_S)
+    for rank, r in enumerate(res):
+        assert not r["failures"], (rank, path, r["failures"][:10])
+        want = r["expected_calls"] if path == "kernels" else 0
+        assert r["device_calls"] == want, (rank, path, r)
+
+
 # A stalled rank's peers wait this long (the group's timeout) before their op
 # fails; kept short so the test spends seconds, not minutes, on it.
 STALL_OP_TIMEOUT_S = 5
