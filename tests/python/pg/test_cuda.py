@@ -356,15 +356,18 @@ def _stream_semantics(ctx):
     dev = torch.device("cuda", 0)
     out = []
     want = float(sum(r + 1 for r in range(ws)))
-    for side in (False, True):
+    # async_op=False: the kernels go on the caller's stream itself (pg-cuda.md).
+    for side, sync in ((False, False), (True, False), (False, True), (True, True)):
         stream = torch.cuda.Stream() if side else torch.cuda.current_stream()
         with torch.cuda.stream(stream):
             x = torch.zeros(1 << 16, device=dev)
             torch.cuda._sleep(SLEEP_CYCLES)  # producer: a slow kernel, then the fill
             x.fill_(rank + 1)
-            work = dist.all_reduce(x, async_op=True)
-            work.wait()
-            y = x * 2  # consumer, queued on the same stream right after wait()
+            if sync:
+                dist.all_reduce(x)
+            else:
+                dist.all_reduce(x, async_op=True).wait()
+            y = x * 2  # consumer, queued on the same stream right after the op
             out.append((side, float(y.min().item()), float(y.max().item())))
     # P2P: the send's data is written by a slow producer; the recv's consumer follows wait().
     if ws >= 2:
@@ -394,6 +397,54 @@ def test_stream_semantics(world_size, path):
                             ref_group=False, env=PATHS[path])
     failures = [f for per_rank in res for f in per_rank]
     assert not failures, "\n".join(failures)
+
+
+def _calls_across_streams(ctx):
+    """Asynchronous calls (the group's stream) and synchronous ones (their
+    caller's stream: the current one or either of two side streams)
+    interleaved, sizes differing per call and every fifth call on the direct
+    path: the device runs the group's calls in call order whatever stream
+    each went on, so every result is exact."""
+    torch.cuda.set_device(0)
+    ws, rank = ctx.world_size, ctx.rank
+    dev = torch.device("cuda", 0)
+    sides = (torch.cuda.Stream(), torch.cuda.Stream())
+    pending, done = [], []
+    for i in range(30):
+        n = (1 << 20) + i if i % 5 == 0 else 1000 + i  # 4 MiB and up: the direct path
+        t = torch.full((n,), float(rank + i), device=dev)
+        kind = i % 4
+        if kind == 0:
+            pending.append((dist.all_reduce(t, async_op=True), t, i))
+        elif kind == 1:
+            dist.all_reduce(t)  # on the current stream
+            done.append((t, i))
+        else:
+            side = sides[kind - 2]
+            side.wait_stream(torch.cuda.current_stream())  # t's fill
+            with torch.cuda.stream(side):
+                dist.all_reduce(t)
+            done.append((t, i))
+    for work, t, i in pending:
+        work.wait()
+        done.append((t, i))
+    torch.cuda.synchronize()
+    failures = []
+    for t, i in done:
+        want = float(ws * i + ws * (ws - 1) // 2)
+        lo, hi = float(t.min().item()), float(t.max().item())
+        if lo != want or hi != want:
+            failures.append(f"rank {rank} call {i}: [{lo}, {hi}], expected {want}")
+    return {"failures": failures, "device_calls": _device_calls()}
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_calls_on_several_streams_run_in_call_order(world_size):
+    res = harness.run_ranks(_calls_across_streams, world_size, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            ref_group=False, env=PATHS["kernels"], pg_timeout_s=OP_TIMEOUT_S)
+    for rank, r in enumerate(res):
+        assert not r["failures"], (rank, r["failures"][:10])
+        assert r["device_calls"] >= 30, (rank, r)
 
 
 def _bad_input(ctx):
