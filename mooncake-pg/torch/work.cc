@@ -184,16 +184,22 @@ void MooncakeWork::completeFuture(const std::exception_ptr& error) {
     }
     const auto complete = [this] { future_->markCompleted(c10::IValue(outputs_)); };
     // Asked for while the op's device work is pending, the Future's events
-    // go on the op's stream (one for all of a Work's fences: its group's),
-    // not the caller's current one. Once it is done, any stream will do,
-    // even after the group and its stream are gone.
+    // go on the op's stream, not the caller's current one. Once it is done,
+    // any stream will do, even after the group and its stream are gone.
     bool pending = false;
     for (auto& f : fences_)
         pending = pending || !f->ready();
-    if (pending)
-        fences_.front()->onStream(complete);
-    else
+    if (!pending) {
         complete();
+        return;
+    }
+    fences_.front()->onStream([&] {
+        // A batch's fences may sit on several streams (a synchronous op's is
+        // its caller's): the Future's events follow all of them.
+        for (size_t i = 1; i < fences_.size(); ++i)
+            fences_[i]->streamWait();
+        complete();
+    });
 }
 
 int MooncakeWork::sourceRank() const {
