@@ -389,8 +389,10 @@ private:
     // device kernels): its wait() returns once every op's host part is done,
     // it completes when all have, failed with the first failure's message
     // and every op's failed ranks, and it holds every op's fences.
+    // `results`: what the Work returns, when not the ops' results in order.
     c10::intrusive_ptr<MooncakeWork> joinWorks(c10d::OpType type,
-                                               std::vector<c10::intrusive_ptr<MooncakeWork>> works);
+                                               std::vector<c10::intrusive_ptr<MooncakeWork>> works,
+                                               std::vector<at::Tensor> results = {});
     // Whether a coalesced collective on `tensors` runs as one op per tensor
     // (each on the device kernels where route() takes it), joined
     // (joinWorks): CUDA tensors on a group whose path is the kernels. The
@@ -398,11 +400,12 @@ private:
     bool coalescedPerTensor(const std::vector<at::Tensor>& tensors) const;
     // The ops one per tensor issues, joined.
     template <typename IssueOne>
-    c10::intrusive_ptr<c10d::Work> perTensor(c10d::OpType type, size_t count, IssueOne issue_one) {
+    c10::intrusive_ptr<c10d::Work> perTensor(c10d::OpType type, size_t count, IssueOne issue_one,
+                                             std::vector<at::Tensor> results = {}) {
         std::vector<c10::intrusive_ptr<MooncakeWork>> works;
         for (size_t i = 0; i < count; ++i)
             works.push_back(c10::static_intrusive_pointer_cast<MooncakeWork>(issue_one(i)));
-        return joinWorks(type, std::move(works));
+        return joinWorks(type, std::move(works), std::move(results));
     }
     std::string failureMessage(const char* op_name, const Status& status,
                                std::chrono::milliseconds timeout) const;

@@ -198,6 +198,20 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather_coalesced(
             flat_outputs.push_back(o);
         }
     }
+    if (coalescedPerTensor(inputs)) {
+        // Input i's all_gather into its list, output_tensor_lists[r][i] for
+        // every rank r (the list form runs on the kernels).
+        return perTensor(
+            OpType::ALLGATHER_COALESCED, inputs.size(),
+            [&](size_t i) {
+                std::vector<Tensors> outs(1);
+                for (int r = 0; r < n; ++r)
+                    outs[0].push_back(output_lists[r][i]);
+                Tensors in{inputs[i]};
+                return allgather(outs, in, opts);
+            },
+            flat_outputs);
+    }
     Staging st(op);
     Tensors srcs;
     for (const auto& t : st.in(inputs, "input_tensor_list"))

@@ -46,12 +46,16 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::endCoalescing() {
 }
 
 c10::intrusive_ptr<MooncakeWork> MooncakeBackend::joinWorks(
-    c10d::OpType type, std::vector<c10::intrusive_ptr<MooncakeWork>> works) {
-    std::vector<at::Tensor> outputs;
+    c10d::OpType type, std::vector<c10::intrusive_ptr<MooncakeWork>> works,
+    std::vector<at::Tensor> results) {
+    std::vector<at::Tensor> outputs = std::move(results);
+    const bool from_ops = outputs.empty();
     std::vector<c10::Device> devices;
     for (auto& w : works) {
-        for (auto& t : w->result())
-            outputs.push_back(t);
+        if (from_ops) {
+            for (auto& t : w->result())
+                outputs.push_back(t);
+        }
         for (const auto& d : w->devices()) {
             if (std::find(devices.begin(), devices.end(), d) == devices.end())
                 devices.push_back(d);

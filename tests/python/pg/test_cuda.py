@@ -738,8 +738,8 @@ def test_list_forms_gather_and_scatter_run_on_the_kernels_and_a_root_mismatch_fa
 def _coalesced_forms(ctx):
     """all_reduce, all_gather_into_tensor and reduce_scatter_tensor coalesced
     (torch's _coalescing_manager fast path, sync and async, and the deprecated
-    all_reduce_coalesced), two tensors of different dtypes each, at 3 KiB and
-    3 MiB: exact; on the kernels path one device call per tensor."""
+    all_reduce_coalesced and all_gather_coalesced), two tensors each, at 3 KiB
+    and 3 MiB: exact; on the kernels path one device call per tensor."""
     import warnings
     torch.cuda.set_device(0)
     dev = torch.device("cuda", 0)
@@ -792,6 +792,20 @@ def _coalesced_forms(ctx):
         calls += 2
         check(f"all_reduce_coalesced {n} [0]", x, total(n, torch.float32))
         check(f"all_reduce_coalesced {n} [1]", y, total(2 * n, torch.float32))
+        # all_gather_coalesced: output_tensor_lists[r][i] is rank r's input i;
+        # async at the larger size, through the Future it returns
+        ins = [value(rank, n, torch.float32).to(dev), value(rank, 2 * n, torch.float32).to(dev)]
+        lists = [[torch.full((n,), -1.0, device=dev), torch.full((2 * n,), -1.0, device=dev)]
+                 for _ in range(ws)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # deprecated in torch, still served
+            fut = dist.all_gather_coalesced(lists, ins, async_op=n > 1000)
+        if fut is not None:
+            fut.wait()
+        calls += 2
+        for r in range(ws):
+            check(f"all_gather_coalesced {n} [{r}][0]", lists[r][0], value(r, n, torch.float32))
+            check(f"all_gather_coalesced {n} [{r}][1]", lists[r][1], value(r, 2 * n, torch.float32))
     out["device_calls"] = _device_calls() - before
     out["expected_calls"] = calls
     return out
