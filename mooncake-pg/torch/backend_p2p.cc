@@ -74,37 +74,30 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::joinWorks(
     }
     struct Join {
         std::mutex mu;
-        size_t left = 0;
+        size_t left = 0;  // ops not completed
         std::string error;
         std::vector<int> failed;
-    };
-    auto join = std::make_shared<Join>();
-    join->left = works.size();
-    // With kernel calls among them, the batch's host part is done once every
-    // op's is (launched or completed), unless one has failed by then: its
-    // wait() then raises. Without, it is done when it completes.
-    struct HostJoin {
-        std::mutex mu;
-        size_t left = 0;
-        bool failed = false;
+        // With kernel calls among them, the batch's host part is done once
+        // every op's is (launched or completed), unless one has failed by
+        // then: its wait() then raises. Without, it is done when it completes.
+        size_t hosts_left = 0;  // ops whose host part is not done
+        bool host_failed = false;
         bool launched = false;
     };
-    auto host_join = std::make_shared<HostJoin>();
-    host_join->left = works.size();
+    auto join = std::make_shared<Join>();
+    join->left = join->hosts_left = works.size();
     for (auto& w : works) {
-        w->onHostPartDone([batch, host_join](MooncakeWork& done) {
+        w->onHostPartDone([batch, join](MooncakeWork& done) {
             const bool failed = done.exception() != nullptr;
             {
-                std::lock_guard<std::mutex> lock(host_join->mu);
-                host_join->failed = host_join->failed || failed;
-                host_join->launched = host_join->launched || done.launched();
-                if (--host_join->left > 0 || host_join->failed || !host_join->launched)
+                std::lock_guard<std::mutex> lock(join->mu);
+                join->host_failed = join->host_failed || failed;
+                join->launched = join->launched || done.launched();
+                if (--join->hosts_left > 0 || join->host_failed || !join->launched)
                     return;
             }
             batch->markLaunched();
         });
-    }
-    for (auto& w : works) {
         w->onCompletion([batch, join](MooncakeWork& done) {
             std::string error;
             std::vector<int> failed;

@@ -62,13 +62,9 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allreduce_coalesced(
         rops.push_back(checkReduceOp(opts.reduceOp, dtypes.back(), op));
     }
     if (coalescedPerTensor(tensors)) {
-        c10d::AllreduceOptions one;
-        one.reduceOp = opts.reduceOp;
-        one.timeout = opts.timeout;
-        one.asyncOp = opts.asyncOp;
         return perTensor(OpType::ALLREDUCE_COALESCED, tensors.size(), [&](size_t i) {
             Tensors single{tensors[i]};
-            return allreduce(single, one);
+            return allreduce(single, opts);  // AllreduceCoalescedOptions is an AllreduceOptions
         });
     }
     for (const auto& t : tensors)

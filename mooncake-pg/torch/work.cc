@@ -125,23 +125,16 @@ void MooncakeWork::waitHost(std::chrono::milliseconds timeout) {
                          " did not complete within ", timeout.count(),
                          " ms of wait(); it is still running");
     }
-    if (!completed_) {
-        // Queued on the device; the Work completes (or fails) later, its
-        // Future at launch (markLaunched).
-        const bool requested = future_requested_;
-        lock.unlock();
-        if (requested)
-            future_->wait();
-        return;
-    }
+    // Not completed: queued on the device, the Work completes (or fails)
+    // later and its Future at launch (markLaunched); no error yet.
     const std::exception_ptr error = exception_;
     const bool requested = future_requested_;
     lock.unlock();
-    // The completing thread settles a requested future right after it
-    // releases mutex_ (its callbacks may call back into this Work); waiting
-    // for that here means a caller that returns from wait() finds the future
-    // done, as torch's own backends guarantee (one asked for later is
-    // completed by getFuture() itself).
+    // The completing (or launching) thread settles a requested future right
+    // after it releases mutex_ (its callbacks may call back into this Work);
+    // waiting for that here means a caller that returns from wait() finds
+    // the future done, as torch's own backends guarantee (one asked for
+    // later is completed by getFuture() itself).
     if (requested)
         future_->wait();
     if (error)
@@ -235,24 +228,31 @@ std::vector<int> MooncakeWork::failedRanks() const {
     return failed_ranks_;
 }
 
-bool MooncakeWork::complete(std::exception_ptr error, const std::string& message,
-                            const std::vector<int>& failed_ranks, std::vector<Callback>* callbacks,
-                            std::vector<Callback>* host_callbacks) {
+void MooncakeWork::complete(std::exception_ptr error, const std::string& message,
+                            const std::vector<int>& failed_ranks) {
+    std::vector<Callback> callbacks, host_callbacks;
     {
         std::lock_guard<std::mutex> lock(mutex_);
         if (completed_)
-            return false;
+            return;
         completed_ = true;
         exception_ = error;
         local_success_ = !error;
         error_message_ = message;
         failed_ranks_ = failed_ranks;
-        callbacks->swap(callbacks_);
-        host_callbacks->swap(host_part_callbacks_);
+        callbacks.swap(callbacks_);
+        host_callbacks.swap(host_part_callbacks_);
         done_.store(true, std::memory_order_release);
     }
     cv_.notify_all();
-    return true;
+    // Outside the lock: Future callbacks (DDP hooks, then()) may call back
+    // into this Work.
+    if (claimRequestedFuture())
+        completeFuture(error);
+    for (auto& cb : host_callbacks)
+        cb(*this);
+    for (auto& cb : callbacks)
+        cb(*this);
 }
 
 bool MooncakeWork::claimRequestedFuture() {
@@ -288,30 +288,11 @@ void MooncakeWork::markLaunched() {
 }
 
 void MooncakeWork::markSucceeded() {
-    std::vector<Callback> callbacks, host_callbacks;
-    if (!complete(nullptr, {}, {}, &callbacks, &host_callbacks))
-        return;
-    // Outside the lock: Future callbacks (DDP hooks, then()) may call back
-    // into this Work.
-    if (claimRequestedFuture())
-        completeFuture(nullptr);
-    for (auto& cb : host_callbacks)
-        cb(*this);
-    for (auto& cb : callbacks)
-        cb(*this);
+    complete(nullptr, {}, {});
 }
 
 void MooncakeWork::markFailed(const std::string& message, const std::vector<int>& failed_ranks) {
-    std::vector<Callback> callbacks, host_callbacks;
-    std::exception_ptr error = makeBackendError(message);
-    if (!complete(error, message, failed_ranks, &callbacks, &host_callbacks))
-        return;
-    if (claimRequestedFuture())
-        completeFuture(error);
-    for (auto& cb : host_callbacks)
-        cb(*this);
-    for (auto& cb : callbacks)
-        cb(*this);
+    complete(makeBackendError(message), message, failed_ranks);
 }
 
 void MooncakeWork::onHostPartDone(Callback cb) {

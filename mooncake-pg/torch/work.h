@@ -120,11 +120,11 @@ public:
     void onHostPartDone(Callback cb);
 
 private:
-    // Returns false if the Work had already completed.
-    // `host_callbacks`: the onHostPartDone ones not yet run (launched_ unset).
-    bool complete(std::exception_ptr error, const std::string& message,
-                  const std::vector<int>& failed_ranks, std::vector<Callback>* callbacks,
-                  std::vector<Callback>* host_callbacks);
+    // markSucceeded (`error` null) and markFailed: a Work already completed
+    // stays as it is; otherwise it completes, then its requested Future and
+    // its callbacks (onHostPartDone ones not yet run, then onCompletion).
+    void complete(std::exception_ptr error, const std::string& message,
+                  const std::vector<int>& failed_ranks);
 
     // wait() without the fences; returns after rethrowing any failure.
     void waitHost(std::chrono::milliseconds timeout);
