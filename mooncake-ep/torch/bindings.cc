@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "mooncake-ep/torch/fast_buffer.h"
+#include "mooncake-transfer-engine/transport/rdma/rdma_transport.h"
 #ifdef MOONCAKE_EP_NCCL_DEVICE
 #include "mooncake-ep/torch/nccl/nccl_buffer.h"
 #endif
@@ -98,6 +99,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         },
         py::arg("num_max_dispatch_tokens_per_rank"), py::arg("hidden"), py::arg("num_ranks"),
         py::arg("num_experts"));
+    m.def(
+        "ibgda_status",
+        [](const std::vector<std::string>& device_filter) {
+            mooncake::te::RdmaOptions o;
+            o.device_filter = device_filter;
+            const mooncake::te::IbgdaProbe p = mooncake::te::probeIbgda(o);
+            return py::make_tuple(p.device, p.status.ok() ? "" : p.status.message());
+        },
+        py::arg("device_filter"),
+        "(device, reason): the first IBGDA-capable device the filter admits, or \"\" and why "
+        "there is none");
     py::class_<FastBuffer>(m, "Buffer")
         .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, std::string key_prefix,
                          std::string secret, int rank, int num_ranks, int64_t num_bytes, int device,

@@ -188,7 +188,8 @@ Status TransferEngine::init(const std::string& host_ip,
         // Rides on the shm transport's descriptor server; absent without CUDA.
         if (auto cuda_ipc = createCudaIpcTransport())
             transports_.push_back(std::move(cuda_ipc));
-        RdmaSetup rdma = createRdmaTransport(RdmaOptions{device_filter, options_.verbs_library});
+        RdmaSetup rdma =
+            createRdmaTransport(RdmaOptions{device_filter, options_.verbs_library, {}});
         // A malformed filter is the caller's mistake; a missing device is not.
         if (rdma.status.code() == StatusCode::kInvalidArgument) {
             transports_.clear();  // none started yet; init may be retried

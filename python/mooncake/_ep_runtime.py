@@ -5,6 +5,7 @@ without it (today: every build) still get the Python API, which then runs the
 collective fallback; ``unavailable_reason()`` says why the fast path is off.
 """
 
+import logging
 import warnings
 
 import torch
@@ -68,3 +69,29 @@ def nccl_shapes():
     module = runtime()
     shapes = getattr(module, "NCCL_SHAPES", ()) if module is not None else ()
     return tuple(tuple(int(v) for v in s) for s in shapes)
+
+
+_ibgda = None  # the probe's sentence, filled on first use
+
+
+def ibgda_reason():
+    """Why EP cannot use GPU-initiated RDMA (IBGDA) across hosts: a sentence.
+
+    Asked once per process (the probe opens the devices); the answer is logged
+    once at INFO on the ``mooncake.ep`` logger. Even with a capable device the
+    IBGDA data path is not built yet (docs/rdma.md), which the sentence says.
+    """
+    global _ibgda
+    if _ibgda is None:
+        module = runtime()
+        if module is None or not hasattr(module, "ibgda_status"):
+            _ibgda = "IBGDA is unavailable: " + (_load()[1] or "this runtime has no IBGDA probe")
+        else:
+            device, reason = module.ibgda_status([])
+            if device:
+                _ibgda = (f"IBGDA-capable device {device} found, but the IBGDA data path is not "
+                          f"built yet (docs/rdma.md)")
+            else:
+                _ibgda = f"IBGDA is unavailable: {reason}"
+        logging.getLogger("mooncake.ep").info("Mooncake EP: %s", _ibgda)
+    return _ibgda

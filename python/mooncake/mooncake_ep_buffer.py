@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from mooncake import _ep_checks as checks
+from mooncake import _ep_runtime
 from mooncake import _ep_fallback as fallback
 from mooncake import _ep_fast as fast
 from mooncake._ep_fallback import EPRankFailure, fp8_dequantize, fp8_quantize
@@ -158,7 +159,8 @@ class Buffer:
         elif not bool((table[:, 3] == table[0, 3]).all()):
             hosts = len(set(table[:, 3].tolist()))
             self.fast_path_reason = (f"the ranks are on {hosts} hosts; the fast path (cuda_ipc) "
-                                     f"needs every rank on one host")
+                                     f"needs every rank on one host, and across hosts "
+                                     f"{_ep_runtime.ibgda_reason()}")
         else:
             sharing = int(((table[:, 3] == table[self.rank, 3]) &
                            (table[:, 6] == device_id)).sum())

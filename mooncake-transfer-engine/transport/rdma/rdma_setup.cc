@@ -1,5 +1,8 @@
 // createRdmaTransport: loads verbs, discovers devices through the filter and
-// opens the first usable one; otherwise says why there is no rdma.
+// opens the first usable one; otherwise says why there is no rdma. probeIbgda
+// asks the same of IBGDA, which also needs an mlx5 device.
+#include <dlfcn.h>
+
 #include "mooncake-transfer-engine/transport/rdma/device_filter.h"
 #include "mooncake-transfer-engine/transport/rdma/rdma_device.h"
 #include "mooncake-transfer-engine/transport/rdma/rdma_transport.h"
@@ -7,14 +10,19 @@
 
 namespace mooncake::te {
 
-RdmaSetup createRdmaTransport(const RdmaOptions& options) {
+namespace {
+
+struct Discovered {
+    const rdma::VerbsApi* api = nullptr;
+    rdma::DeviceDiscovery devices;
+};
+
+// Parses the filter, loads verbs and lists the admitted devices.
+Result<Discovered> discover(const RdmaOptions& options) {
     using namespace rdma;
-    RdmaSetup out;
     auto filter = parseDeviceFilter(options.device_filter);
-    if (!filter.ok()) {
-        out.status = filter.status();
-        return out;
-    }
+    if (!filter.ok())
+        return filter.status();
     auto api = options.verbs_library.empty() ? VerbsApi::get() : [&]() -> Result<const VerbsApi*> {
         // A test's library: loaded each time, kept for the process.
         auto loaded = VerbsApi::load(options.verbs_library.c_str());
@@ -22,21 +30,31 @@ RdmaSetup createRdmaTransport(const RdmaOptions& options) {
             return loaded.status();
         return new VerbsApi(loaded.value());
     }();
-    if (!api.ok()) {
-        out.status = api.status();
-        return out;
-    }
+    if (!api.ok())
+        return api.status();
     auto found = discoverDevices(*api.value(), filter.value());
+    if (!found.ok())
+        return found.status();
+    return Discovered{api.value(), std::move(found).value()};
+}
+
+}  // namespace
+
+RdmaSetup createRdmaTransport(const RdmaOptions& options) {
+    using namespace rdma;
+    RdmaSetup out;
+    auto found = discover(options);
     if (!found.ok()) {
         out.status = found.status();
         return out;
     }
-    for (const DeviceFilterEntry& e : found->selected)
+    const VerbsApi* api = found->api;
+    for (const DeviceFilterEntry& e : found->devices.selected)
         out.devices.push_back(e.device);
     // The first device that opens with an ACTIVE port serves this engine.
     std::string reasons;
-    for (const DeviceFilterEntry& e : found->selected) {
-        auto dev = RdmaDevice::open(*api.value(), e);
+    for (const DeviceFilterEntry& e : found->devices.selected) {
+        auto dev = RdmaDevice::open(*api, e);
         if (dev.ok()) {
             out.transport = makeRdmaTransport(std::move(dev).value());
             out.status = Status::OK();
@@ -45,6 +63,65 @@ RdmaSetup createRdmaTransport(const RdmaOptions& options) {
         reasons += (reasons.empty() ? "" : "; ") + dev.status().toString();
     }
     out.status = Unavailable("no usable RDMA device: " + reasons);
+    return out;
+}
+
+IbgdaProbe probeIbgda(const RdmaOptions& options) {
+    using namespace rdma;
+    IbgdaProbe out;
+    auto found = discover(options);
+    if (!found.ok()) {
+        out.status = found.status();
+        return out;
+    }
+    const VerbsApi* api = found->api;
+    const std::string library =
+        options.mlx5_library.empty() ? "libmlx5.so.1" : options.mlx5_library;
+    // Kept loaded for the process, like the verbs library.
+    void* mlx5 = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!mlx5) {
+        const char* why = ::dlerror();
+        out.status = Unavailable(
+            "no IBGDA-capable device: the mlx5 direct-verbs library is "
+            "missing (" +
+            std::string(why ? why : library) + ")");
+        return out;
+    }
+    using IsSupported = bool (*)(ibv_device*);
+    auto is_supported = reinterpret_cast<IsSupported>(::dlsym(mlx5, "mlx5dv_is_supported"));
+    if (!is_supported) {
+        out.status = Unavailable("no IBGDA-capable device: " + library +
+                                 " lacks mlx5dv_is_supported (rdma-core too old?)");
+        return out;
+    }
+    int count = 0;
+    ibv_device** list = api->getDeviceList(&count);
+    std::string reasons;
+    for (const DeviceFilterEntry& e : found->devices.selected) {
+        ibv_device* dev = nullptr;
+        for (int i = 0; list && i < count && !dev; ++i) {
+            if (e.device == api->getDeviceName(list[i]))
+                dev = list[i];
+        }
+        std::string why;
+        if (!dev) {
+            why = e.device + " vanished from the device list";
+        } else if (!is_supported(dev)) {
+            why = e.device + " is not an mlx5 (ConnectX) device";
+        } else {
+            auto opened = RdmaDevice::open(*api, e);  // the ACTIVE-port check
+            if (opened.ok()) {
+                out.device = e.device;
+                break;
+            }
+            why = opened.status().toString();
+        }
+        reasons += (reasons.empty() ? "" : "; ") + why;
+    }
+    if (list)
+        api->freeDeviceList(list);
+    out.status =
+        out.device.empty() ? Unavailable("no IBGDA-capable device: " + reasons) : Status::OK();
     return out;
 }
 

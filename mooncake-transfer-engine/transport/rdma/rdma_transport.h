@@ -19,6 +19,8 @@ struct RdmaOptions {
     // The verbs library to load ("" = libibverbs.so.1); tests name one that
     // does not exist.
     std::string verbs_library;
+    // The mlx5 direct-verbs library probeIbgda asks ("" = libmlx5.so.1).
+    std::string mlx5_library;
 };
 
 struct RdmaSetup {
@@ -31,6 +33,18 @@ struct RdmaSetup {
 };
 
 RdmaSetup createRdmaTransport(const RdmaOptions& options);
+
+// Whether this host could run EP's GPU-initiated RDMA (IBGDA): a device the
+// filter admits, with an ACTIVE port, that the mlx5 direct-verbs library
+// supports (ConnectX). OK with `device` naming the first; otherwise
+// kUnavailable saying why: "no RDMA device ..." (verbs missing, no device,
+// none admitted) or "no IBGDA-capable device: ..." (devices exist but none
+// is usable for IBGDA), or kInvalidArgument for a malformed filter.
+struct IbgdaProbe {
+    Status status;
+    std::string device;
+};
+IbgdaProbe probeIbgda(const RdmaOptions& options);
 
 namespace rdma {
 class RdmaDevice;

@@ -12,7 +12,9 @@
 //     RETRY_EXC_ERR; a QP moved to ERROR flushes what it holds;
 //   - mc_fake_verbs_stall(1) makes posted requests wait forever (a stalled
 //     peer), so the caller's deadline must act;
-//   - MC_FAKE_VERBS_FAIL_CREATE_CQ=1 makes ibv_create_cq fail with ENOMEM.
+//   - MC_FAKE_VERBS_FAIL_CREATE_CQ=1 makes ibv_create_cq fail with ENOMEM;
+//   - it also stands in for the mlx5 direct-verbs library: mlx5dv_is_supported
+//     says yes for devices named mlx5_*.
 #include <infiniband/verbs.h>
 
 #include <atomic>
@@ -189,6 +191,10 @@ ibv_device** ibv_get_device_list(int* num) {
 void ibv_free_device_list(ibv_device** list) {
     // The devices stay: contexts opened from them point at them.
     std::free(list);
+}
+
+bool mlx5dv_is_supported(ibv_device* device) {
+    return std::strncmp(device->name, "mlx5_", 5) == 0;
 }
 
 const char* ibv_get_device_name(ibv_device* device) {

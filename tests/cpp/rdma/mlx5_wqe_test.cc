@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "mooncake-transfer-engine/transport/rdma/mlx5_queues.h"
 #include "mooncake-transfer-engine/transport/rdma/mlx5_wqe.h"
 
 namespace mooncake::te::rdma::mlx5 {
@@ -180,6 +181,65 @@ TEST(Mlx5Wqe, UarDoorbellWordIsTheFirstEightBytes) {
     uint64_t expected;
     std::memcpy(&expected, wqe, 8);
     EXPECT_EQ(uarDoorbellWord(wqe), expected);
+}
+
+// The completion side (mlx5_queues.h) against mlx5dv.h's CQE structs.
+TEST(Mlx5Cqe, LayoutMatchesMlx5dv) {
+    EXPECT_EQ(kCqeBytes, sizeof(mlx5_cqe64));
+    EXPECT_EQ(kCqeBytes, sizeof(mlx5_err_cqe));
+    EXPECT_EQ(kCqeByteCountOffset, offsetof(mlx5_cqe64, byte_cnt));
+    EXPECT_EQ(kCqeWqeCounterOffset, offsetof(mlx5_cqe64, wqe_counter));
+    EXPECT_EQ(kCqeOpOwnOffset, offsetof(mlx5_cqe64, op_own));
+    EXPECT_EQ(kCqeWqeCounterOffset, offsetof(mlx5_err_cqe, wqe_counter));
+    EXPECT_EQ(kCqeOpOwnOffset, offsetof(mlx5_err_cqe, op_own));
+    EXPECT_EQ(kCqeSyndromeOffset, offsetof(mlx5_err_cqe, syndrome));
+    EXPECT_EQ(kCqeVendorSyndromeOffset, offsetof(mlx5_err_cqe, vendor_err_synd));
+    EXPECT_EQ(kCqeRequester, MLX5_CQE_REQ);
+    EXPECT_EQ(kCqeRequesterError, MLX5_CQE_REQ_ERR);
+    EXPECT_EQ(kCqeResponderError, MLX5_CQE_RESP_ERR);
+    EXPECT_EQ(kCqeInvalid, MLX5_CQE_INVALID);
+    EXPECT_EQ(kSyndromeLocalLength, MLX5_CQE_SYNDROME_LOCAL_LENGTH_ERR);
+    EXPECT_EQ(kSyndromeLocalQpOperation, MLX5_CQE_SYNDROME_LOCAL_QP_OP_ERR);
+    EXPECT_EQ(kSyndromeLocalProtection, MLX5_CQE_SYNDROME_LOCAL_PROT_ERR);
+    EXPECT_EQ(kSyndromeFlushed, MLX5_CQE_SYNDROME_WR_FLUSH_ERR);
+    EXPECT_EQ(kSyndromeRemoteAccess, MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR);
+    EXPECT_EQ(kSyndromeRemoteOperation, MLX5_CQE_SYNDROME_REMOTE_OP_ERR);
+    EXPECT_EQ(kSyndromeRetryExceeded, MLX5_CQE_SYNDROME_TRANSPORT_RETRY_EXC_ERR);
+}
+
+// A CQE written through mlx5dv.h's struct and accessors is read back by
+// pollCompletion with its fields, in the pass its owner bit names only.
+TEST(Mlx5Cqe, PollReadsWhatMlx5dvWrites) {
+    alignas(64) mlx5_cqe64 ring[2];
+    std::memset(ring, 0, sizeof(ring));
+    for (auto& c : ring)
+        c.op_own = MLX5_CQE_INVALID << 4;
+    uint32_t dbrec = 0;
+    CompletionQueue cq{reinterpret_cast<const unsigned char*>(ring), 2, &dbrec, 0};
+    Completion got;
+    EXPECT_FALSE(pollCompletion(cq, &got));
+    ring[0].wqe_counter = htobe16(0xbeef);
+    ring[0].op_own = MLX5_CQE_REQ << 4;
+    mlx5dv_set_cqe_owner(&ring[0], 0);
+    ASSERT_TRUE(pollCompletion(cq, &got));
+    EXPECT_EQ(MLX5_CQE_REQ, got.opcode);
+    EXPECT_EQ(0xbeef, got.wqe_counter);
+    EXPECT_EQ(htobe32(1u), dbrec);
+    auto* err = reinterpret_cast<mlx5_err_cqe*>(&ring[1]);
+    err->syndrome = MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR;
+    err->vendor_err_synd = 0x88;
+    err->wqe_counter = htobe16(7);
+    err->op_own = MLX5_CQE_REQ_ERR << 4;  // owner 0: the first pass
+    ASSERT_TRUE(pollCompletion(cq, &got));
+    EXPECT_TRUE(isError(got));
+    EXPECT_EQ(MLX5_CQE_SYNDROME_REMOTE_ACCESS_ERR, got.syndrome);
+    EXPECT_EQ(0x88, got.vendor_syndrome);
+    EXPECT_EQ(7, got.wqe_counter);
+    // The second pass expects owner 1: slot 0 still holds a first-pass CQE.
+    EXPECT_FALSE(pollCompletion(cq, &got));
+    mlx5dv_set_cqe_owner(&ring[0], 1);
+    ASSERT_TRUE(pollCompletion(cq, &got));
+    EXPECT_EQ(htobe32(3u), dbrec);
 }
 
 }  // namespace

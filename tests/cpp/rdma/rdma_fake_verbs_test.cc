@@ -56,26 +56,72 @@ EngineOptions options(std::shared_ptr<KVStore> store, const char* name) {
     return o;
 }
 
+// IBGDA needs an mlx5 device with an ACTIVE port; the fake library answers
+// for libmlx5 too (mlx5dv_is_supported: devices named mlx5_*).
+IbgdaProbe probe(std::vector<std::string> filter = {}, std::string mlx5 = kLibrary) {
+    RdmaOptions o;
+    o.device_filter = std::move(filter);
+    o.verbs_library = kLibrary;
+    o.mlx5_library = std::move(mlx5);
+    return probeIbgda(o);
+}
+
+TEST(FakeVerbsIbgdaProbe, FindsTheFirstActiveMlx5Device) {
+    fakeDevices("bnxt_re0=active/eth,mlx5_0=down/ib,mlx5_1=active/eth");
+    IbgdaProbe p = probe();
+    EXPECT_TRUE(p.status.ok()) << p.status.toString();
+    EXPECT_EQ("mlx5_1", p.device);
+}
+
+TEST(FakeVerbsIbgdaProbe, SaysWhyNoDeviceQualifies) {
+    fakeDevices("bnxt_re0=active/eth,mlx5_0=down/ib");
+    IbgdaProbe p = probe();
+    EXPECT_EQ(StatusCode::kUnavailable, p.status.code());
+    const std::string why = p.status.message();
+    EXPECT_EQ(0u, why.rfind("no IBGDA-capable device: ", 0)) << why;
+    EXPECT_NE(std::string::npos, why.find("bnxt_re0 is not an mlx5 (ConnectX) device")) << why;
+    EXPECT_NE(std::string::npos, why.find("mlx5_0")) << why;
+    EXPECT_NE(std::string::npos, why.find("ACTIVE")) << why;
+    EXPECT_TRUE(p.device.empty());
+}
+
+TEST(FakeVerbsIbgdaProbe, HonoursTheDeviceFilter) {
+    fakeDevices("mlx5_0=active/ib,mlx5_1=active/eth");
+    EXPECT_EQ("mlx5_1", probe({"mlx5_1"}).device);
+    IbgdaProbe none = probe({"mlx5_9"});
+    EXPECT_EQ(0u, none.status.message().rfind("no RDMA device", 0)) << none.status.toString();
+    EXPECT_EQ(StatusCode::kInvalidArgument, probe({"mlx5_0:0"}).status.code());
+}
+
+TEST(FakeVerbsIbgdaProbe, MissingMlx5LibraryIsAReasonNotAnError) {
+    fakeDevices("mlx5_0=active/ib");
+    IbgdaProbe p = probe({}, "/nonexistent/libmlx5.so.1");
+    EXPECT_EQ(StatusCode::kUnavailable, p.status.code());
+    EXPECT_NE(std::string::npos,
+              p.status.message().find("the mlx5 direct-verbs library is missing"))
+        << p.status.toString();
+}
+
 TEST(FakeVerbsDiscovery, FirstActivePortOfTheAdmittedDevices) {
     ASSERT_TRUE(kEnvironment);
     fakeDevices("mlx5_0=down/ib,mlx5_1=active/eth");
-    RdmaSetup all = createRdmaTransport(RdmaOptions{{}, kLibrary});
+    RdmaSetup all = createRdmaTransport(RdmaOptions{{}, kLibrary, {}});
     ASSERT_TRUE(all.status.ok()) << all.status.toString();
     EXPECT_NE(all.transport, nullptr);
     EXPECT_EQ(all.devices, (std::vector<std::string>{"mlx5_0", "mlx5_1"}));
 
-    RdmaSetup down = createRdmaTransport(RdmaOptions{{"mlx5_0"}, kLibrary});
+    RdmaSetup down = createRdmaTransport(RdmaOptions{{"mlx5_0"}, kLibrary, {}});
     EXPECT_EQ(down.transport, nullptr);
     EXPECT_EQ(down.status.message(),
               "no usable RDMA device: UNAVAILABLE: device mlx5_0 has no ACTIVE port");
-    RdmaSetup port2 = createRdmaTransport(RdmaOptions{{"mlx5_1:2"}, kLibrary});
+    RdmaSetup port2 = createRdmaTransport(RdmaOptions{{"mlx5_1:2"}, kLibrary, {}});
     EXPECT_EQ(port2.status.message(),
               "no usable RDMA device: UNAVAILABLE: device mlx5_1 port 2 is not ACTIVE");
-    RdmaSetup absent = createRdmaTransport(RdmaOptions{{"mlx5_7"}, kLibrary});
+    RdmaSetup absent = createRdmaTransport(RdmaOptions{{"mlx5_7"}, kLibrary, {}});
     EXPECT_EQ(absent.status.message(),
               "no RDMA device admitted by the device filter [mlx5_7]; present: [mlx5_0, mlx5_1]");
     fakeDevices("");
-    RdmaSetup none = createRdmaTransport(RdmaOptions{{}, kLibrary});
+    RdmaSetup none = createRdmaTransport(RdmaOptions{{}, kLibrary, {}});
     EXPECT_EQ(none.status.message(), "no RDMA device (ibv_get_device_list lists none)");
 }
 

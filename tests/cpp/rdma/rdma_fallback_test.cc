@@ -29,7 +29,7 @@ bool mentions(const Status& st, const std::string& text) {
 }
 
 TEST(RdmaFallback, MissingVerbsLibraryIsReportedNotFatal) {
-    RdmaSetup setup = createRdmaTransport(RdmaOptions{{}, "libmc_no_such_verbs.so.1"});
+    RdmaSetup setup = createRdmaTransport(RdmaOptions{{}, "libmc_no_such_verbs.so.1", {}});
     EXPECT_EQ(setup.transport, nullptr);
     EXPECT_TRUE(setup.devices.empty());
     EXPECT_EQ(setup.status.code(), StatusCode::kUnavailable);
@@ -62,8 +62,32 @@ TEST(RdmaFallback, NoDeviceIsReportedNotFatal) {
                 mentions(setup.status, "the verbs library is missing"))
         << setup.status.toString();
     // A filter naming devices that are not here is not an error either.
-    RdmaSetup filtered = createRdmaTransport(RdmaOptions{{"mlx5_1", "mlx5_2:1"}, ""});
+    RdmaSetup filtered = createRdmaTransport(RdmaOptions{{"mlx5_1", "mlx5_2:1"}, "", {}});
     EXPECT_EQ(filtered.status.code(), StatusCode::kUnavailable) << filtered.status.toString();
+}
+
+// IBGDA's probe on the same hosts: a reason, never an error.
+TEST(RdmaFallback, IbgdaProbeGivesTheReasonThereIsNone) {
+    IbgdaProbe missing = probeIbgda(RdmaOptions{{}, "libmc_no_such_verbs.so.1", {}});
+    EXPECT_EQ(missing.status.code(), StatusCode::kUnavailable);
+    EXPECT_TRUE(missing.device.empty());
+#ifdef MC_WITH_RDMA
+    EXPECT_TRUE(mentions(missing.status, "the verbs library is missing"))
+        << missing.status.toString();
+#else
+    EXPECT_TRUE(mentions(missing.status, "WITH_RDMA=OFF")) << missing.status.toString();
+#endif
+    IbgdaProbe here = probeIbgda(RdmaOptions{});
+    if (here.status.ok())
+        GTEST_SKIP() << "this host has an IBGDA-capable device (" << here.device << ")";
+    EXPECT_EQ(here.status.code(), StatusCode::kUnavailable);
+    EXPECT_TRUE(mentions(here.status, "no RDMA device") ||
+                mentions(here.status, "no IBGDA-capable device") ||
+                mentions(here.status, "the verbs library is missing") ||
+                mentions(here.status, "WITH_RDMA=OFF"))
+        << here.status.toString();
+    EXPECT_EQ(probeIbgda(RdmaOptions{{"mlx5_0:0"}, "", {}}).status.code(),
+              StatusCode::kInvalidArgument);
 }
 
 TEST(RdmaFallback, MalformedDeviceFilterFailsInit) {
