@@ -213,10 +213,10 @@ MC_HOST_DEVICE bool reapCompletions(CompletionQueue& cq, SendQueue& sq, Completi
     return true;
 }
 
-// A counter that remote fetch-adds update: standard (non-masked) InfiniBand
-// atomics operate on the 8 bytes as a big-endian value.
-MC_HOST_DEVICE uint64_t counterValue(const volatile uint64_t* counter) {
-    return toBig64(*counter);
-}
+// A counter that remote fetch-adds update. The add travels big-endian in the
+// WQE, but the HCA applies it to memory in the host's byte order: mlx5_core
+// puts ConnectX-4 and later in host-endianness mode for 8-byte atomics when
+// they support it (older ones may use big-endian). Unverified on hardware.
+MC_HOST_DEVICE uint64_t counterValue(const volatile uint64_t* counter) { return *counter; }
 
 }  // namespace mooncake::te::rdma::mlx5

@@ -144,9 +144,9 @@ std::string postPutsFromKernel(int n, uint32_t wqe_count) {
     if (std::memcmp(source, destination, total) != 0)
         return "ERROR the destination differs from the source";
     for (int i = 0; i < n; ++i) {
-        if (mlx5::toBig64(old_values[i]) != static_cast<uint64_t>(i))
+        if (old_values[i] != static_cast<uint64_t>(i))
             return "ERROR put " + std::to_string(i) + "'s fetch-add returned " +
-                   std::to_string(mlx5::toBig64(old_values[i]));
+                   std::to_string(old_values[i]);
     }
     return "";
 }

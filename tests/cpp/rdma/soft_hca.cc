@@ -139,12 +139,11 @@ uint8_t SoftHca::execute(const unsigned char* wqe, uint8_t opcode) {
         return mlx5::kSyndromeLocalProtection;
     if (!covers(rkey, raddr, 8) || raddr % 8 != 0)
         return mlx5::kSyndromeRemoteAccess;
+    // Host byte order in memory (see counterValue); release: the data of
+    // earlier WRITEs is visible before the count.
     auto* counter = reinterpret_cast<uint64_t*>(raddr);
-    const uint64_t old = toBig64(__atomic_load_n(counter, __ATOMIC_ACQUIRE));
-    // Release: the data of earlier WRITEs is visible before the count.
-    __atomic_store_n(counter, toBig64(old + add), __ATOMIC_RELEASE);
-    const uint64_t old_be = toBig64(old);
-    std::memcpy(reinterpret_cast<void*>(laddr), &old_be, sizeof(old_be));
+    const uint64_t old = __atomic_fetch_add(counter, add, __ATOMIC_RELEASE);
+    std::memcpy(reinterpret_cast<void*>(laddr), &old, sizeof(old));
     return 0;
 }
 

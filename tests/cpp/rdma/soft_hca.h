@@ -6,7 +6,8 @@
 // What it models: the doorbell record as the only source of new work (the
 // UAR write is recorded, not required), the WQE index and QPN in every
 // control segment, RDMA WRITE and 64-bit fetch-add on registered memory with
-// key and bounds checks, big-endian atomic operands, one CQE per signaled
+// key and bounds checks, atomic operands in host byte order (mlx5_queues.h,
+// counterValue), one CQE per signaled
 // WQE with the owner bit of its pass, an error CQE naming the failed WQE,
 // then the QP in error: every later WQE completes flushed. It does not model
 // timing, reordering a real NIC may do across QPs, or memory registration by
