@@ -17,17 +17,19 @@ endif()
 set(WITH_RDMA "AUTO" CACHE STRING "Build the RDMA transport: ON, OFF or AUTO (when rdma-core's headers are found)")
 # Only the headers are needed: libibverbs is loaded at run time, so the
 # library works on hosts without rdma-core. apt: libibverbs-dev.
+# mlx5dv.h (the same package) for IBGDA's queue pairs.
 find_path(IBVERBS_INCLUDE_DIR infiniband/verbs.h)
+find_path(MLX5DV_INCLUDE_DIR infiniband/mlx5dv.h)
 if(WITH_RDMA STREQUAL "AUTO")
-  if(IBVERBS_INCLUDE_DIR)
+  if(IBVERBS_INCLUDE_DIR AND MLX5DV_INCLUDE_DIR)
     set(WITH_RDMA ON)
   else()
     set(WITH_RDMA OFF)
   endif()
 endif()
-if(WITH_RDMA AND NOT IBVERBS_INCLUDE_DIR)
-  message(FATAL_ERROR "WITH_RDMA=ON needs rdma-core's headers (infiniband/verbs.h): "
-                      "apt-get install libibverbs-dev")
+if(WITH_RDMA AND NOT (IBVERBS_INCLUDE_DIR AND MLX5DV_INCLUDE_DIR))
+  message(FATAL_ERROR "WITH_RDMA=ON needs rdma-core's headers (infiniband/verbs.h and "
+                      "infiniband/mlx5dv.h): apt-get install libibverbs-dev")
 endif()
 
 option(USE_NCCL_DEVICE "Build the NCCL device-API (GIN) EP transport" OFF)

@@ -10,6 +10,11 @@
 //    MC_RDMA_SAME_HOST=1, so the store handshake, chunked posting, completion
 //    polling and deadlines run for real; WRITE and READ of 64 MiB checked; then
 //    the peer shuts down and a WRITE to it must fail within the deadline.
+// 3. IBGDA from the host: two QPs whose queues are located through mlx5 direct
+//    verbs, driven by this thread with the code the GPU kernels run
+//    (mlx5_queues.h): puts with counts checked byte for byte with the
+//    fetch-add's old values, then a wrong rkey must complete with a remote
+//    access error. Skipped, saying why, on a device that is not mlx5.
 // Prints one line per check and exits 0 when all pass, 1 on a failure, 2 when
 // there is no usable RDMA device (with the reason).
 #include <infiniband/verbs.h>
@@ -26,6 +31,7 @@
 #include "mooncake-transfer-engine/engine/transfer_engine.h"
 #include "mooncake-transfer-engine/metadata/kv_store.h"
 #include "mooncake-transfer-engine/transport/rdma/device_filter.h"
+#include "mooncake-transfer-engine/transport/rdma/ibgda_qp.h"
 #include "mooncake-transfer-engine/transport/rdma/queue_pair.h"
 #include "mooncake-transfer-engine/transport/rdma/rdma_device.h"
 #include "mooncake-transfer-engine/transport/rdma/verbs_api.h"
@@ -248,6 +254,122 @@ void enginePath(const std::vector<std::string>& filter) {
 
 }  // namespace
 
+// Reaps until the send queue is empty or 5 s pass; false on an error CQE.
+bool drain(mlx5::SendQueue& sq, mlx5::CompletionQueue& cq, mlx5::Completion* error,
+           bool* timed_out) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    *timed_out = false;
+    while (sq.consumer != sq.producer) {
+        if (!mlx5::reapCompletions(cq, sq, error))
+            return false;
+        if (std::chrono::steady_clock::now() > deadline) {
+            *timed_out = true;
+            return false;
+        }
+    }
+    return true;
+}
+
+void ibgdaLoopback(const VerbsApi& api, const DeviceFilterEntry& entry) {
+    auto dv = Mlx5DirectApi::load("");
+    if (!dv.ok()) {
+        std::printf("SKIP IBGDA: %s\n", dv.status().toString().c_str());
+        return;
+    }
+    auto dev = RdmaDevice::open(api, entry);
+    if (!dev.ok()) {
+        report(false, "open " + entry.device, dev.status().toString());
+        return;
+    }
+    RdmaDevice& d = *dev.value();
+    if (!dv->isSupported(d.context()->device)) {
+        std::printf("SKIP IBGDA: %s is not an mlx5 device\n", entry.device.c_str());
+        return;
+    }
+    auto a = IbgdaQueuePair::create(d, dv.value(), 64);
+    auto b = IbgdaQueuePair::create(d, dv.value(), 64);
+    report(a.ok() && b.ok(), "IBGDA queue pairs located through mlx5dv_init_obj",
+           a.ok() ? (b.ok() ? "" : b.status().toString()) : a.status().toString());
+    if (!a.ok() || !b.ok())
+        return;
+    QpLocal local;
+    local.port = d.endpoint().port;
+    local.gid_index = d.endpoint().gid_index;
+    local.mtu = d.endpoint().mtu;
+    local.max_rd_atomic = d.maxRdAtomic();
+    auto addressOf = [&](const IbgdaQueuePair& qp) {
+        QpAddress x;
+        std::memcpy(x.gid, d.endpoint().gid, 16);
+        x.lid = d.endpoint().lid;
+        x.qpn = qp.qpn();
+        x.mtu = d.endpoint().mtu;
+        return x;
+    };
+    Status st = a.value()->connect(local, addressOf(*b.value()));
+    if (st.ok())
+        st = b.value()->connect(local, addressOf(*a.value()));
+    report(st.ok(), "IBGDA QPs RESET->INIT->RTR->RTS", st.ok() ? "" : st.toString());
+    if (!st.ok())
+        return;
+
+    constexpr int kPuts = 256;
+    constexpr uint32_t kBytes = 4096;
+    std::vector<unsigned char> src(kPuts * size_t{kBytes}), dst(src.size(), 0);
+    for (size_t i = 0; i < src.size(); ++i)
+        src[i] = static_cast<unsigned char>(i * 7 + 3);
+    std::vector<uint64_t> words(1 + kPuts, 0);  // the counter, then the old values
+    auto src_mr = d.registerHost(src.data(), src.size());
+    auto dst_mr = d.registerHost(dst.data(), dst.size());
+    auto words_mr = d.registerHost(words.data(), words.size() * sizeof(uint64_t));
+    if (!src_mr.ok() || !dst_mr.ok() || !words_mr.ok()) {
+        report(false, "register IBGDA buffers", "ibv_reg_mr failed");
+        return;
+    }
+    mlx5::SendQueue sq = a.value()->sendQueue();
+    mlx5::CompletionQueue cq = a.value()->completionQueue();
+    mlx5::Completion error;
+    bool timed_out = false;
+    bool ok = true;
+    for (int i = 0; ok && i < kPuts; ++i) {
+        mlx5::PutWithCount p;
+        p.local_addr = reinterpret_cast<uint64_t>(src.data() + size_t{kBytes} * i);
+        p.lkey = src_mr.value()->lkey;
+        p.remote_addr = reinterpret_cast<uint64_t>(dst.data() + size_t{kBytes} * i);
+        p.rkey = dst_mr.value()->rkey;
+        p.length = kBytes;
+        p.counter_addr = reinterpret_cast<uint64_t>(&words[0]);
+        p.counter_rkey = words_mr.value()->rkey;
+        p.add = 1;
+        p.old_value_addr = reinterpret_cast<uint64_t>(&words[1 + i]);
+        p.old_value_lkey = words_mr.value()->lkey;
+        while (ok && !mlx5::postPutWithCount(sq, p))
+            ok = drain(sq, cq, &error, &timed_out);
+    }
+    ok = ok && drain(sq, cq, &error, &timed_out);
+    bool in_order = true;
+    for (int i = 0; i < kPuts; ++i)
+        in_order = in_order && words[1 + i] == static_cast<uint64_t>(i);
+    report(ok && src == dst && mlx5::counterValue(&words[0]) == kPuts && in_order,
+           "IBGDA 256 puts of 4 KiB with counts (bytes, counter, fetch-add old values)",
+           timed_out ? "completions missing after 5 s"
+           : !ok     ? "error completion, syndrome " + std::to_string(error.syndrome)
+                     : "counter=" + std::to_string(mlx5::counterValue(&words[0])));
+
+    mlx5::PutWithCount bad;
+    bad.counter_addr = reinterpret_cast<uint64_t>(&words[0]);
+    bad.counter_rkey = words_mr.value()->rkey ^ 0x5a5a;
+    bad.add = 1;
+    bad.old_value_addr = reinterpret_cast<uint64_t>(&words[1]);
+    bad.old_value_lkey = words_mr.value()->lkey;
+    const bool posted = mlx5::postPutWithCount(sq, bad);
+    const bool failed = posted && !drain(sq, cq, &error, &timed_out) && !timed_out;
+    report(failed && error.syndrome == mlx5::kSyndromeRemoteAccess,
+           "IBGDA count with a wrong rkey completes with a remote access error",
+           timed_out ? "no completion after 5 s" : "syndrome " + std::to_string(error.syndrome));
+    for (ibv_mr* mr : {src_mr.value(), dst_mr.value(), words_mr.value()})
+        d.deregister(mr);
+}
+
 int main(int argc, char** argv) {
     ::setenv("MC_RDMA_SAME_HOST", "1", 1);
     std::vector<std::string> filter;
@@ -268,8 +390,10 @@ int main(int argc, char** argv) {
         std::printf("NO_DEVICE %s\n", found.status().toString().c_str());
         return 2;
     }
-    if (verbsLoopback(*api.value(), found->selected.front()) == 0)
+    if (verbsLoopback(*api.value(), found->selected.front()) == 0) {
         enginePath({found->selected.front().device});
+        ibgdaLoopback(*api.value(), found->selected.front());
+    }
     std::printf("%s: %d failure(s)\n", failures ? "FAILED" : "OK", failures);
     return failures ? 1 : 0;
 }

@@ -1,9 +1,8 @@
 // createRdmaTransport: loads verbs, discovers devices through the filter and
 // opens the first usable one; otherwise says why there is no rdma. probeIbgda
 // asks the same of IBGDA, which also needs an mlx5 device.
-#include <dlfcn.h>
-
 #include "mooncake-transfer-engine/transport/rdma/device_filter.h"
+#include "mooncake-transfer-engine/transport/rdma/ibgda_qp.h"
 #include "mooncake-transfer-engine/transport/rdma/rdma_device.h"
 #include "mooncake-transfer-engine/transport/rdma/rdma_transport.h"
 #include "mooncake-transfer-engine/transport/rdma/verbs_api.h"
@@ -75,23 +74,9 @@ IbgdaProbe probeIbgda(const RdmaOptions& options) {
         return out;
     }
     const VerbsApi* api = found->api;
-    const std::string library =
-        options.mlx5_library.empty() ? "libmlx5.so.1" : options.mlx5_library;
-    // Kept loaded for the process, like the verbs library.
-    void* mlx5 = ::dlopen(library.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!mlx5) {
-        const char* why = ::dlerror();
-        out.status = Unavailable(
-            "no IBGDA-capable device: the mlx5 direct-verbs library is "
-            "missing (" +
-            std::string(why ? why : library) + ")");
-        return out;
-    }
-    using IsSupported = bool (*)(ibv_device*);
-    auto is_supported = reinterpret_cast<IsSupported>(::dlsym(mlx5, "mlx5dv_is_supported"));
-    if (!is_supported) {
-        out.status = Unavailable("no IBGDA-capable device: " + library +
-                                 " lacks mlx5dv_is_supported (rdma-core too old?)");
+    auto dv = Mlx5DirectApi::load(options.mlx5_library);
+    if (!dv.ok()) {
+        out.status = Unavailable("no IBGDA-capable device: " + dv.status().message());
         return out;
     }
     int count = 0;
@@ -106,7 +91,7 @@ IbgdaProbe probeIbgda(const RdmaOptions& options) {
         std::string why;
         if (!dev) {
             why = e.device + " vanished from the device list";
-        } else if (!is_supported(dev)) {
+        } else if (!dv->isSupported(dev)) {
             why = e.device + " is not an mlx5 (ConnectX) device";
         } else {
             auto opened = RdmaDevice::open(*api, e);  // the ACTIVE-port check

@@ -14,7 +14,11 @@
 //     peer), so the caller's deadline must act;
 //   - MC_FAKE_VERBS_FAIL_CREATE_CQ=1 makes ibv_create_cq fail with ENOMEM;
 //   - it also stands in for the mlx5 direct-verbs library: mlx5dv_is_supported
-//     says yes for devices named mlx5_*.
+//     says yes for devices named mlx5_*, and mlx5dv_init_obj on a QP with its
+//     CQ hands out queues that a software HCA (soft_hca.h) executes when the
+//     test calls mc_fake_verbs_process_direct(), or all along on a thread of
+//     its own with MC_FAKE_VERBS_DIRECT_THREAD=1: IBGDA without a NIC.
+#include <infiniband/mlx5dv.h>
 #include <infiniband/verbs.h>
 
 #include <atomic>
@@ -27,6 +31,8 @@
 #include <string>
 #include <vector>
 
+#include "tests/cpp/rdma/soft_hca.h"
+
 namespace {
 
 struct FakeDevice {
@@ -37,12 +43,15 @@ struct FakeDevice {
 
 struct FakeCq {
     ibv_cq cq;
+    int cqe = 0;
     std::deque<ibv_wc> entries;
 };
 
 struct FakeQp {
     ibv_qp qp;
     uint32_t dest = 0;
+    uint32_t max_send_wr = 0;
+    int direct = -1;  // its queues in directHca(), once mlx5dv_init_obj ran
     std::vector<ibv_send_wr> stalled;  // wr_id + flags only
 };
 
@@ -153,9 +162,87 @@ int pollCq(ibv_cq* cq, int n, ibv_wc* wc) {
 
 std::vector<FakeDevice*> listed;
 
+uint32_t roundUpPowerOfTwo(uint32_t v) {
+    uint32_t p = 1;
+    while (p < v)
+        p <<= 1;
+    return p;
+}
+
+// Executes WQEs from the queues mlx5dv_init_obj hands out, against the same
+// memory registrations and QP states as the verbs path. Never destroyed: it
+// may run until the process exits.
+mooncake::te::rdma::soft::SoftHca& directHca() {
+    using mooncake::te::rdma::soft::SoftHca;
+    static SoftHca* hca = new SoftHca(SoftHca::Hooks{
+        [](uint32_t key, uint64_t addr, uint64_t bytes) {
+            std::lock_guard<std::mutex> lock(mu);
+            return findMr(key, addr, bytes) != nullptr;
+        },
+        [](uint32_t qpn) {
+            std::lock_guard<std::mutex> lock(mu);
+            auto self = qps.find(qpn);
+            if (self == qps.end() || self->second->qp.state != IBV_QPS_RTS)
+                return false;
+            auto peer = qps.find(self->second->dest);
+            return peer != qps.end() && peer->second->qp.state == IBV_QPS_RTS;
+        }});
+    return *hca;
+}
+
 }  // namespace
 
 extern "C" {
+
+int mlx5dv_init_obj(mlx5dv_obj* obj, uint64_t type) {
+    // Only what IBGDA asks for: a QP and its send CQ together.
+    if (type != (MLX5DV_OBJ_QP | MLX5DV_OBJ_CQ) || !obj->qp.in || !obj->cq.in ||
+        obj->qp.in->send_cq != obj->cq.in)
+        return EINVAL;
+    auto* q = reinterpret_cast<FakeQp*>(obj->qp.in);
+    auto* c = reinterpret_cast<FakeCq*>(obj->cq.in);
+    uint32_t wqes = 0, cqes = 0, qpn = 0;
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        if (q->direct >= 0)
+            return EEXIST;
+        wqes = roundUpPowerOfTwo(q->max_send_wr);
+        cqes = roundUpPowerOfTwo(static_cast<uint32_t>(c->cqe));
+        qpn = q->qp.qp_num;
+    }
+    // Outside `mu`: the HCA's hooks take it.
+    auto& hca = directHca();
+    static const bool threaded = [&hca] {
+        const char* on = std::getenv("MC_FAKE_VERBS_DIRECT_THREAD");
+        if (on == nullptr || std::strcmp(on, "1") != 0)
+            return false;
+        hca.start();  // runs until the process exits
+        return true;
+    }();
+    (void)threaded;
+    const int index = hca.createQueuePair(wqes, cqes, {}, 0, qpn);
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        q->direct = index;
+    }
+    const mooncake::te::rdma::mlx5::SendQueue sq = hca.sendQueue(index);
+    const mooncake::te::rdma::mlx5::CompletionQueue cq = hca.completionQueue(index);
+    obj->qp.out->dbrec = const_cast<__be32*>(reinterpret_cast<volatile __be32*>(sq.dbrec));
+    obj->qp.out->sq.buf = sq.wqes;
+    obj->qp.out->sq.wqe_cnt = sq.wqe_count;
+    obj->qp.out->sq.stride = 64;
+    obj->qp.out->bf.reg = const_cast<uint64_t*>(sq.doorbell);
+    obj->qp.out->bf.size = 256;
+    obj->cq.out->buf = const_cast<unsigned char*>(cq.cqes);
+    obj->cq.out->dbrec = const_cast<__be32*>(reinterpret_cast<volatile __be32*>(cq.dbrec));
+    obj->cq.out->cqe_cnt = cq.cqe_count;
+    obj->cq.out->cqe_size = 64;
+    obj->cq.out->cqn = qpn;
+    return 0;
+}
+
+// Runs the software HCA over every direct QP once; the WQEs executed.
+size_t mc_fake_verbs_process_direct() { return directHca().processAll(); }
 
 void mc_fake_verbs_stall(int on) {
     std::lock_guard<std::mutex> lock(mu);
@@ -290,6 +377,7 @@ ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void*, ibv_comp_channel*, int) 
     auto* c = new FakeCq();
     c->cq.context = ctx;
     c->cq.cqe = cqe;
+    c->cqe = cqe;
     return &c->cq;
 }
 
@@ -310,6 +398,7 @@ ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* init) {
     q->qp.send_cq = init->send_cq;
     q->qp.recv_cq = init->recv_cq;
     q->qp.qp_num = next_qpn++;
+    q->max_send_wr = init->cap.max_send_wr;
     q->qp.state = IBV_QPS_RESET;
     q->qp.qp_type = IBV_QPT_RC;
     qps[q->qp.qp_num] = q;
@@ -337,9 +426,15 @@ int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
 }
 
 int ibv_destroy_qp(ibv_qp* qp) {
-    std::lock_guard<std::mutex> lock(mu);
-    qps.erase(qp->qp_num);
-    delete reinterpret_cast<FakeQp*>(qp);
+    int direct = -1;
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        qps.erase(qp->qp_num);
+        direct = reinterpret_cast<FakeQp*>(qp)->direct;
+        delete reinterpret_cast<FakeQp*>(qp);
+    }
+    if (direct >= 0)
+        directHca().removeQueuePair(direct);
     return 0;
 }
 

@@ -17,6 +17,8 @@
 
 #include "mooncake-transfer-engine/engine/transfer_engine.h"
 #include "mooncake-transfer-engine/metadata/kv_store.h"
+#include "mooncake-transfer-engine/transport/rdma/ibgda_qp.h"
+#include "mooncake-transfer-engine/transport/rdma/rdma_device.h"
 #include "mooncake-transfer-engine/transport/rdma/rdma_metadata.h"
 #include "mooncake-transfer-engine/transport/rdma/rdma_transport.h"
 #include "tests/cpp/te/shm_test_util.h"
@@ -100,6 +102,174 @@ TEST(FakeVerbsIbgdaProbe, MissingMlx5LibraryIsAReasonNotAnError) {
     EXPECT_NE(std::string::npos,
               p.status.message().find("the mlx5 direct-verbs library is missing"))
         << p.status.toString();
+}
+
+// IBGDA queue pairs over the fake provider: created through verbs, located
+// through mlx5dv_init_obj, driven with mlx5_queues.h, executed by the
+// software HCA behind the fake (mc_fake_verbs_process_direct).
+class FakeVerbsIbgda : public ::testing::Test {
+protected:
+    void SetUp() override {
+        fakeDevices("mlx5_0=active/ib");
+        static const rdma::VerbsApi* api = [] {
+            auto loaded = rdma::VerbsApi::load(kLibrary);
+            return loaded.ok() ? new rdma::VerbsApi(loaded.value()) : nullptr;
+        }();
+        ASSERT_NE(api, nullptr);
+        auto dev = rdma::RdmaDevice::open(*api, rdma::DeviceFilterEntry{"mlx5_0", 0});
+        ASSERT_TRUE(dev.ok()) << dev.status().toString();
+        device = std::move(dev).value();
+        auto dv = rdma::Mlx5DirectApi::load(kLibrary);
+        ASSERT_TRUE(dv.ok()) << dv.status().toString();
+        direct = dv.value();
+        void* lib = ::dlopen(kLibrary, RTLD_NOW | RTLD_NOLOAD);
+        ASSERT_NE(lib, nullptr);
+        process = reinterpret_cast<size_t (*)()>(::dlsym(lib, "mc_fake_verbs_process_direct"));
+        ASSERT_NE(process, nullptr);
+    }
+
+    std::unique_ptr<rdma::IbgdaQueuePair> queuePair(uint32_t wqes) {
+        auto qp = rdma::IbgdaQueuePair::create(*device, direct, wqes);
+        EXPECT_TRUE(qp.ok()) << qp.status().toString();
+        return qp.ok() ? std::move(qp).value() : nullptr;
+    }
+
+    Status connect(rdma::IbgdaQueuePair& from, const rdma::IbgdaQueuePair& to) {
+        const rdma::RdmaEndpoint& e = device->endpoint();
+        rdma::QpLocal local;
+        local.port = e.port;
+        local.gid_index = e.gid_index;
+        local.mtu = e.mtu;
+        rdma::QpAddress remote;
+        std::memcpy(remote.gid, e.gid, sizeof(remote.gid));
+        remote.lid = e.lid;
+        remote.qpn = to.qpn();
+        remote.mtu = e.mtu;
+        return from.connect(local, remote);
+    }
+
+    std::unique_ptr<rdma::RdmaDevice> device;
+    rdma::Mlx5DirectApi direct;
+    size_t (*process)() = nullptr;
+};
+
+TEST_F(FakeVerbsIbgda, PutsWithCountsReachThePeerThroughTheProvidersQueues) {
+    auto a = queuePair(16);
+    auto b = queuePair(16);
+    ASSERT_TRUE(a && b);
+    ASSERT_TRUE(connect(*a, *b).ok());
+    ASSERT_TRUE(connect(*b, *a).ok());
+    EXPECT_EQ(16u, a->sendQueue().wqe_count);
+    EXPECT_EQ(a->qpn(), a->sendQueue().qpn);
+    constexpr int kPuts = 200;
+    constexpr uint32_t kBytes = 96;
+    std::vector<unsigned char> src(kPuts * kBytes), dst(kPuts * kBytes, 0);
+    for (size_t i = 0; i < src.size(); ++i)
+        src[i] = static_cast<unsigned char>(i * 13 + 5);
+    alignas(8) uint64_t counter = 0;
+    std::vector<uint64_t> old(kPuts, ~0ull);
+    auto src_mr = device->registerHost(src.data(), src.size());
+    auto dst_mr = device->registerHost(dst.data(), dst.size());
+    auto counter_mr = device->registerHost(&counter, sizeof(counter));
+    auto old_mr = device->registerHost(old.data(), old.size() * sizeof(uint64_t));
+    ASSERT_TRUE(src_mr.ok() && dst_mr.ok() && counter_mr.ok() && old_mr.ok());
+    rdma::mlx5::SendQueue sq = a->sendQueue();
+    rdma::mlx5::CompletionQueue cq = a->completionQueue();
+    rdma::mlx5::Completion error;
+    for (int i = 0; i < kPuts; ++i) {
+        rdma::mlx5::PutWithCount p;
+        p.local_addr = reinterpret_cast<uint64_t>(src.data() + i * kBytes);
+        p.lkey = src_mr.value()->lkey;
+        p.remote_addr = reinterpret_cast<uint64_t>(dst.data() + i * kBytes);
+        p.rkey = dst_mr.value()->rkey;
+        p.length = kBytes;
+        p.counter_addr = reinterpret_cast<uint64_t>(&counter);
+        p.counter_rkey = counter_mr.value()->rkey;
+        p.add = 1;
+        p.old_value_addr = reinterpret_cast<uint64_t>(&old[i]);
+        p.old_value_lkey = old_mr.value()->lkey;
+        while (!rdma::mlx5::postPutWithCount(sq, p)) {
+            ASSERT_GT(process(), 0u) << "a full queue with nothing to execute at put " << i;
+            ASSERT_TRUE(rdma::mlx5::reapCompletions(cq, sq, &error)) << int(error.syndrome);
+        }
+    }
+    process();
+    ASSERT_TRUE(rdma::mlx5::reapCompletions(cq, sq, &error)) << int(error.syndrome);
+    EXPECT_EQ(sq.producer, sq.consumer);
+    EXPECT_EQ(src, dst);
+    EXPECT_EQ(uint64_t{kPuts}, rdma::mlx5::counterValue(&counter));
+    for (int i = 0; i < kPuts; ++i)
+        ASSERT_EQ(static_cast<uint64_t>(i), old[i]) << i;
+    for (auto* mr : {src_mr.value(), dst_mr.value(), counter_mr.value(), old_mr.value()})
+        device->deregister(mr);
+}
+
+// The peer's QP is gone: the put fails with retries exceeded (what a dead
+// peer looks like to an RC QP), and a stale rkey as a remote access error.
+TEST_F(FakeVerbsIbgda, DeadPeerAndStaleKeyComeBackAsErrorCompletions) {
+    auto a = queuePair(8);
+    auto b = queuePair(8);
+    ASSERT_TRUE(a && b);
+    ASSERT_TRUE(connect(*a, *b).ok());
+    ASSERT_TRUE(connect(*b, *a).ok());
+    alignas(8) uint64_t counter = 0, old = 0;
+    auto counter_mr = device->registerHost(&counter, sizeof(counter));
+    auto old_mr = device->registerHost(&old, sizeof(old));
+    ASSERT_TRUE(counter_mr.ok() && old_mr.ok());
+    rdma::mlx5::PutWithCount p;
+    p.counter_addr = reinterpret_cast<uint64_t>(&counter);
+    p.counter_rkey = counter_mr.value()->rkey ^ 0x5a5a;
+    p.add = 1;
+    p.old_value_addr = reinterpret_cast<uint64_t>(&old);
+    p.old_value_lkey = old_mr.value()->lkey;
+    rdma::mlx5::SendQueue sq = a->sendQueue();
+    rdma::mlx5::CompletionQueue cq = a->completionQueue();
+    ASSERT_TRUE(rdma::mlx5::postPutWithCount(sq, p));
+    process();
+    rdma::mlx5::Completion error;
+    EXPECT_FALSE(rdma::mlx5::reapCompletions(cq, sq, &error));
+    EXPECT_EQ(rdma::mlx5::kSyndromeRemoteAccess, error.syndrome);
+    EXPECT_EQ(0u, counter);
+
+    auto c = queuePair(8);
+    auto d = queuePair(8);
+    ASSERT_TRUE(c && d);
+    ASSERT_TRUE(connect(*c, *d).ok());
+    ASSERT_TRUE(connect(*d, *c).ok());
+    d.reset();  // the peer dies
+    p.counter_rkey = counter_mr.value()->rkey;
+    rdma::mlx5::SendQueue sq2 = c->sendQueue();
+    rdma::mlx5::CompletionQueue cq2 = c->completionQueue();
+    ASSERT_TRUE(rdma::mlx5::postPutWithCount(sq2, p));
+    process();
+    EXPECT_FALSE(rdma::mlx5::reapCompletions(cq2, sq2, &error));
+    EXPECT_EQ(rdma::mlx5::kSyndromeRetryExceeded, error.syndrome);
+    EXPECT_EQ(0u, counter);
+    device->deregister(counter_mr.value());
+    device->deregister(old_mr.value());
+}
+
+TEST_F(FakeVerbsIbgda, RefusesASendQueueSizeTheKernelsCannotIndex) {
+    auto odd = rdma::IbgdaQueuePair::create(*device, direct, 12);
+    EXPECT_EQ(StatusCode::kInvalidArgument, odd.status().code());
+    EXPECT_NE(std::string::npos, odd.status().message().find("power of two")) << odd.status().toString();
+    auto huge = rdma::IbgdaQueuePair::create(*device, direct, 1u << 16);
+    EXPECT_EQ(StatusCode::kInvalidArgument, huge.status().code());
+}
+
+TEST_F(FakeVerbsIbgda, RangesCoverTheQueuesAndMarkTheDoorbellAsIo) {
+    auto a = queuePair(32);
+    ASSERT_TRUE(a);
+    const auto ranges = a->ranges();
+    ASSERT_EQ(5u, ranges.size());
+    EXPECT_EQ(a->sendQueue().wqes, ranges[0].addr);
+    EXPECT_EQ(32u * 64, ranges[0].bytes);
+    EXPECT_EQ(32u * 64, ranges[2].bytes);
+    int io = 0;
+    for (const auto& r : ranges)
+        io += r.io ? 1 : 0;
+    EXPECT_EQ(1, io);
+    EXPECT_TRUE(ranges[4].io);
 }
 
 TEST(FakeVerbsDiscovery, FirstActivePortOfTheAdmittedDevices) {

@@ -40,6 +40,8 @@ uint32_t SoftHca::registerMemory(const void* addr, uint64_t bytes) {
 }
 
 bool SoftHca::covers(uint32_t key, uint64_t addr, uint64_t bytes) const {
+    if (hooks_.covers)
+        return hooks_.covers(key, addr, bytes);
     if (key == 0 || key > regions_.size())
         return false;
     const Region& r = regions_[key - 1];
@@ -47,7 +49,7 @@ bool SoftHca::covers(uint32_t key, uint64_t addr, uint64_t bytes) const {
 }
 
 int SoftHca::createQueuePair(uint32_t wqe_count, uint32_t cqe_count, QueueMemory memory,
-                             uint32_t first_index) {
+                             uint32_t first_index, uint32_t qpn) {
     auto q = std::make_unique<Qp>();
     auto own = [&q](size_t bytes) {
         q->owned.push_back(std::make_unique<unsigned char[]>(bytes));
@@ -78,7 +80,7 @@ int SoftHca::createQueuePair(uint32_t wqe_count, uint32_t cqe_count, QueueMemory
     q->cqe_count = cqe_count;
     q->executed = q->first_index = first_index;
     std::lock_guard<std::mutex> lock(mu_);
-    q->qpn = 0x100 + static_cast<uint32_t>(qps_.size());
+    q->qpn = qpn != 0 ? qpn : 0x100 + static_cast<uint32_t>(qps_.size());
     qps_.push_back(std::move(q));
     return static_cast<int>(qps_.size()) - 1;
 }
@@ -111,7 +113,9 @@ void SoftHca::noteViolation(const std::string& what) {
         violation_ = what;
 }
 
-uint8_t SoftHca::execute(const unsigned char* wqe, uint8_t opcode) {
+uint8_t SoftHca::execute(const Qp& q, const unsigned char* wqe, uint8_t opcode) {
+    if (hooks_.peer_ready && !hooks_.peer_ready(q.qpn))
+        return mlx5::kSyndromeRetryExceeded;  // the peer stopped acknowledging
     const unsigned char* raddr_seg = wqe + mlx5::kSegmentBytes;
     const uint64_t raddr = loadBig64(raddr_seg);
     const uint32_t rkey = loadBig32(raddr_seg + 8);
@@ -164,6 +168,8 @@ void SoftHca::complete(Qp& q, uint16_t wqe_index, uint8_t opcode, uint8_t syndro
 size_t SoftHca::process(int qp) {
     std::lock_guard<std::mutex> lock(mu_);
     Qp& q = *qps_.at(static_cast<size_t>(qp));
+    if (q.removed)
+        return 0;
     const uint64_t bell = __atomic_load_n(q.mem.doorbell, __ATOMIC_ACQUIRE);
     if (bell != q.last_doorbell) {
         q.last_doorbell = bell;
@@ -197,7 +203,7 @@ size_t SoftHca::process(int qp) {
             noteViolation("unexpected opcode " + std::to_string(opcode));
             syndrome = mlx5::kSyndromeLocalQpOperation;
         } else {
-            syndrome = execute(wqe, opcode);
+            syndrome = execute(q, wqe, opcode);
         }
         if (syndrome != 0) {
             q.in_error = true;
@@ -209,19 +215,28 @@ size_t SoftHca::process(int qp) {
     return done;
 }
 
+size_t SoftHca::processAll() {
+    size_t n = 0;
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        n = qps_.size();
+    }
+    size_t done = 0;
+    for (size_t i = 0; i < n; ++i)
+        done += process(static_cast<int>(i));
+    return done;
+}
+
+void SoftHca::removeQueuePair(int qp) {
+    std::lock_guard<std::mutex> lock(mu_);
+    qps_.at(static_cast<size_t>(qp))->removed = true;
+}
+
 void SoftHca::start() {
     running_ = true;
     thread_ = std::thread([this] {
         while (running_.load(std::memory_order_relaxed)) {
-            size_t n = 0;
-            {
-                std::lock_guard<std::mutex> lock(mu_);
-                n = qps_.size();
-            }
-            size_t done = 0;
-            for (size_t i = 0; i < n; ++i)
-                done += process(static_cast<int>(i));
-            if (done == 0)
+            if (processAll() == 0)
                 std::this_thread::yield();
         }
     });

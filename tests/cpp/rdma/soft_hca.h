@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -38,7 +39,14 @@ struct QueueMemory {
 
 class SoftHca {
 public:
+    // Where a host emulates more than this HCA (the fake verbs library): its
+    // memory keys, and whether a QP's connected peer can still answer.
+    struct Hooks {
+        std::function<bool(uint32_t key, uint64_t addr, uint64_t bytes)> covers;
+        std::function<bool(uint32_t qpn)> peer_ready;
+    };
     SoftHca() = default;
+    explicit SoftHca(Hooks hooks) : hooks_(std::move(hooks)) {}
     SoftHca(const SoftHca&) = delete;
     SoftHca& operator=(const SoftHca&) = delete;
     ~SoftHca() { stop(); }
@@ -49,15 +57,18 @@ public:
 
     // A QP with its CQ; `memory` fields left null are allocated here. The
     // queues start at count `first_index` (tests of the 16-bit wrap), the
-    // CQEs invalid.
+    // CQEs invalid. `qpn` 0: one is chosen.
     int createQueuePair(uint32_t wqe_count, uint32_t cqe_count, QueueMemory memory = {},
-                        uint32_t first_index = 0);
+                        uint32_t first_index = 0, uint32_t qpn = 0);
+    // QP `qp` executes nothing more (destroyed).
+    void removeQueuePair(int qp);
     // The producer's and the consumer's views of QP `qp`.
     mlx5::SendQueue sendQueue(int qp) const;
     mlx5::CompletionQueue completionQueue(int qp) const;
 
     // Executes what QP `qp`'s doorbell record announces; the number of WQEs.
     size_t process(int qp);
+    size_t processAll();
     // A thread running process() on every QP until stop().
     void start();
     void stop();
@@ -84,15 +95,17 @@ private:
         uint64_t last_doorbell = 0;
         uint64_t doorbells = 0;
         bool in_error = false;
+        bool removed = false;
     };
 
     // The region `key` names if it covers [addr, addr + bytes).
     bool covers(uint32_t key, uint64_t addr, uint64_t bytes) const;
     // Runs one WQE; 0 on success, else the error syndrome.
-    uint8_t execute(const unsigned char* wqe, uint8_t opcode);
+    uint8_t execute(const Qp& q, const unsigned char* wqe, uint8_t opcode);
     void complete(Qp& q, uint16_t wqe_index, uint8_t opcode, uint8_t syndrome);
     void noteViolation(const std::string& what);
 
+    Hooks hooks_;
     mutable std::mutex mu_;
     std::vector<Region> regions_;
     std::vector<std::unique_ptr<Qp>> qps_;
