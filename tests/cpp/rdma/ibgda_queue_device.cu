@@ -92,14 +92,13 @@ std::string postPutsFromKernel(int n, uint32_t wqe_count) {
     auto* counter = pinned<uint64_t>(1, &owned);
     auto* old_values = pinned<uint64_t>(n, &owned);
     auto* puts = pinned<mlx5::PutWithCount>(n, &owned);
-    auto* status = pinned<int>(1, &owned);
     soft::QueueMemory mem;
     mem.wqes = pinned<unsigned char>(size_t{wqe_count} * mlx5::kBasicBlockBytes, &owned);
     mem.cqes = pinned<unsigned char>(size_t{wqe_count} * mlx5::kCqeBytes, &owned);
     mem.sq_dbrec = pinned<uint32_t>(2, &owned);
     mem.cq_dbrec = pinned<uint32_t>(1, &owned);
     mem.doorbell = pinned<uint64_t>(1, &owned);
-    if (!source || !destination || !counter || !old_values || !puts || !status || !mem.wqes ||
+    if (!source || !destination || !counter || !old_values || !puts || !mem.wqes ||
         !mem.cqes || !mem.sq_dbrec || !mem.cq_dbrec || !mem.doorbell)
         return "ERROR cudaHostAlloc failed";
     for (size_t i = 0; i < total; ++i)
@@ -122,20 +121,14 @@ std::string postPutsFromKernel(int n, uint32_t wqe_count) {
         p.old_value_addr = reinterpret_cast<uint64_t>(old_values + i);
         p.old_value_lkey = old_key;
     }
-    *status = -1;
     const int qp = hca.createQueuePair(wqe_count, wqe_count, mem);
     hca.start();
-    postPutsFromOneThread<<<1, 1>>>(hca.sendQueue(qp), hca.completionQueue(qp), puts, n, status,
-                                    20ull * 1000 * 1000 * 1000);
-    err = cudaGetLastError();
-    if (err == cudaSuccess)
-        err = cudaDeviceSynchronize();
+    // Pinned and mapped: the host addresses are the device's too (UVA).
+    const std::string why =
+        postPutsOnDevice(hca.sendQueue(qp), hca.completionQueue(qp), puts, n, [] {});
     hca.stop();
-    if (err != cudaSuccess)
-        return std::string("ERROR kernel: ") + cudaGetErrorString(err);
-    if (*status != 0)
-        return "ERROR kernel status " + std::to_string(*status) +
-               (*status == 1 ? " (timed out: completions missing)" : " (100 + error syndrome)");
+    if (!why.empty())
+        return why;
     if (!hca.violation().empty())
         return "ERROR the software HCA saw: " + hca.violation();
     if (mlx5::counterValue(counter) != static_cast<uint64_t>(n))
@@ -148,6 +141,34 @@ std::string postPutsFromKernel(int n, uint32_t wqe_count) {
             return "ERROR put " + std::to_string(i) + "'s fetch-add returned " +
                    std::to_string(old_values[i]);
     }
+    return "";
+}
+
+std::string postPutsOnDevice(const mlx5::SendQueue& sq, const mlx5::CompletionQueue& cq,
+                             const mlx5::PutWithCount* puts, int n,
+                             const std::function<void()>& pump) {
+    int devices = 0;
+    cudaError_t err = cudaGetDeviceCount(&devices);
+    if (err != cudaSuccess || devices == 0)
+        return std::string("no usable CUDA device (") +
+               (err != cudaSuccess ? cudaGetErrorString(err) : "0 devices") + ")";
+    int* status = nullptr;
+    if ((err = cudaHostAlloc(&status, sizeof(int), cudaHostAllocMapped)) != cudaSuccess)
+        return std::string("ERROR cudaHostAlloc: ") + cudaGetErrorString(err);
+    *status = -1;
+    postPutsFromOneThread<<<1, 1>>>(sq, cq, puts, n, status, 20ull * 1000 * 1000 * 1000);
+    err = cudaGetLastError();
+    while (err == cudaSuccess && (err = cudaStreamQuery(nullptr)) == cudaErrorNotReady) {
+        err = cudaSuccess;
+        pump();
+    }
+    const int result = *status;
+    cudaFreeHost(status);
+    if (err != cudaSuccess)
+        return std::string("ERROR kernel: ") + cudaGetErrorString(err);
+    if (result != 0)
+        return "ERROR kernel status " + std::to_string(result) +
+               (result == 1 ? " (timed out: completions missing)" : " (100 + error syndrome)");
     return "";
 }
 

@@ -2,7 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+
+#include "mooncake-transfer-engine/transport/rdma/mlx5_queues.h"
 
 namespace mooncake::te::rdma {
 
@@ -10,5 +13,12 @@ namespace mooncake::te::rdma {
 // BBs that the software HCA executes. "" on success; the reason starting
 // "no usable CUDA device" where there is no GPU; otherwise "ERROR ...".
 std::string postPutsFromKernel(int n, uint32_t wqe_count);
+
+// The same kernel on queues already mapped for the device (device addresses
+// in `sq`/`cq`; `puts` readable by the device), calling `pump` on this thread
+// until it ends (a software HCA's turn). Same return convention.
+std::string postPutsOnDevice(const mlx5::SendQueue& sq, const mlx5::CompletionQueue& cq,
+                             const mlx5::PutWithCount* puts, int n,
+                             const std::function<void()>& pump);
 
 }  // namespace mooncake::te::rdma

@@ -22,6 +22,12 @@
 #include "mooncake-transfer-engine/transport/rdma/rdma_metadata.h"
 #include "mooncake-transfer-engine/transport/rdma/rdma_transport.h"
 #include "tests/cpp/te/shm_test_util.h"
+#ifdef MC_IBGDA_DEVICE_TESTS
+#include <cuda_runtime.h>
+
+#include "mooncake-ep/ibgda/device_queues.h"
+#include "tests/cpp/rdma/ibgda_queue_device.h"
+#endif
 
 namespace mooncake::te {
 namespace {
@@ -248,6 +254,72 @@ TEST_F(FakeVerbsIbgda, DeadPeerAndStaleKeyComeBackAsErrorCompletions) {
     device->deregister(counter_mr.value());
     device->deregister(old_mr.value());
 }
+
+#ifdef MC_IBGDA_DEVICE_TESTS
+// A kernel drives the provider's queues mapped into the GPU (EP's
+// IbgdaDeviceQueues); the software HCA behind the fake executes what it
+// posts, as a NIC would read the same memory. Skips without a GPU.
+TEST_F(FakeVerbsIbgda, KernelPostsThroughTheProvidersQueuesMappedIntoTheGpu) {
+    int gpus = 0;
+    if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0) {
+        (void)cudaGetLastError();
+        GTEST_SKIP() << "no usable CUDA device";
+    }
+    auto a = queuePair(32);
+    auto b = queuePair(32);
+    ASSERT_TRUE(a && b);
+    ASSERT_TRUE(connect(*a, *b).ok());
+    ASSERT_TRUE(connect(*b, *a).ok());
+    auto mapped = ep::IbgdaDeviceQueues::map(*a);
+    ASSERT_TRUE(mapped.ok()) << mapped.status().toString();
+    constexpr int kPuts = 1000;
+    constexpr uint32_t kBytes = 512;
+    auto pinned = [](size_t bytes) {
+        void* p = nullptr;
+        EXPECT_EQ(cudaSuccess, cudaHostAlloc(&p, bytes, cudaHostAllocMapped));
+        std::memset(p, 0, bytes);
+        return static_cast<unsigned char*>(p);
+    };
+    unsigned char* src = pinned(size_t{kPuts} * kBytes);
+    unsigned char* dst = pinned(size_t{kPuts} * kBytes);
+    auto* words = reinterpret_cast<uint64_t*>(pinned((1 + kPuts) * sizeof(uint64_t)));
+    auto* puts =
+        reinterpret_cast<rdma::mlx5::PutWithCount*>(pinned(kPuts * sizeof(rdma::mlx5::PutWithCount)));
+    for (size_t i = 0; i < size_t{kPuts} * kBytes; ++i)
+        src[i] = static_cast<unsigned char>(i * 11 + 1);
+    auto src_mr = device->registerHost(src, size_t{kPuts} * kBytes);
+    auto dst_mr = device->registerHost(dst, size_t{kPuts} * kBytes);
+    auto words_mr = device->registerHost(words, (1 + kPuts) * sizeof(uint64_t));
+    ASSERT_TRUE(src_mr.ok() && dst_mr.ok() && words_mr.ok());
+    for (int i = 0; i < kPuts; ++i) {
+        rdma::mlx5::PutWithCount& p = puts[i];
+        p.local_addr = reinterpret_cast<uint64_t>(src + size_t{kBytes} * i);
+        p.lkey = src_mr.value()->lkey;
+        p.remote_addr = reinterpret_cast<uint64_t>(dst + size_t{kBytes} * i);
+        p.rkey = dst_mr.value()->rkey;
+        p.length = kBytes;
+        p.counter_addr = reinterpret_cast<uint64_t>(&words[0]);
+        p.counter_rkey = words_mr.value()->rkey;
+        p.add = 1;
+        p.old_value_addr = reinterpret_cast<uint64_t>(&words[1 + i]);
+        p.old_value_lkey = words_mr.value()->lkey;
+    }
+    const std::string why = rdma::postPutsOnDevice(mapped.value()->sendQueue(),
+                                                   mapped.value()->completionQueue(), puts, kPuts,
+                                                   [&] { process(); });
+    EXPECT_EQ("", why);
+    EXPECT_EQ(0, std::memcmp(src, dst, size_t{kPuts} * kBytes));
+    EXPECT_EQ(uint64_t{kPuts}, words[0]);
+    for (int i = 0; i < kPuts; ++i)
+        ASSERT_EQ(static_cast<uint64_t>(i), words[1 + i]) << i;
+    for (auto* mr : {src_mr.value(), dst_mr.value(), words_mr.value()})
+        device->deregister(mr);
+    mapped.value().reset();  // unmapped before the queue pair goes
+    for (void* p : {static_cast<void*>(src), static_cast<void*>(dst), static_cast<void*>(words),
+                    static_cast<void*>(puts)})
+        cudaFreeHost(p);
+}
+#endif
 
 TEST_F(FakeVerbsIbgda, RefusesASendQueueSizeTheKernelsCannotIndex) {
     auto odd = rdma::IbgdaQueuePair::create(*device, direct, 12);
