@@ -117,6 +117,7 @@ TEST(IbgdaQueue, PutsWithCountsArriveExactAndNeverBeforeTheirData) {
         uint64_t seen = 0;
         while (!done.load() && seen < kPuts) {
             const uint64_t c = mlx5::counterValue(&t.counter);
+            std::atomic_thread_fence(std::memory_order_acquire);  // then read the data
             for (; seen < c; ++seen) {
                 if (!t.arrived(static_cast<int>(seen)) && early.load() < 0)
                     early = static_cast<int>(seen);
