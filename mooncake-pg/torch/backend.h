@@ -374,7 +374,10 @@ private:
     // current; otherwise they queue, in order, for the poster thread, which
     // applies the latest view and then posts them.
     using P2PPost = std::function<void(Status view)>;
-    void postP2P(P2PPost post);
+    // Runs `post` now on this thread, or queues it for the poster thread
+    // when others are queued, the view is stale or `on_poster_thread` (a post
+    // that may block).
+    void postP2P(P2PPost post, bool on_poster_thread = false);
     void posterLoop();
     void stopPoster();
     // Any thread: brings the P2P engine to the host's latest view (peers

@@ -214,11 +214,17 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
         work->markFailed(text, failed);
     };
     const Deadline deadline = Deadline::after(timeout);
+    // The engine stages a send's data at post time, so a CUDA tensor's copy
+    // to its host mirror must have landed by then. That copy waits for the
+    // caller's prior work on its stream: if it has not landed yet, the post
+    // waits for it on the poster thread, and isend returns at once instead
+    // of blocking the caller until the producer kernels finish.
+    bool await_inputs = false;
     if (is_send) {
-        // The engine stages the data at post time; a CUDA tensor's copy to
-        // its host mirror must have landed by then.
-        const Status staged = executor->awaitInputs(*device_op, deadline);
-        if (!staged.ok()) {
+        const Status staged = executor->awaitInputs(*device_op, Deadline::afterMs(0));
+        if (staged.code() == StatusCode::kTimeout) {
+            await_inputs = true;
+        } else if (!staged.ok()) {
             (void)executor->finish(device_op, false);  // the op fails anyway
             work->markFailed(context + staged.toString(), {});
             track(work);
@@ -230,9 +236,12 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
     P2PEngine* engine = p2p_.get();
     // `view` is the outcome of bringing the engine to the latest view; a
     // refused post never calls `done`.
-    postP2P([=](Status view) {
-        Status posted = view;
-        if (posted.ok()) {
+    postP2P(
+        [=](Status view) {
+            Status posted = view;
+            if (posted.ok() && await_inputs)
+                posted = executor->awaitInputs(*device_op, deadline);
+            if (posted.ok()) {
             if (is_send) {
                 posted = engine->send(data, bytes, peer, tag, deadline,
                                       [done, peer](Status st) { done(std::move(st), peer); });
@@ -247,7 +256,8 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
             (void)executor->finish(device_op, false);  // the op fails anyway
             work->markFailed(context + posted.toString(), {});
         }
-    });
+        },
+        /*on_poster_thread=*/await_inputs);
     track(work);
     return work;
 }
@@ -255,7 +265,7 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
 // ---------------------------------------------------------------------------
 // The P2P view and the poster thread.
 
-void MooncakeBackend::postP2P(P2PPost post) {
+void MooncakeBackend::postP2P(P2PPost post, bool on_poster_thread) {
     bool refused = false;
     {
         std::lock_guard<std::mutex> lock(post_mu_);
@@ -263,7 +273,7 @@ void MooncakeBackend::postP2P(P2PPost post) {
         // applied first, so P2P with a rank get_active_ranks already shows
         // as active works; posts behind queued ones queue too, in order.
         const bool stale = host_ && latest_epoch_.load() != p2p_epoch_.load();
-        if (stale || posting_ || !posts_.empty()) {
+        if (on_poster_thread || stale || posting_ || !posts_.empty()) {
             if (!poster_stop_) {
                 posts_.push_back(std::move(post));
                 post_cv_.notify_one();

@@ -399,6 +399,46 @@ def test_stream_semantics(world_size, path):
     assert not failures, "\n".join(failures)
 
 
+def _isend_before_its_data_is_produced(ctx):
+    """isend of a CUDA tensor whose producer is still running: the call
+    returns while the producer runs (the copy to the host mirror is awaited
+    on the group's poster thread, not the caller's), a recv posted after it
+    on the same rank is not held up, and the receiver gets the produced
+    values. Rank 0 sends to 1 and then receives from 1."""
+    torch.cuda.set_device(0)
+    rank = ctx.rank
+    dev = torch.device("cuda", 0)
+    n = 1 << 16
+    if rank == 0:
+        x = torch.zeros(n, device=dev)
+        torch.cuda._sleep(SLEEP_CYCLES)  # a slow producer ...
+        x.fill_(7.0)  # ... of the data sent
+        produced = torch.cuda.Event()
+        produced.record()
+        send = dist.isend(x, 1)
+        returned_while_producing = not produced.query()
+        back = torch.zeros(n, device=dev)
+        dist.irecv(back, 1).wait()
+        send.wait()
+        torch.cuda.synchronize()
+        return {"returned_while_producing": returned_while_producing,
+                "values": [float(back.min()), float(back.max())]}
+    got = torch.zeros(n, device=dev)
+    dist.recv(got, 0)
+    dist.send(got + 1, 0)
+    torch.cuda.synchronize()
+    return {"values": [float(got.min()), float(got.max())]}
+
+
+def test_isend_returns_before_its_producer_finishes():
+    res = harness.run_ranks(_isend_before_its_data_is_produced, 2, BACKEND,
+                            timeout_s=JOB_TIMEOUT_S, ref_group=False)
+    assert res[1]["values"] == [7.0, 7.0], res
+    assert res[0]["values"] == [8.0, 8.0], res
+    assert res[0]["returned_while_producing"], (
+        "isend blocked its caller until the slow producer of its data finished")
+
+
 def _calls_across_streams(ctx):
     """Asynchronous calls (the group's stream) and synchronous ones (their
     caller's stream: the current one or either of two side streams)
