@@ -26,6 +26,7 @@
 #include <cuda_runtime.h>
 
 #include "mooncake-ep/ibgda/device_queues.h"
+#include "mooncake-ep/ibgda/endpoint.h"
 #include "tests/cpp/rdma/ibgda_queue_device.h"
 #endif
 
@@ -318,6 +319,80 @@ TEST_F(FakeVerbsIbgda, KernelPostsThroughTheProvidersQueuesMappedIntoTheGpu) {
     for (void* p : {static_cast<void*>(src), static_cast<void*>(dst), static_cast<void*>(words),
                     static_cast<void*>(puts)})
         cudaFreeHost(p);
+}
+#endif
+
+#ifdef MC_IBGDA_DEVICE_TESTS
+// EP's IBGDA endpoint: two ranks in this process exchange the seed's words
+// (regions and GIDs gathered, QPs all-to-all), connect, and rank 0 writes
+// into rank 1's buffer over each QP it made for rank 1, with the address and
+// key rank 1 sent. Needs no GPU (host buffers).
+TEST_F(FakeVerbsIbgda, EndpointsExchangeTheSeedsWordsAndReachEachOthersBuffers) {
+    constexpr int kQps = 3;
+    constexpr size_t kBytes = 1 << 16;
+    std::vector<std::vector<uint64_t>> buffers(2, std::vector<uint64_t>(kBytes / 8, 0));
+    std::vector<std::unique_ptr<ep::IbgdaEndpoint>> ends;
+    for (int r = 0; r < 2; ++r) {
+        ep::IbgdaEndpointOptions o;
+        o.rank = r;
+        o.num_ranks = 2;
+        o.qps_per_rank = kQps;
+        o.wqes_per_qp = 16;
+        o.buffer = buffers[r].data();
+        o.bytes = kBytes;
+        o.buffer_on_device = false;
+        o.verbs_library = kLibrary;
+        o.mlx5_library = kLibrary;
+        auto e = ep::IbgdaEndpoint::create(o);
+        ASSERT_TRUE(e.ok()) << e.status().toString();
+        EXPECT_EQ("mlx5_0", e.value()->deviceName());
+        ends.push_back(std::move(e).value());
+    }
+    std::vector<ep::IbgdaEndpoint::Words2> regions, gids;
+    for (auto& e : ends) {
+        regions.push_back(e->regionWords());
+        gids.push_back(e->gidWords());
+    }
+    // all_to_all: rank r receives from p what p made for r.
+    for (int r = 0; r < 2; ++r) {
+        std::vector<std::vector<int64_t>> from(2);
+        for (int p = 0; p < 2; ++p)
+            from[p] = ends[p]->qpWordsFor(r);
+        EXPECT_TRUE(from[r].empty());
+        ASSERT_TRUE(ends[r]->connect(regions, from, gids).ok());
+    }
+    EXPECT_EQ(reinterpret_cast<uint64_t>(buffers[1].data()), ends[0]->remoteAddress(1));
+    // Rank 0's words 0..255 hold data; each QP q writes 256 bytes of it into
+    // rank 1's buffer at 4096 * (q + 1) and counts into rank 1's word 0.
+    for (size_t i = 0; i < 256 / 8; ++i)
+        buffers[0][i] = 0x0101010101010101ull * (i + 1);
+    for (int q = 0; q < kQps; ++q) {
+        rdma::mlx5::SendQueue sq = ends[0]->queuePair(1, q).sendQueue();
+        rdma::mlx5::CompletionQueue cq = ends[0]->queuePair(1, q).completionQueue();
+        rdma::mlx5::PutWithCount p;
+        p.local_addr = reinterpret_cast<uint64_t>(buffers[0].data());
+        p.lkey = ends[0]->localKey();
+        p.remote_addr = ends[0]->remoteAddress(1) + 4096 * (q + 1);
+        p.rkey = ends[0]->remoteKey(1);
+        p.length = 256;
+        p.counter_addr = ends[0]->remoteAddress(1);
+        p.counter_rkey = ends[0]->remoteKey(1);
+        p.add = 1;
+        p.old_value_addr = reinterpret_cast<uint64_t>(&buffers[0][1000 + q]);
+        p.old_value_lkey = ends[0]->localKey();
+        ASSERT_TRUE(rdma::mlx5::postPutWithCount(sq, p));
+        process();
+        rdma::mlx5::Completion error;
+        ASSERT_TRUE(rdma::mlx5::reapCompletions(cq, sq, &error)) << int(error.syndrome);
+        EXPECT_EQ(sq.producer, sq.consumer);
+        EXPECT_EQ(0, std::memcmp(buffers[0].data(), &buffers[1][(4096 * (q + 1)) / 8], 256)) << q;
+    }
+    EXPECT_EQ(uint64_t{kQps}, buffers[1][0]);
+    // Words that do not fit are refused, naming the rank.
+    std::vector<std::vector<int64_t>> short_list = {{}, {1}};
+    const Status bad = ends[0]->connect(regions, short_list, gids);
+    EXPECT_EQ(StatusCode::kInvalidArgument, bad.code());
+    EXPECT_NE(std::string::npos, bad.message().find("rank 1 sent 1 QPs")) << bad.toString();
 }
 #endif
 
