@@ -72,6 +72,11 @@ def build_parser():
                    help="synchronize and barrier all ranks before dispatch and before combine, so "
                         "each op's latency excludes the other ranks' lateness (e.g. their expert "
                         "forward on a shared GPU); end-to-end then includes the barriers")
+    p.add_argument("--launch-pad-us", type=int, default=0,
+                   help="CUDA: a GPU sleep of this many microseconds before each timed op, so "
+                        "its kernels are queued before its start event fires and its latency is "
+                        "device time (the host's Python and launch time excluded; the pad must "
+                        "outlast them, e.g. 1000); 0: eager latency, host time included")
     return p
 
 
@@ -131,6 +136,11 @@ def validate_args(args):
     if args.device == "cpu" and args.pg_backend not in CPU_PG_BACKENDS:
         raise ValueError(
             f"--device cpu needs --pg-backend in {CPU_PG_BACKENDS}, got {args.pg_backend}")
+    if args.launch_pad_us < 0:
+        raise ValueError(f"--launch-pad-us must be >= 0, got {args.launch_pad_us}")
+    if args.launch_pad_us and args.device != "cuda":
+        raise ValueError(f"--launch-pad-us {args.launch_pad_us} needs --device cuda (the CPU "
+                         f"fallback is timed by wall clock, with nothing queued to pad)")
     if args.timeout_us != -1 and args.timeout_us <= 0:
         raise ValueError(f"--timeout-us must be -1 or > 0, got {args.timeout_us}")
 
@@ -160,6 +170,7 @@ class _Clock:
 
     def __init__(self, device):
         self.cuda = device.type == "cuda"
+        self._cycles_per_us = None
 
     def stamp(self):
         if self.cuda:
@@ -174,6 +185,20 @@ class _Clock:
     def sync(self):
         if self.cuda:
             torch.cuda.synchronize()
+
+    def pad(self, us):
+        """Queues a GPU sleep of about `us` microseconds (nothing on the CPU)."""
+        if not self.cuda or us <= 0:
+            return
+        if self._cycles_per_us is None:  # torch.cuda._sleep counts clock cycles
+            probe = 1_000_000
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            torch.cuda._sleep(probe)
+            b.record()
+            b.synchronize()
+            self._cycles_per_us = probe / max(a.elapsed_time(b) * 1000.0, 1e-3)
+        torch.cuda._sleep(int(us * self._cycles_per_us))
 
 
 class EPBenchmarkWorker:
@@ -218,6 +243,7 @@ class EPBenchmarkWorker:
     def step(self):
         a = self.args
         self._align()
+        self.clock.pad(a.launch_pad_us)
         t0 = self.clock.stamp()
         recv_x, _, handle, event, hook = self.buffer.dispatch(
             self.x, self.topk_idx, self.active_ranks, a.num_tokens, a.num_experts, a.timeout_us,
@@ -232,6 +258,7 @@ class EPBenchmarkWorker:
         else:
             combine_in = expert_out.contiguous()
         self._align()
+        self.clock.pad(a.launch_pad_us)
         t2 = self.clock.stamp()
         _, event, hook = self.buffer.combine(
             combine_in, self.topk_idx, self.topk_weights, self.active_ranks, a.timeout_us, handle,
@@ -354,7 +381,9 @@ def run_worker(args, rank, world_size, local_rank):
                 "device": args.device,
                 "ep_path": name,
                 "fast_path_unavailable_reason": None if w.buffer.use_fast_path else w.buffer.fast_path_reason,
-                "timer": "cuda_events" if device.type == "cuda" else "wall_clock",
+                "timer": ("wall_clock" if device.type != "cuda" else
+                          f"cuda_events_after_{args.launch_pad_us}us_launch_pad"
+                          if args.launch_pad_us else "cuda_events"),
             }
             d_bytes, c_bytes = metrics.payload_bytes(copies, args.hidden_size, args.dtype == "fp8")
             d_ms = metrics.latency_stats(metrics.critical_path(per_rank[0]))["p50"]

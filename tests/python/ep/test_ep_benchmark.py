@@ -125,6 +125,9 @@ SMALL = ["--num-ranks", "2", "--num-experts", "8", "--hidden-size", "256", "--to
     (["--routing-mode", "zipf", "--zipf-alpha", "0"], r"zipf_alpha must be > 0, got 0.0"),
     (["--device", "cpu", "--pg-backend", "nccl"], r"--device cpu needs --pg-backend in"),
     (["--iters", "0"], r"--iters must be >= 1, got 0"),
+    (["--launch-pad-us", "-1"], r"--launch-pad-us must be >= 0, got -1"),
+    (["--device", "cpu", "--pg-backend", "gloo", "--launch-pad-us", "500"],
+     r"--launch-pad-us 500 needs --device cuda"),
 ])
 def test_validate_args_errors(no_torchrun, extra, pattern):
     with pytest.raises(ValueError, match=pattern):
