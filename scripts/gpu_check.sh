@@ -68,7 +68,17 @@ export CUDA_MPS_PIPE_DIRECTORY=/tmp/mc-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mc-m
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
 if [ "${MC_GPU_NO_MPS:-0}" != 1 ] && nvidia-cuda-mps-control -d 2>/dev/null; then
     echo "MPS started"
-    trap 'echo quit | nvidia-cuda-mps-control' EXIT
+    # quit returns before the daemon is gone; a caller that starts MPS again
+    # right after this script meanwhile finds a half-stopped one, and its
+    # CUDA processes then see no device. Wait (bounded) for it to go.
+    stop_mps() {
+        echo quit | nvidia-cuda-mps-control
+        for _ in $(seq 50); do
+            pgrep -x nvidia-cuda-mps-control > /dev/null || pgrep -x nvidia-cuda-mps-server > /dev/null || return 0
+            sleep 0.2
+        done
+    }
+    trap stop_mps EXIT
 else
     echo "MPS not started: processes share the GPU by time slicing"
     unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
