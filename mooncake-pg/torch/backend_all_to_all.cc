@@ -134,7 +134,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall(Tensors& outputs, Tenso
     TORCH_CHECK(n > 0 && inputs[0].defined(),
                 "Mooncake PG: all_to_all: input_tensor_list[0] is "
                 "undefined");
-    checkDtype(inputs[0], op, "input_tensor_list[0]");
+    const DataType dtype = checkDtype(inputs[0], op, "input_tensor_list[0]");
     std::vector<size_t> send_bytes(n), send_offsets(n), recv_bytes(n), recv_offsets(n);
     size_t send_at = 0, recv_at = 0;
     for (int p = 0; p < n; ++p) {
@@ -154,6 +154,47 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall(Tensors& outputs, Tenso
         recv_bytes[p] = bytesOf(outputs[p]);
         recv_offsets[p] = recv_at;
         recv_at += recv_bytes[p];
+    }
+    if (inputs[0].is_cuda()) {
+        // The kernels' all_to_all with split sizes (the direct path): the
+        // list packed into one contiguous input on the caller's stream, one
+        // contiguous output copied out to the list after the call, in stream
+        // order. Route and count are the same on every rank (count 1, as for
+        // split sizes); the rows travel with the call.
+        const auto options = inputs[0].options();
+        int64_t total_out = 0;
+        for (const auto& o : outputs)
+            total_out += o.numel();
+        device::AllToAllVRow row;
+        row.send_bytes = send_bytes;
+        row.send_offsets = send_offsets;
+        row.recv_bytes = recv_bytes;
+        row.recv_offsets = recv_offsets;
+        row.input_bytes = send_at;
+        row.output_bytes = recv_at;
+        KernelCall call{device::CudaCollective::kAllToAllV,
+                        op,
+                        OpType::ALLTOALL,
+                        pack(inputs, options),
+                        at::empty({total_out}, options),
+                        dtype,
+                        ReduceOp::kSum,
+                        0,
+                        1,
+                        n,
+                        [this, send_bytes, send_offsets, recv_bytes, recv_offsets](
+                            void* in, void* out, Deadline dl) {
+                            return comm_->allToAllV(in, send_bytes, send_offsets, out, recv_bytes,
+                                                    recv_offsets, dl);
+                        },
+                        false,
+                        at::Tensor(),
+                        std::move(row)};
+        call.output_blocks = outputs;
+        call.held = inputs;
+        call.results = outputs;
+        if (auto work = maybeKernel(std::move(call), opts.timeout, opts.asyncOp))
+            return work;
     }
     Staging st(op);
     const Tensors ins = st.in(inputs, "input_tensor_list");

@@ -57,13 +57,16 @@ bool rooted(device::CudaCollective c) {
 }
 
 // Block r of the call's contiguous output into its list, for the ranks
-// whose blocks were written (`written`, or all of them when null).
+// whose blocks were written (`written`, or all of them when null). Blocks
+// lie in list order, each the size of its list tensor (equal for the
+// gathers, per peer for all_to_all).
 void copyOutputBlocks(const KernelCall& call, const std::vector<uint8_t>* written) {
+    int64_t offset = 0;
     for (size_t r = 0; r < call.output_blocks.size(); ++r) {
-        if (written == nullptr || blockWritten(*written, r)) {
-            const at::Tensor& to = call.output_blocks[r];
-            to.copy_(block(call.output, static_cast<int64_t>(r), to));
-        }
+        const at::Tensor& to = call.output_blocks[r];
+        if (written == nullptr || blockWritten(*written, r))
+            to.copy_(call.output.narrow(0, offset, to.numel()).view(to.sizes()));
+        offset += to.numel();
     }
 }
 

@@ -706,6 +706,49 @@ def test_all_to_all_with_split_sizes_runs_direct_and_a_size_mismatch_fails_every
         assert r["after"] == [float(sum(range(1, ws + 1)))], (rank, r)
 
 
+def _list_all_to_all(ctx):
+    """all_to_all with tensor lists, a different size per (source, destination)
+    pair and one pair empty, runs on the direct kernels (one call each):
+    exact at about 1 KiB and 1 MiB per block, into strided views of one
+    buffer whose other columns stay untouched."""
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    ws, rank = ctx.world_size, ctx.rank
+    failures = []
+    before = _direct_calls()
+    calls = 0
+
+    def size(src, dst, scale):
+        return 0 if (src, dst) == (1, 2) else scale * (1 + src + 2 * dst)
+
+    def value(src, dst, n):  # exact in float32
+        return (torch.arange(n, dtype=torch.float32) % 251) + 1000 * src + 7 * dst
+
+    for scale in (37, 37 << 10):
+        ins = [value(rank, p, size(rank, p, scale)).to(dev) for p in range(ws)]
+        rows = max(size(p, rank, scale) for p in range(ws))
+        big = torch.full((rows, 2 * ws), -1.0, device=dev)
+        outs = [big[:size(p, rank, scale), 2 * p] for p in range(ws)]
+        dist.all_to_all(outs, ins)
+        calls += 1
+        for p in range(ws):
+            want = value(p, rank, size(p, rank, scale))
+            if not torch.equal(outs[p].cpu(), want):
+                failures.append(f"rank {rank} scale {scale} from {p}: got "
+                                f"{outs[p].flatten()[:4].tolist()}, want {want[:4].tolist()}")
+        if not torch.equal(big[:, 1::2].cpu(), torch.full((rows, ws), -1.0)):
+            failures.append(f"rank {rank} scale {scale}: the odd columns were written")
+    return {"failures": failures, "direct_calls": _direct_calls() - before, "calls": calls}
+
+
+def test_all_to_all_with_tensor_lists_runs_on_the_direct_kernels():
+    res = harness.run_ranks(_list_all_to_all, 3, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            ref_group=False, env=PATHS["kernels"], pg_timeout_s=OP_TIMEOUT_S)
+    for rank, r in enumerate(res):
+        assert not r["failures"], (rank, r["failures"])
+        assert r["direct_calls"] == r["calls"], (rank, r)
+
+
 def _lists_on_kernels(ctx):
     """all_gather and reduce_scatter with tensor lists, gather and scatter run
     on the device kernels (one call each): exact for every root, 3 KiB and
