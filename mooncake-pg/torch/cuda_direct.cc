@@ -155,7 +155,7 @@ Result<bool> MooncakeBackend::directAllToAllV(const KernelCall& call,
     // The members read this rank's input while it writes its output: with
     // the two overlapping it offers nothing, and every rank takes the host.
     const uint64_t in_bytes = call.splits.input_bytes, out_bytes = call.splits.output_bytes;
-    const bool overlap = device::bytesOverlap(in, out, std::max(in_bytes, out_bytes));
+    const bool overlap = device::rangesOverlap(in, in_bytes, out, out_bytes);
     device::MemberBuffers members;
     auto shared = shareDirectBuffers(overlap ? nullptr : in, in_bytes, out, out_bytes, false, size,
                                      deadline, &members, &input_bytes);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "mooncake-pg/device/all_to_all_v.h"
+#include "mooncake-pg/device/member_buffers.h"
 #include "tests/cpp/pg_device/device_group_util.h"
 #include "tests/cpp/pg_device/run_ranks.h"
 
@@ -98,6 +99,22 @@ TEST(DeviceAllToAllVPlan, BlocksOutsideABufferAreRefusedBeforeAnyCopy) {
     rows[1].recv_bytes.pop_back();
     EXPECT_EQ(planAllToAllV(rows, 0, &plan).code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(planAllToAllV(rowsOf(2), 2, &plan).code(), StatusCode::kInvalidArgument);
+}
+
+// The direct all_to_all with split sizes offers its input to the members
+// only when it shares no byte with its output; the ranges have their own
+// sizes (a small input next to a large output does not overlap it).
+TEST(DeviceAllToAllVPlan, OverlapIsJudgedOnEachBuffersOwnBytes) {
+    char buf[256];
+    EXPECT_FALSE(device::rangesOverlap(buf, 16, buf + 16, 200));
+    EXPECT_FALSE(device::rangesOverlap(buf + 100, 50, buf, 100));
+    EXPECT_TRUE(device::rangesOverlap(buf, 17, buf + 16, 200));
+    EXPECT_TRUE(device::rangesOverlap(buf + 16, 200, buf, 17));
+    EXPECT_TRUE(device::rangesOverlap(buf + 20, 1, buf, 256));
+    EXPECT_FALSE(device::rangesOverlap(buf, 0, buf, 256)) << "an empty range overlaps nothing";
+    // The former check, max(in, out) bytes from each start, called the first
+    // pair overlapping.
+    EXPECT_TRUE(device::bytesOverlap(buf, buf + 16, 200));
 }
 
 TEST(DeviceAllToAllVPlan, RowsTravelAsWords) {
