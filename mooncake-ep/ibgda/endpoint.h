@@ -66,6 +66,7 @@ public:
         return *qps_[static_cast<size_t>(peer * options_.qps_per_rank + q)];
     }
     const std::string& deviceName() const { return device_->endpoint().device; }
+    int qpsPerRank() const { return options_.qps_per_rank; }
 
 private:
     explicit IbgdaEndpoint(const IbgdaEndpointOptions& o) : options_(o) {}

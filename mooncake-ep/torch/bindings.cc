@@ -16,6 +16,9 @@
 namespace py = pybind11;
 
 namespace mooncake::ep {
+#ifdef MOONCAKE_EP_IBGDA
+void bindIbgda(py::module_& m);  // ibgda_bindings.cc
+#endif
 namespace {
 
 py::tuple dispatchResult(const DispatchResult& r) {
@@ -148,4 +151,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              py::arg("timeout_us"), py::arg("out"))
         .def("take_error", &FastBuffer::takeError, py::arg("wait") = false);
     mooncake::ep::bindNccl(m);
+#ifdef MOONCAKE_EP_IBGDA
+    mooncake::ep::bindIbgda(m);
+#endif
 }
