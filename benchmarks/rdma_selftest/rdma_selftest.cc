@@ -92,23 +92,10 @@ int verbsLoopback(const VerbsApi& api, const DeviceFilterEntry& entry) {
         report(false, "create QPs", (a.ok() ? b.status() : a.status()).toString());
         return 1;
     }
-    QpLocal local;
-    local.port = d.endpoint().port;
-    local.gid_index = d.endpoint().gid_index;
-    local.mtu = d.endpoint().mtu;
-    local.max_rd_atomic = d.maxRdAtomic();
-    auto addressOf = [&](QueuePair& qp) {
-        QpAddress x;
-        std::memcpy(x.gid, d.endpoint().gid, 16);
-        x.lid = d.endpoint().lid;
-        x.qpn = qp.qpn();
-        x.psn = 0;
-        x.mtu = d.endpoint().mtu;
-        return x;
-    };
-    Status st = a.value()->connect(local, addressOf(*b.value()));
+    const QpLocal local = qpLocalFor(d);
+    Status st = a.value()->connect(local, qpAddressOf(d, b.value()->qpn()));
     if (st.ok())
-        st = b.value()->connect(local, addressOf(*a.value()));
+        st = b.value()->connect(local, qpAddressOf(d, a.value()->qpn()));
     report(st.ok(), "QP RESET->INIT->RTR->RTS (both ends)", st.ok() ? "" : st.toString());
     if (!st.ok())
         return 1;
@@ -292,22 +279,10 @@ void ibgdaLoopback(const VerbsApi& api, const DeviceFilterEntry& entry) {
            a.ok() ? (b.ok() ? "" : b.status().toString()) : a.status().toString());
     if (!a.ok() || !b.ok())
         return;
-    QpLocal local;
-    local.port = d.endpoint().port;
-    local.gid_index = d.endpoint().gid_index;
-    local.mtu = d.endpoint().mtu;
-    local.max_rd_atomic = d.maxRdAtomic();
-    auto addressOf = [&](const IbgdaQueuePair& qp) {
-        QpAddress x;
-        std::memcpy(x.gid, d.endpoint().gid, 16);
-        x.lid = d.endpoint().lid;
-        x.qpn = qp.qpn();
-        x.mtu = d.endpoint().mtu;
-        return x;
-    };
-    Status st = a.value()->connect(local, addressOf(*b.value()));
+    const QpLocal local = qpLocalFor(d);
+    Status st = a.value()->connect(local, qpAddressOf(d, b.value()->qpn()));
     if (st.ok())
-        st = b.value()->connect(local, addressOf(*a.value()));
+        st = b.value()->connect(local, qpAddressOf(d, a.value()->qpn()));
     report(st.ok(), "IBGDA QPs RESET->INIT->RTR->RTS", st.ok() ? "" : st.toString());
     if (!st.ok())
         return;

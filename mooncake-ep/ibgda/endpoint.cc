@@ -10,21 +10,8 @@
 #include "mooncake-transfer-engine/transport/rdma/verbs_api.h"
 
 namespace mooncake::ep {
-namespace {
 
 using te::rdma::VerbsApi;
-
-Result<const VerbsApi*> verbs(const std::string& library) {
-    if (library.empty())
-        return VerbsApi::get();
-    // A test's library, loaded once per name and kept for the process.
-    auto loaded = VerbsApi::load(library.c_str());
-    if (!loaded.ok())
-        return loaded.status();
-    return new VerbsApi(loaded.value());
-}
-
-}  // namespace
 
 Result<std::unique_ptr<IbgdaEndpoint>> IbgdaEndpoint::create(const IbgdaEndpointOptions& o) {
     if (o.num_ranks < 1 || o.rank < 0 || o.rank >= o.num_ranks)
@@ -39,7 +26,7 @@ Result<std::unique_ptr<IbgdaEndpoint>> IbgdaEndpoint::create(const IbgdaEndpoint
     const te::IbgdaProbe probe =
         te::probeIbgda(te::RdmaOptions{o.device_filter, o.verbs_library, o.mlx5_library});
     MC_RETURN_IF_ERROR(probe.status);
-    MC_ASSIGN_OR_RETURN(const VerbsApi* api, verbs(o.verbs_library));
+    MC_ASSIGN_OR_RETURN(const VerbsApi* api, VerbsApi::getOrLoad(o.verbs_library));
     MC_ASSIGN_OR_RETURN(auto dv, te::rdma::Mlx5DirectApi::load(o.mlx5_library));
     std::unique_ptr<IbgdaEndpoint> self(new IbgdaEndpoint(o));
     MC_ASSIGN_OR_RETURN(self->device_,
@@ -106,11 +93,7 @@ Status IbgdaEndpoint::connect(const std::vector<Words2>& regions,
                                std::to_string(n) + ")");
     }
     const te::rdma::RdmaEndpoint& e = device_->endpoint();
-    te::rdma::QpLocal local;
-    local.port = e.port;
-    local.gid_index = e.gid_index;
-    local.mtu = e.mtu;
-    local.max_rd_atomic = device_->maxRdAtomic();
+    const te::rdma::QpLocal local = te::rdma::qpLocalFor(*device_);
     for (int p = 0; p < options_.num_ranks; ++p) {
         if (p == options_.rank)
             continue;

@@ -3,6 +3,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "mooncake-transfer-engine/transport/rdma/rdma_device.h"
+
 namespace mooncake::te::rdma {
 
 namespace {
@@ -93,6 +95,25 @@ ibv_qp_attr qpStepAttributes(QpStep step, const QpLocal& local, const QpAddress&
             a.qp_state = IBV_QPS_ERR;
             break;
     }
+    return a;
+}
+
+QpLocal qpLocalFor(const RdmaDevice& device) {
+    QpLocal local;
+    local.port = device.endpoint().port;
+    local.gid_index = device.endpoint().gid_index;
+    local.mtu = device.endpoint().mtu;
+    local.max_rd_atomic = device.maxRdAtomic();
+    return local;
+}
+
+QpAddress qpAddressOf(const RdmaDevice& device, uint32_t qpn, uint32_t psn) {
+    QpAddress a;
+    std::memcpy(a.gid, device.endpoint().gid, sizeof(a.gid));
+    a.lid = device.endpoint().lid;
+    a.qpn = qpn;
+    a.psn = psn;
+    a.mtu = device.endpoint().mtu;
     return a;
 }
 

@@ -15,6 +15,8 @@
 
 namespace mooncake::te::rdma {
 
+class RdmaDevice;
+
 enum class QpStep { kInit, kReadyToReceive, kReadyToSend, kError };
 
 const char* qpStepName(QpStep step);
@@ -33,6 +35,12 @@ struct QpLocal {
     uint8_t rnr_retry = 7;
     uint8_t min_rnr_timer = 12;
 };
+
+// What `device` contributes: its port, GID index and MTU, and the READs and
+// atomics it can have in flight.
+QpLocal qpLocalFor(const RdmaDevice& device);
+// How a peer addresses QP `qpn` of `device`.
+QpAddress qpAddressOf(const RdmaDevice& device, uint32_t qpn, uint32_t psn = 0);
 
 // The attributes for `step` towards `remote` (only INIT→RTR reads it).
 // RoCE peers (LID 0) are addressed by GID through the GRH; InfiniBand

@@ -22,13 +22,7 @@ Result<Discovered> discover(const RdmaOptions& options) {
     auto filter = parseDeviceFilter(options.device_filter);
     if (!filter.ok())
         return filter.status();
-    auto api = options.verbs_library.empty() ? VerbsApi::get() : [&]() -> Result<const VerbsApi*> {
-        // A test's library: loaded each time, kept for the process.
-        auto loaded = VerbsApi::load(options.verbs_library.c_str());
-        if (!loaded.ok())
-            return loaded.status();
-        return new VerbsApi(loaded.value());
-    }();
+    auto api = VerbsApi::getOrLoad(options.verbs_library);
     if (!api.ok())
         return api.status();
     auto found = discoverDevices(*api.value(), filter.value());

@@ -124,7 +124,6 @@ private:
     // Resolves keys, staging and the connection; false after completing `op`.
     bool prepare(Op& op);
     Result<std::shared_ptr<Connection>> connect(const SegmentDesc& peer, Deadline deadline);
-    QpAddress localAddress(uint32_t qpn, uint32_t psn) const;
     void postMore(Op& op);
     void pollCompletions();
     void fail(Op& op, Status st);
@@ -167,10 +166,7 @@ Status RdmaTransport::start(TransportHost* host, SegmentDesc* local) {
     cq_ = api.createCq(dev_->context(), kCqDepth, nullptr, nullptr, 0);
     if (!cq_)
         return verbsError("ibv_create_cq", errno ? errno : ENOMEM, dev_->endpoint().device);
-    qp_local_.port = dev_->endpoint().port;
-    qp_local_.gid_index = dev_->endpoint().gid_index;
-    qp_local_.mtu = dev_->endpoint().mtu;
-    qp_local_.max_rd_atomic = dev_->maxRdAtomic();
+    qp_local_ = qpLocalFor(*dev_);
     handshake_ = std::make_unique<Handshake>(host->store(), host->keyPrefix(), host->segmentName());
     local->rdma_endpoint = dev_->endpoint().serialize();
     worker_ = std::thread([this] { workerLoop(); });
@@ -250,16 +246,6 @@ void RdmaTransport::submit(const std::shared_ptr<TransferTask>& task) {
     task->complete(Aborted("rdma transport is not running"));
 }
 
-QpAddress RdmaTransport::localAddress(uint32_t qpn, uint32_t psn) const {
-    QpAddress a;
-    std::memcpy(a.gid, dev_->endpoint().gid, 16);
-    a.lid = dev_->endpoint().lid;
-    a.qpn = qpn;
-    a.psn = psn;
-    a.mtu = dev_->endpoint().mtu;
-    return a;
-}
-
 Result<std::shared_ptr<Connection>> RdmaTransport::connect(const SegmentDesc& peer,
                                                            Deadline deadline) {
     auto it = conns_.find(peerKey(peer));
@@ -272,7 +258,7 @@ Result<std::shared_ptr<Connection>> RdmaTransport::connect(const SegmentDesc& pe
     request.nonce = randomU64();
     QpLocal local = qp_local_;
     local.sq_psn = static_cast<uint32_t>(randomU64() & 0xffffff);
-    request.address = localAddress(conn->qp->qpn(), local.sq_psn);
+    request.address = qpAddressOf(*dev_, conn->qp->qpn(), local.sq_psn);
     const Deadline cap = Deadline::afterMs(envRdmaConnectTimeoutMs());
     MC_ASSIGN_OR_RETURN(
         QpMessage reply,
@@ -501,7 +487,7 @@ void RdmaTransport::acceptLoop() {
                                     "QP accepted from segment " + request->from);
         Status st = qp.ok() ? qp.value()->connect(local, request->address) : qp.status();
         if (st.ok()) {
-            reply.address = localAddress(qp.value()->qpn(), local.sq_psn);
+            reply.address = qpAddressOf(*dev_, qp.value()->qpn(), local.sq_psn);
             std::lock_guard<std::mutex> lock(accepted_mu_);
             accepted_[request->from] = std::move(qp).value();
         } else {

@@ -58,6 +58,15 @@ Result<const VerbsApi*> VerbsApi::get() {
     return &loaded.value();
 }
 
+Result<const VerbsApi*> VerbsApi::getOrLoad(const std::string& library) {
+    if (library.empty())
+        return get();
+    auto loaded = load(library.c_str());
+    if (!loaded.ok())
+        return loaded.status();
+    return new VerbsApi(loaded.value());
+}
+
 int VerbsApi::portAttributes(ibv_context* ctx, uint8_t port, ibv_port_attr* attr) const {
     std::memset(attr, 0, sizeof(*attr));
     if (verbs_context* vctx = verbs_get_ctx_op(ctx, query_port))

@@ -49,6 +49,9 @@ struct VerbsApi {
     static Result<const VerbsApi*> get();
     // Loads from `library` (tests use a name that does not exist).
     static Result<VerbsApi> load(const char* library);
+    // get() for "", else `library` loaded and kept for the process (a test's
+    // library, loaded once per call).
+    static Result<const VerbsApi*> getOrLoad(const std::string& library);
 };
 
 // The Status for a failed verbs call: the call, the errno name and text, and

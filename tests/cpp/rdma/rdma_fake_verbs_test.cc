@@ -142,17 +142,7 @@ protected:
     }
 
     Status connect(rdma::IbgdaQueuePair& from, const rdma::IbgdaQueuePair& to) {
-        const rdma::RdmaEndpoint& e = device->endpoint();
-        rdma::QpLocal local;
-        local.port = e.port;
-        local.gid_index = e.gid_index;
-        local.mtu = e.mtu;
-        rdma::QpAddress remote;
-        std::memcpy(remote.gid, e.gid, sizeof(remote.gid));
-        remote.lid = e.lid;
-        remote.qpn = to.qpn();
-        remote.mtu = e.mtu;
-        return from.connect(local, remote);
+        return from.connect(rdma::qpLocalFor(*device), rdma::qpAddressOf(*device, to.qpn()));
     }
 
     std::unique_ptr<rdma::RdmaDevice> device;
