@@ -112,25 +112,33 @@ MC_HOST_DEVICE uint32_t basicBlocksFor(const PutWithCount& p) {
     return p.length > 0 ? 2u : 1u;
 }
 
+// Writes one RDMA WRITE WQE (one BB) at the producer's position without
+// announcing it: the caller has checked for room and rings the doorbell
+// later (ringDoorbell covers every WQE before the producer). An unsignaled
+// WRITE is retired by the next signaled WQE's completion.
+MC_HOST_DEVICE void postWrite(SendQueue& sq, uint64_t local_addr, uint32_t lkey,
+                              uint64_t remote_addr, uint32_t rkey, uint32_t length, bool signaled) {
+    WriteWqe w{};
+    w.wqe_index = static_cast<uint16_t>(sq.producer);
+    w.qpn = sq.qpn;
+    w.local_addr = local_addr;
+    w.lkey = lkey;
+    w.remote_addr = remote_addr;
+    w.rkey = rkey;
+    w.length = length;
+    w.signaled = signaled;
+    w.fence = false;
+    sq.producer += encodeRdma(basicBlockAt(sq, sq.producer), w);
+}
+
 // Posts the WRITE (unsignaled) and the fetch-add (signaled: its completion
 // retires both) and rings the doorbell. False, with nothing posted, when the
 // queue lacks room: reap completions and try again.
 MC_HOST_DEVICE bool postPutWithCount(SendQueue& sq, const PutWithCount& p) {
     if (freeBasicBlocks(sq) < basicBlocksFor(p))
         return false;
-    if (p.length > 0) {
-        WriteWqe w{};
-        w.wqe_index = static_cast<uint16_t>(sq.producer);
-        w.qpn = sq.qpn;
-        w.local_addr = p.local_addr;
-        w.lkey = p.lkey;
-        w.remote_addr = p.remote_addr;
-        w.rkey = p.rkey;
-        w.length = p.length;
-        w.signaled = false;
-        w.fence = false;
-        sq.producer += encodeRdma(basicBlockAt(sq, sq.producer), w);
-    }
+    if (p.length > 0)
+        postWrite(sq, p.local_addr, p.lkey, p.remote_addr, p.rkey, p.length, false);
     FetchAddWqe a{};
     a.wqe_index = static_cast<uint16_t>(sq.producer);
     a.qpn = sq.qpn;
