@@ -64,6 +64,11 @@ Status launchCombine(const EpGroupArgs& g, const CombineArgs& a, cudaStream_t st
     const int nle = g.num_experts / g.num_ranks;
     combineSend<<<nle * g.num_ranks, kSendThreads, 0, stream>>>(p);
     MC_RETURN_IF_ERROR(cudaLaunchStatus("combine send"));
+    return launchCombineReceive(g, a, stream);
+}
+
+Status launchCombineReceive(const EpGroupArgs& g, const CombineArgs& a, cudaStream_t stream) {
+    const CombineParams p{g, a};
     const int blocks = epCombineReceiveGrid(g, a.num_tokens);
     const size_t shared_bytes = 2 * sizeof(int) * static_cast<size_t>(a.top_k);
     combineReceive<<<blocks, kRecvThreads, shared_bytes, stream>>>(p);

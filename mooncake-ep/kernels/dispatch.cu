@@ -68,9 +68,14 @@ __global__ void __launch_bounds__(kRecvThreads) dispatchReceive(DispatchParams p
 Status launchDispatch(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t stream) {
     MC_RETURN_IF_ERROR(checkDispatchArgs(g, a));
     const DispatchParams p{g, a};
-    const int nle = g.num_experts / g.num_ranks;
     dispatchSend<<<g.num_experts, kSendThreads, 0, stream>>>(p);
     MC_RETURN_IF_ERROR(cudaLaunchStatus("dispatch send"));
+    return launchDispatchReceive(g, a, stream);
+}
+
+Status launchDispatchReceive(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t stream) {
+    const DispatchParams p{g, a};
+    const int nle = g.num_experts / g.num_ranks;
     const size_t shared_bytes = 2 * sizeof(int) * static_cast<size_t>(g.num_ranks);
     dispatchReceive<<<nle, kRecvThreads, shared_bytes, stream>>>(p);
     return cudaLaunchStatus("dispatch receive");

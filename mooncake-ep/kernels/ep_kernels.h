@@ -90,6 +90,11 @@ int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens);
 // Enqueue on `stream`; kInternal when the launch itself fails.
 Status launchDispatch(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t stream);
 Status launchCombine(const EpGroupArgs& g, const CombineArgs& a, cudaStream_t stream);
+// Their receive kernels alone (arguments already checked), for transports
+// whose signal words and data land in the local buffer as cuda_ipc's do
+// (IBGDA): the sender differs, the wait does not.
+Status launchDispatchReceive(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t stream);
+Status launchCombineReceive(const EpGroupArgs& g, const CombineArgs& a, cudaStream_t stream);
 
 // The local buffer's EpState (device memory).
 MC_EP_HD inline EpState* epState(void* local_buffer) {
