@@ -31,15 +31,7 @@ Result<std::unique_ptr<IbgdaEndpoint>> IbgdaEndpoint::create(const IbgdaEndpoint
     std::unique_ptr<IbgdaEndpoint> self(new IbgdaEndpoint(o));
     MC_ASSIGN_OR_RETURN(self->device_,
                         te::rdma::RdmaDevice::open(*api, te::rdma::DeviceFilterEntry{probe.device, 0}));
-    if (o.buffer_on_device) {
-        const auto addr = reinterpret_cast<uint64_t>(o.buffer);
-        MC_ASSIGN_OR_RETURN(const te::rdma::DmabufRange range, te::rdma::exportDmabuf(addr, o.bytes));
-        auto mr = self->device_->registerDmabuf(range.fd, range.offset, o.bytes, addr);
-        ::close(range.fd);
-        MC_ASSIGN_OR_RETURN(self->mr_, std::move(mr));
-    } else {
-        MC_ASSIGN_OR_RETURN(self->mr_, self->device_->registerHost(o.buffer, o.bytes));
-    }
+    MC_ASSIGN_OR_RETURN(self->mr_, self->registerRegion(o.buffer, o.bytes));
     self->qps_.resize(static_cast<size_t>(o.num_ranks * o.qps_per_rank));
     for (int p = 0; p < o.num_ranks; ++p) {
         if (p == o.rank)
@@ -53,8 +45,30 @@ Result<std::unique_ptr<IbgdaEndpoint>> IbgdaEndpoint::create(const IbgdaEndpoint
     return self;
 }
 
+Result<ibv_mr*> IbgdaEndpoint::registerRegion(void* addr, size_t bytes) const {
+    if (!options_.buffer_on_device)
+        return device_->registerHost(addr, bytes);
+    const auto iova = reinterpret_cast<uint64_t>(addr);
+    MC_ASSIGN_OR_RETURN(const te::rdma::DmabufRange range, te::rdma::exportDmabuf(iova, bytes));
+    auto mr = device_->registerDmabuf(range.fd, range.offset, bytes, iova);
+    ::close(range.fd);
+    return mr;
+}
+
+Status IbgdaEndpoint::registerStaging(void* addr, size_t bytes) {
+    if (staging_mr_)
+        return InvalidArgument("IBGDA endpoint: the staging is registered already");
+    auto mr = registerRegion(addr, bytes);
+    if (!mr.ok())
+        return mr.status().withContext("registering the IBGDA send staging");
+    staging_mr_ = mr.value();
+    return Status::OK();
+}
+
 IbgdaEndpoint::~IbgdaEndpoint() {
     qps_.clear();
+    if (staging_mr_)
+        device_->deregister(staging_mr_);
     if (mr_)
         device_->deregister(mr_);
 }

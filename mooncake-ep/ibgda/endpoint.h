@@ -31,7 +31,7 @@ struct IbgdaEndpointOptions {
     uint32_t wqes_per_qp = 256;
     void* buffer = nullptr;  // the Buffer's memory, registered for remote access
     size_t bytes = 0;
-    bool buffer_on_device = true;  // device memory: registered through dma-buf
+    bool buffer_on_device = true;  // device memory (buffer and staging): through dma-buf
     std::vector<std::string> device_filter;
     std::string verbs_library;  // "" = the default (tests name the fake)
     std::string mlx5_library;
@@ -61,6 +61,12 @@ public:
     uint64_t remoteAddress(int peer) const { return remote_[peer][0]; }
     uint32_t remoteKey(int peer) const { return static_cast<uint32_t>(remote_[peer][1]); }
     uint32_t localKey() const { return mr_->lkey; }
+    // Registers local memory the NIC reads from (the kernels' send staging)
+    // like the buffer; its key never leaves this rank. Once.
+    Status registerStaging(void* addr, size_t bytes);
+    uint32_t stagingKey() const { return staging_mr_ ? staging_mr_->lkey : 0; }
+    bool connected() const { return !remote_.empty(); }
+    const IbgdaEndpointOptions& options() const { return options_; }
     // QP `q` towards `peer` (host views: IbgdaDeviceQueues maps them).
     te::rdma::IbgdaQueuePair& queuePair(int peer, int q) {
         return *qps_[static_cast<size_t>(peer * options_.qps_per_rank + q)];
@@ -73,7 +79,11 @@ private:
 
     IbgdaEndpointOptions options_;
     std::unique_ptr<te::rdma::RdmaDevice> device_;
+    // Registers [addr, addr + bytes) as the options say (dma-buf or host).
+    Result<ibv_mr*> registerRegion(void* addr, size_t bytes) const;
+
     ibv_mr* mr_ = nullptr;
+    ibv_mr* staging_mr_ = nullptr;
     std::vector<std::unique_ptr<te::rdma::IbgdaQueuePair>> qps_;  // [peer][q]; none for self
     std::vector<Words2> remote_;
 };

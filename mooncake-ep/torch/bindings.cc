@@ -134,7 +134,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              py::arg("ranks_per_device") = 1)
         .def("local_address", &FastBuffer::localAddress)
         .def("connect", &FastBuffer::connect, py::arg("peer_addresses"),
-             py::call_guard<py::gil_scoped_release>())
+             py::arg("p2p") = std::vector<bool>{}, py::call_guard<py::gil_scoped_release>())
+        .def_property_readonly("remote_peers", &FastBuffer::remotePeers)
         .def(
             "dispatch",
             [](FastBuffer& b, const at::Tensor& x, const at::Tensor& topk_idx,

@@ -57,6 +57,8 @@ FastBuffer::~FastBuffer() {
     // Our kernels may still be reading peers' mappings the engine unmaps.
     (void)cudaDeviceSynchronize();
     error_.reset();
+    ibgda_.reset();
+    ibgda_owner_.reset();  // unmaps its queues, deregisters the buffer
     peer_table_ = at::Tensor();
     if (store_)
         store_->skipRemoves();
@@ -71,17 +73,25 @@ int64_t FastBuffer::localAddress() const {
     return static_cast<int64_t>(reinterpret_cast<uintptr_t>(buffer_));
 }
 
-void FastBuffer::connect(const std::vector<int64_t>& peer_addresses) {
+void FastBuffer::connect(const std::vector<int64_t>& peer_addresses, const std::vector<bool>& p2p) {
     const int n = options_.num_ranks;
     if (static_cast<int>(peer_addresses.size()) != n)
         throw std::invalid_argument(
             "Mooncake EP fast path: " + std::to_string(peer_addresses.size()) +
             " peer addresses, expected num_ranks=" + std::to_string(n));
+    if (!p2p.empty() && static_cast<int>(p2p.size()) != n)
+        throw std::invalid_argument("Mooncake EP fast path: " + std::to_string(p2p.size()) +
+                                    " p2p flags, expected num_ranks=" + std::to_string(n));
     const Deadline deadline = Deadline::afterMs(options_.timeout_ms);
-    std::vector<int64_t> table(n);
+    std::vector<int64_t> table(n, 0);
+    remote_peers_.clear();
     for (int p = 0; p < n; ++p) {
         if (p == options_.rank) {
             table[p] = localAddress();
+            continue;
+        }
+        if (!p2p.empty() && !p2p[p]) {
+            remote_peers_.push_back(p);
             continue;
         }
         const std::string name = "ep" + std::to_string(p);
@@ -100,10 +110,40 @@ void FastBuffer::connect(const std::vector<int64_t>& peer_addresses) {
     connected_ = true;
 }
 
+void FastBuffer::useIbgda(std::shared_ptr<void> owner, const IbgdaEpDevice& device) {
+    if (!connected_)
+        throw std::runtime_error("Mooncake EP fast path: useIbgda before connect");
+    ibgda_owner_ = std::move(owner);
+    ibgda_ = device;
+    ibgda_shape_.reset();
+}
+
+void FastBuffer::pinIbgdaShape(const EpGroupArgs& g) {
+    if (ibgda_ && !ibgda_shape_)
+        ibgda_shape_ = std::array<int64_t, 3>{g.num_experts, g.max_tokens, g.hidden};
+}
+
 EpGroupArgs FastBuffer::groupArgs(const at::Tensor& active_ranks, int64_t max_tokens,
                                   int64_t num_experts, int64_t hidden, int64_t timeout_us) const {
     if (!connected_)
         throw std::runtime_error("Mooncake EP fast path: the buffer is not connected to its peers");
+    if (!remote_peers_.empty() && !ibgda_)
+        throw std::runtime_error("Mooncake EP fast path: " + std::to_string(remote_peers_.size()) +
+                                 " peers are not mapped over cuda_ipc and no IBGDA link is "
+                                 "attached to reach them");
+    if (ibgda_shape_) {
+        const std::array<int64_t, 3> shape{num_experts, max_tokens, hidden};
+        if (*ibgda_shape_ != shape)
+            throw std::invalid_argument(
+                "Mooncake EP fast path over IBGDA: this Buffer's layout is fixed by its first "
+                "op (num_experts=" +
+                std::to_string((*ibgda_shape_)[0]) +
+                ", num_max_dispatch_tokens_per_rank=" + std::to_string((*ibgda_shape_)[1]) +
+                ", hidden=" + std::to_string((*ibgda_shape_)[2]) +
+                "); got num_experts=" + std::to_string(num_experts) +
+                ", num_max_dispatch_tokens_per_rank=" + std::to_string(max_tokens) +
+                ", hidden=" + std::to_string(hidden) + ". Build another Buffer for another shape");
+    }
     EpGroupArgs g;
     g.rank = options_.rank;
     g.num_ranks = options_.num_ranks;
@@ -129,9 +169,10 @@ DispatchResult FastBuffer::dispatch(const at::Tensor& x, const at::Tensor& topk_
     DispatchResult r =
         prepareDispatch(x, topk_idx, options_.num_ranks, max_tokens, num_experts, use_fp8, &a);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.device().index()).stream();
-    Status st = launchDispatch(g, a, stream);
+    Status st = ibgda_ ? launchIbgdaDispatch(*ibgda_, g, a, stream) : launchDispatch(g, a, stream);
     if (!st.ok())
         raiseStatus(st, "dispatch");
+    pinIbgdaShape(g);
     error_->record(epState(buffer_), stream);
     return r;
 }
@@ -147,9 +188,10 @@ at::Tensor FastBuffer::combine(const at::Tensor& x, const at::Tensor& src_info,
     CombineArgs a;
     at::Tensor result = prepareCombine(x, src_info, layout_range, topk_idx, topk_weights, out, &a);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.device().index()).stream();
-    Status st = launchCombine(g, a, stream);
+    Status st = ibgda_ ? launchIbgdaCombine(*ibgda_, g, a, stream) : launchCombine(g, a, stream);
     if (!st.ok())
         raiseStatus(st, "combine");
+    pinIbgdaShape(g);
     error_->record(epState(buffer_), stream);
     return result;
 }

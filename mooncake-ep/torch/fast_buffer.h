@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -17,6 +18,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "mooncake-ep/ibgda/ibgda_kernels.h"
 #include "mooncake-ep/kernels/ep_kernels.h"
 #include "mooncake-ep/torch/ep_ops.h"
 
@@ -51,11 +53,22 @@ public:
 
     // This rank's buffer address as peers see it in its segment.
     int64_t localAddress() const;
-    // Maps every peer's buffer (addresses in rank order, from the metadata
-    // exchange) within timeout_ms, then uploads the peer table. The caller
-    // meets the other ranks afterwards (every buffer is zeroed before any
-    // rank's first dispatch).
-    void connect(const std::vector<int64_t>& peer_addresses);
+    int64_t numBytes() const { return options_.num_bytes; }
+    // Maps the buffer of every peer that `p2p` marks (all when empty;
+    // addresses in rank order, from the metadata exchange) within
+    // timeout_ms, then uploads the peer table, where the others stay null:
+    // useIbgda() must then supply the way to them. The caller meets the
+    // other ranks afterwards (every buffer is zeroed before any rank's first
+    // dispatch).
+    void connect(const std::vector<int64_t>& peer_addresses, const std::vector<bool>& p2p = {});
+    // The peers outside the peer table are reached through `device` (an
+    // active IbgdaLink's, kept alive by `owner` until this buffer's kernels
+    // are done). From then on the layout of the first dispatch or combine
+    // (num_experts, max_tokens, hidden) is the only one accepted: the
+    // IBGDA signal words' shadows assume it.
+    void useIbgda(std::shared_ptr<void> owner, const IbgdaEpDevice& device);
+    // Ranks without a peer-table entry (reached over IBGDA, or not at all).
+    const std::vector<int>& remotePeers() const { return remote_peers_; }
 
     DispatchResult dispatch(const at::Tensor& x, const at::Tensor& topk_idx,
                             const at::Tensor& active_ranks, int64_t max_tokens, int64_t num_experts,
@@ -74,6 +87,8 @@ public:
 private:
     EpGroupArgs groupArgs(const at::Tensor& active_ranks, int64_t max_tokens, int64_t num_experts,
                           int64_t hidden, int64_t timeout_us) const;
+    // The first op launched over IBGDA fixes the layout (useIbgda).
+    void pinIbgdaShape(const EpGroupArgs& g);
 
     FastBufferOptions options_;
     // Kept to skip the store removals at shutdown: the keys live under this
@@ -84,6 +99,10 @@ private:
     void* buffer_ = nullptr;
     bool connected_ = false;
     at::Tensor peer_table_;  // int64 [num_ranks] on the device
+    std::vector<int> remote_peers_;
+    std::shared_ptr<void> ibgda_owner_;
+    std::optional<IbgdaEpDevice> ibgda_;
+    std::optional<std::array<int64_t, 3>> ibgda_shape_;  // num_experts, max_tokens, hidden
     std::unique_ptr<ErrorWord> error_;
 };
 

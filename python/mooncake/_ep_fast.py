@@ -89,11 +89,14 @@ def _group_store(group, nonce):
     return dist.PrefixStore(f"mooncake_ep/{nonce:016x}/", store)
 
 
-def connect(group, rank, num_ranks, num_bytes, nonce, comm_device, ranks_per_device=1):
+def connect(group, rank, num_ranks, num_bytes, nonce, comm_device, ranks_per_device=1,
+            hosts=None):
     """(runtime Buffer or None, reason or None); every rank gets the same outcome.
 
     `ranks_per_device`: how many ranks of the group run on this rank's GPU
     (several processes on one GPU bound the kernels' spinning grids).
+    `hosts`: every rank's host id, when they differ: peers on this rank's host
+    are mapped over cuda_ipc, the others reached over IBGDA (connect_ibgda).
     """
     module = _ep_runtime.runtime()
     device = torch.cuda.current_device()
@@ -113,15 +116,58 @@ def connect(group, rank, num_ranks, num_bytes, nonce, comm_device, ranks_per_dev
     if not bool((table[:, 0] == 1).all()):
         bad = torch.nonzero(table[:, 0] == 0).flatten().tolist()
         return None, _failed(bad, "could not allocate the fast path's buffer", error)
+    multi_host = hosts is not None and len(set(hosts)) > 1
+    p2p = [h == hosts[rank] for h in hosts] if multi_host else []
     try:
-        fast.connect(table[:, 1].tolist())
+        fast.connect(table[:, 1].tolist(), p2p)
     except Exception as e:  # noqa: BLE001
         error = f"{type(e).__name__}: {e}"
     ok = _all_gather_ints([0 if error else 1], group, comm_device)
     if not bool((ok[:, 0] == 1).all()):
         bad = torch.nonzero(ok[:, 0] == 0).flatten().tolist()
-        return None, _failed(bad, "could not map every peer's buffer over cuda_ipc", error)
+        what = "the peers on their host" if multi_host else "every peer's buffer"
+        return None, _failed(bad, f"could not map {what} over cuda_ipc", error)
+    if multi_host:
+        reason = connect_ibgda(module, fast, group, rank, num_ranks, num_bytes, comm_device)
+        if reason is not None:
+            return None, reason
     return fast, None
+
+
+def connect_ibgda(module, fast, group, rank, num_ranks, num_bytes, comm_device):
+    """Reaches `fast`'s peers on other hosts over IBGDA (seed 000's connect()).
+
+    Each rank makes an IbgdaLink on its buffer (send staging, endpoint with
+    MOONCAKE_EP_ACTIVE_QPS_PER_RANK QPs per peer), the group exchanges the
+    endpoints' words (_ep_ibgda.exchange), then each rank maps its queues for
+    the kernels and attaches the link. None when every rank succeeded, else
+    the same reason on every rank, naming the ranks that failed.
+    """
+    from mooncake import _ep_ibgda  # noqa: PLC0415 - only multi-host Buffers need it
+
+    link, error = None, None
+    try:
+        link = module.IbgdaLink(rank, num_ranks, fast.local_address(), num_bytes)
+    except Exception as e:  # noqa: BLE001 - reported to every rank below
+        error = f"{type(e).__name__}: {e}"
+    ok = _all_gather_ints([0 if error else 1], group, comm_device)
+    if not bool((ok[:, 0] == 1).all()):
+        bad = torch.nonzero(ok[:, 0] == 0).flatten().tolist()
+        return _failed(bad, "could not set up IBGDA (queue pairs, registration)", error)
+    try:
+        _ep_ibgda.exchange(link, group, comm_device)
+    except RuntimeError as e:
+        return str(e)
+    try:
+        link.activate()
+        module.attach_ibgda(fast, link)
+    except Exception as e:  # noqa: BLE001
+        error = f"{type(e).__name__}: {e}"
+    ok = _all_gather_ints([0 if error else 1], group, comm_device)
+    if not bool((ok[:, 0] == 1).all()):
+        bad = torch.nonzero(ok[:, 0] == 0).flatten().tolist()
+        return _failed(bad, "could not map their IBGDA queues into the GPU", error)
+    return None
 
 
 def _failed(ranks, what, mine):

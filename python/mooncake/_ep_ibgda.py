@@ -10,9 +10,8 @@ object with the same methods. The words travel in the seed's order:
 
 then endpoint.connect(regions, qps_from, gids) brings the QPs up, and a last
 all_gather (the peer sync) tells every rank whether every rank connected, so
-all of them return or all raise, naming the ranks that failed. The Buffer
-does not call it yet: no dispatch/combine kernel posts over IBGDA
-(docs/rdma.md).
+all of them return or all raise, naming the ranks that failed. A Buffer
+whose ranks span hosts runs it on its IbgdaLink (_ep_fast.connect_ibgda).
 """
 
 import torch

@@ -71,27 +71,37 @@ def nccl_shapes():
     return tuple(tuple(int(v) for v in s) for s in shapes)
 
 
-_ibgda = None  # the probe's sentence, filled on first use
+_ibgda = None  # (device, sentence), filled on first use
 
 
-def ibgda_reason():
-    """Why EP cannot use GPU-initiated RDMA (IBGDA) across hosts: a sentence.
-
-    Asked once per process (the probe opens the devices); the answer is logged
-    once at INFO on the ``mooncake.ep`` logger. Even with a capable device the
-    IBGDA data path is not built yet (docs/rdma.md), which the sentence says.
-    """
+def _probe_ibgda():
     global _ibgda
     if _ibgda is None:
         module = runtime()
         if module is None or not hasattr(module, "ibgda_status"):
-            _ibgda = "IBGDA is unavailable: " + (_load()[1] or "this runtime has no IBGDA probe")
+            _ibgda = ("", "IBGDA is unavailable: " +
+                      (_load()[1] or "this runtime has no IBGDA probe"))
+        elif not hasattr(module, "IbgdaLink"):
+            _ibgda = ("", "IBGDA is unavailable: this runtime was built without RDMA "
+                          "(WITH_RDMA=OFF)")
         else:
             device, reason = module.ibgda_status([])
-            if device:
-                _ibgda = (f"IBGDA-capable device {device} found, but the IBGDA data path is not "
-                          f"built yet (docs/rdma.md)")
-            else:
-                _ibgda = f"IBGDA is unavailable: {reason}"
-        logging.getLogger("mooncake.ep").info("Mooncake EP: %s", _ibgda)
+            _ibgda = (device, f"IBGDA-capable device {device}" if device else
+                      f"IBGDA is unavailable: {reason}")
+        logging.getLogger("mooncake.ep").info("Mooncake EP: %s", _ibgda[1])
     return _ibgda
+
+
+def ibgda_device():
+    """The device EP would drive with GPU-initiated RDMA (IBGDA), or "".
+
+    Asked once per process (the probe opens the devices); the answer is
+    logged once at INFO on the ``mooncake.ep`` logger.
+    """
+    return _probe_ibgda()[0]
+
+
+def ibgda_reason():
+    """What the IBGDA probe found, as a sentence: "IBGDA-capable device mlx5_0",
+    or "IBGDA is unavailable: <why>"."""
+    return _probe_ibgda()[1]

@@ -28,7 +28,7 @@ from mooncake._ep_fallback import EPRankFailure, fp8_dequantize, fp8_quantize
 
 __all__ = ["Buffer", "EPRankFailure", "EventOverlap", "fp8_dequantize", "fp8_quantize"]
 
-_META_VERSION = 3  # bumps when the exchanged metadata changes meaning
+_META_VERSION = 4  # bumps when the exchanged metadata changes meaning
 
 _buffer_ids = itertools.count(1)
 
@@ -156,20 +156,33 @@ class Buffer:
         elif not bool((table[:, 2] == 1).all()):
             slow = torch.nonzero(table[:, 2] == 0).flatten().tolist()
             self.fast_path_reason = f"ranks {slow} cannot run the fast path"
-        elif not bool((table[:, 3] == table[0, 3]).all()):
-            hosts = len(set(table[:, 3].tolist()))
-            self.fast_path_reason = (f"the ranks are on {hosts} hosts; the fast path (cuda_ipc) "
-                                     f"needs every rank on one host, and across hosts "
-                                     f"{_ep_runtime.ibgda_reason()}")
         else:
-            sharing = int(((table[:, 3] == table[self.rank, 3]) &
-                           (table[:, 6] == device_id)).sum())
-            self._fast, self.fast_path_reason = fast.connect(
-                self.group, self.rank, self.group_size, self.num_ep_buffer_bytes,
-                int(table[0, 5]), device, ranks_per_device=sharing)
-            if self._fast is not None:
-                self.use_fast_path = True
-                self._device = torch.device("cuda", cuda_device)
+            hosts = table[:, 3].tolist()
+            multi_host = len(set(hosts)) > 1
+            reason = self._ibgda_missing(hosts, device) if multi_host else None
+            if reason is not None:
+                self.fast_path_reason = reason
+            else:
+                sharing = int(((table[:, 3] == table[self.rank, 3]) &
+                               (table[:, 6] == device_id)).sum())
+                self._fast, self.fast_path_reason = fast.connect(
+                    self.group, self.rank, self.group_size, self.num_ep_buffer_bytes,
+                    int(table[0, 5]), device, ranks_per_device=sharing,
+                    hosts=hosts if multi_host else None)
+                if self._fast is not None:
+                    self.use_fast_path = True
+                    self._device = torch.device("cuda", cuda_device)
+
+    def _ibgda_missing(self, hosts, device):
+        """None when every rank can use IBGDA (needed across hosts), else why not."""
+        capable = fast._all_gather_ints([1 if _ep_runtime.ibgda_device() else 0], self.group,
+                                        device)[:, 0]
+        if bool((capable == 1).all()):
+            return None
+        without = torch.nonzero(capable == 0).flatten().tolist()
+        return (f"the ranks are on {len(set(hosts))} hosts; the fast path reaches other hosts "
+                f"over IBGDA, which ranks {without} cannot use (this rank: "
+                f"{_ep_runtime.ibgda_reason()})")
 
     def update_ep_member(self):
         """Re-exchanges metadata after a membership change; older handles stop working.

@@ -7,10 +7,12 @@
 #include <dlfcn.h>
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -27,6 +29,8 @@
 
 #include "mooncake-ep/ibgda/device_queues.h"
 #include "mooncake-ep/ibgda/endpoint.h"
+#include "mooncake-ep/ibgda/link.h"
+#include "tests/cpp/ep/ibgda_two_ranks.h"
 #include "tests/cpp/rdma/ibgda_queue_device.h"
 #endif
 
@@ -383,6 +387,61 @@ TEST_F(FakeVerbsIbgda, EndpointsExchangeTheSeedsWordsAndReachEachOthersBuffers) 
     const Status bad = ends[0]->connect(regions, short_list, gids);
     EXPECT_EQ(StatusCode::kInvalidArgument, bad.code());
     EXPECT_NE(std::string::npos, bad.message().find("rank 1 sent 1 QPs")) << bad.toString();
+}
+#endif
+
+#ifdef MC_IBGDA_DEVICE_TESTS
+// The whole IBGDA stack of a Buffer short of a NIC: two IbgdaLinks (staging,
+// endpoint, QPs of the fake provider), seed 000's words exchanged as the
+// group would, connect(), activate() (queues mapped into the GPU, tables
+// uploaded), then rounds of dispatch + combine whose cross-rank bytes the
+// provider's software HCA moves. Skips without a GPU.
+TEST_F(FakeVerbsIbgda, LinksCarryDispatchAndCombineBetweenTwoRanks) {
+    SKIP_WITHOUT_GPU();
+    const ep::test::Shape s{2, 8, 16, 256, 3};
+    std::vector<std::unique_ptr<ep::test::IbgdaTestRank>> ranks;
+    std::vector<std::unique_ptr<ep::IbgdaLink>> links;
+    for (int r = 0; r < 2; ++r) {
+        ranks.push_back(std::make_unique<ep::test::IbgdaTestRank>(s, r));
+        ASSERT_TRUE(ranks.back()->ok);
+        ep::IbgdaEndpointOptions o;
+        o.rank = r;
+        o.num_ranks = 2;
+        o.qps_per_rank = 2;
+        o.wqes_per_qp = 64;
+        o.buffer = ranks[r]->buffer.as<void>();
+        o.bytes = static_cast<size_t>(ep::test::ibgdaTestBufferBytes(s));
+        o.buffer_on_device = false;  // pinned host memory the software HCA can reach
+        o.verbs_library = kLibrary;
+        o.mlx5_library = kLibrary;
+        auto link = ep::IbgdaLink::create(o);
+        ASSERT_TRUE(link.ok()) << link.status().toString();
+        links.push_back(std::move(link).value());
+    }
+    EXPECT_EQ(StatusCode::kInvalidArgument, links[0]->activate().code())
+        << "activate() before connect() is refused";
+    std::vector<ep::IbgdaEndpoint::Words2> regions, gids;
+    for (auto& l : links) {
+        regions.push_back(l->endpoint().regionWords());
+        gids.push_back(l->endpoint().gidWords());
+    }
+    for (int r = 0; r < 2; ++r) {
+        std::vector<std::vector<int64_t>> from(2);
+        for (int p = 0; p < 2; ++p)
+            from[p] = links[p]->endpoint().qpWordsFor(r);
+        ASSERT_TRUE(links[r]->endpoint().connect(regions, from, gids).ok());
+        const Status st = links[r]->activate();
+        ASSERT_TRUE(st.ok()) << st.toString();
+    }
+    std::atomic<bool> done{false};
+    std::thread nic([&] {
+        while (!done.load())
+            process();
+    });
+    ep::test::runIbgdaRounds(s, {ranks[0].get(), ranks[1].get()},
+                             {links[0]->device(), links[1]->device()}, 3);
+    done = true;
+    nic.join();
 }
 #endif
 

@@ -19,10 +19,15 @@ def test_reason_is_the_probes_answer_as_a_sentence(fresh_probe):
         assert reason.startswith("IBGDA is unavailable: the compiled EP runtime is not available")
         return
     device, why = module.ibgda_status([])
-    if device:
-        assert reason == (f"IBGDA-capable device {device} found, but the IBGDA data path is not "
-                          f"built yet (docs/rdma.md)")
+    if not hasattr(module, "IbgdaLink"):
+        assert reason == ("IBGDA is unavailable: this runtime was built without RDMA "
+                          "(WITH_RDMA=OFF)")
+        assert _ep_runtime.ibgda_device() == ""
+    elif device:
+        assert reason == f"IBGDA-capable device {device}"
+        assert _ep_runtime.ibgda_device() == device
     else:
+        assert _ep_runtime.ibgda_device() == ""
         assert why.startswith(("no RDMA device", "no IBGDA-capable device",
                                "the verbs library is missing")), why
         assert reason == f"IBGDA is unavailable: {why}"
@@ -32,6 +37,7 @@ def test_said_once_per_process(fresh_probe, caplog):
     with caplog.at_level(logging.INFO, logger="mooncake.ep"):
         first = _ep_runtime.ibgda_reason()
         second = _ep_runtime.ibgda_reason()
+        _ep_runtime.ibgda_device()
     assert first == second
     lines = [r.getMessage() for r in caplog.records if r.name == "mooncake.ep"]
     assert lines == [f"Mooncake EP: {first}"]
