@@ -11,8 +11,9 @@ dispatch/combine/get_next_combine_buffer take the arguments of `Buffer`'s
 methods, with the same checks and results; `active_ranks` is honoured on
 every transport. The transport is chosen once per generation, identically on
 every rank, from what the ranks report (mooncake._ep_transport):
-  * "ibgda": the `Buffer` machinery (cuda_ipc fast path on one host, else the
-    fallback over the group's collectives: the path CPU machines and CI run);
+  * "ibgda": the `Buffer` machinery (cuda_ipc within a host, IBGDA across
+    hosts when every rank can use it, else the fallback over the group's
+    collectives: the path CPU machines and CI run);
   * "nccl": NCCL's device API (mooncake._ep_nccl), when built with
     USE_NCCL_DEVICE and the topology has compiled kernels.
 
