@@ -138,7 +138,8 @@ def connect_ibgda(module, fast, group, rank, num_ranks, num_bytes, comm_device):
     """Reaches `fast`'s peers on other hosts over IBGDA (seed 000's connect()).
 
     Each rank makes an IbgdaLink on its buffer (send staging, endpoint with
-    MOONCAKE_EP_ACTIVE_QPS_PER_RANK QPs per peer), the group exchanges the
+    MOONCAKE_EP_ACTIVE_QPS_PER_RANK QPs per peer, on the first capable device
+    mooncake.pg.set_device_filter admits), the group exchanges the
     endpoints' words (_ep_ibgda.exchange), then each rank maps its queues for
     the kernels and attaches the link. None when every rank succeeded, else
     the same reason on every rank, naming the ranks that failed.
@@ -147,7 +148,8 @@ def connect_ibgda(module, fast, group, rank, num_ranks, num_bytes, comm_device):
 
     link, error = None, None
     try:
-        link = module.IbgdaLink(rank, num_ranks, fast.local_address(), num_bytes)
+        link = module.IbgdaLink(rank, num_ranks, fast.local_address(), num_bytes,
+                                device_filter=_ep_runtime.device_filter())
     except Exception as e:  # noqa: BLE001 - reported to every rank below
         error = f"{type(e).__name__}: {e}"
     ok = _all_gather_ints([0 if error else 1], group, comm_device)

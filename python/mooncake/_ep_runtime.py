@@ -6,6 +6,7 @@ collective fallback; ``unavailable_reason()`` says why the fast path is off.
 """
 
 import logging
+import sys
 import warnings
 
 import torch
@@ -71,32 +72,47 @@ def nccl_shapes():
     return tuple(tuple(int(v) for v in s) for s in shapes)
 
 
-_ibgda = None  # (device, sentence), filled on first use
+_ibgda = None  # {device filter: (device, sentence)}, filled on first use
+
+
+def device_filter():
+    """The RDMA device filter of mooncake.pg.set_device_filter (``[]``: any device).
+
+    Read from mooncake.pg only if the program imported it: EP does not load
+    the PG library for this.
+    """
+    pg = sys.modules.get("mooncake.pg")
+    return list(pg.get_device_filter()) if pg is not None else []
 
 
 def _probe_ibgda():
     global _ibgda
     if _ibgda is None:
+        _ibgda = {}
+    key = tuple(device_filter())
+    if key not in _ibgda:
         module = runtime()
         if module is None or not hasattr(module, "ibgda_status"):
-            _ibgda = ("", "IBGDA is unavailable: " +
-                      (_load()[1] or "this runtime has no IBGDA probe"))
+            found = ("", "IBGDA is unavailable: " +
+                     (_load()[1] or "this runtime has no IBGDA probe"))
         elif not hasattr(module, "IbgdaLink"):
-            _ibgda = ("", "IBGDA is unavailable: this runtime was built without RDMA "
-                          "(WITH_RDMA=OFF)")
+            found = ("", "IBGDA is unavailable: this runtime was built without RDMA "
+                         "(WITH_RDMA=OFF)")
         else:
-            device, reason = module.ibgda_status([])
-            _ibgda = (device, f"IBGDA-capable device {device}" if device else
-                      f"IBGDA is unavailable: {reason}")
-        logging.getLogger("mooncake.ep").info("Mooncake EP: %s", _ibgda[1])
-    return _ibgda
+            device, reason = module.ibgda_status(list(key))
+            found = (device, f"IBGDA-capable device {device}" if device else
+                     f"IBGDA is unavailable: {reason}")
+        _ibgda[key] = found
+        logging.getLogger("mooncake.ep").info("Mooncake EP: %s", found[1])
+    return _ibgda[key]
 
 
 def ibgda_device():
     """The device EP would drive with GPU-initiated RDMA (IBGDA), or "".
 
-    Asked once per process (the probe opens the devices); the answer is
-    logged once at INFO on the ``mooncake.ep`` logger.
+    Asked once per process and device filter (the probe opens the devices;
+    the filter is mooncake.pg.set_device_filter's); the answer is logged once
+    at INFO on the ``mooncake.ep`` logger.
     """
     return _probe_ibgda()[0]
 

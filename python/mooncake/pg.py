@@ -35,6 +35,7 @@ __all__ = [
     "deactivate_ranks",
     "extend_group_size_to",
     "get_active_ranks",
+    "get_device_filter",
     "get_num_synced_ranks",
     "get_peer_state",
     "get_preferred_hca",
@@ -277,9 +278,24 @@ def set_device_filter(filters):
     Applies to groups created afterwards; call it before
     ``init_process_group()``.
     """
+    global _device_filter
     if isinstance(filters, str):
         filters = [f for f in filters.split(",") if f]
-    _lib.set_device_filter([str(f) for f in filters])
+    filters = [str(f) for f in filters]
+    _lib.set_device_filter(filters)
+    _device_filter = filters
+
+
+_device_filter = []
+
+
+def get_device_filter():
+    """The list :func:`set_device_filter` last set (``[]``: every device).
+
+    EP's IBGDA (``mooncake.mooncake_ep_buffer.Buffer`` across hosts) uses the
+    same filter.
+    """
+    return list(_device_filter)
 
 
 def get_active_ranks(backend):

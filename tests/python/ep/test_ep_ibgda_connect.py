@@ -58,7 +58,8 @@ class _Module:
                ranks_per_device):
         return _Fast(rank)
 
-    def IbgdaLink(self, rank, num_ranks, buffer, num_bytes):
+    def IbgdaLink(self, rank, num_ranks, buffer, num_bytes, device_filter):
+        self.device_filter = device_filter
         if self.fail == "create":
             raise RuntimeError("no IBGDA-capable device: mlx5_0 has no ACTIVE port")
         self.links.append(_Link(self, rank, num_ranks, buffer, num_bytes))
@@ -73,13 +74,16 @@ def _connect(ctx, hosts, failing):
     import torch.distributed as dist
     from mooncake import _ep_fast, _ep_runtime
 
+    from mooncake import pg
+    pg.set_device_filter(["mlx5_3"])  # the links must be made on the filter's devices
     fail = failing.get(ctx.rank)
     module = _Module(ctx.rank, fail)
     _ep_runtime.runtime = lambda: module
     torch.cuda.current_device = lambda: 0
     fast, reason = _ep_fast.connect(dist.group.WORLD, ctx.rank, ctx.world_size, 4096, 0x1234,
                                     torch.device("cpu"), hosts=hosts)
-    out = {"ok": fast is not None, "reason": reason, "links": len(module.links)}
+    out = {"ok": fast is not None, "reason": reason, "links": len(module.links),
+           "filter": getattr(module, "device_filter", None)}
     if fast is not None:
         link = fast.link
         out.update(p2p=fast.p2p, active=link.active if link else None,
@@ -102,7 +106,7 @@ def test_ranks_on_two_hosts_map_their_host_and_link_the_rest():
     for rank, r in enumerate(res):
         assert r["ok"] and r["reason"] is None, (rank, r)
         assert r["p2p"] == [h == hosts[rank] for h in hosts], (rank, r)
-        assert r["links"] == 1 and r["active"], (rank, r)
+        assert r["links"] == 1 and r["active"] and r["filter"] == ["mlx5_3"], (rank, r)
         regions, qps_from, gids = r["got"]
         assert regions == [(0x10000 * (p + 1), 500 + p) for p in range(3)]
         assert qps_from == [[] if p == rank else [p * 100 + rank * 10 + q for q in range(QPS)]

@@ -52,3 +52,21 @@ def test_device_filter_reaches_the_probe():
     assert "device_filter entry 'mlx5_0:0' has port '0'" in why, why
     device, why = module.ibgda_status(["mlx5_77"])  # no such device here
     assert device == "" and why, why
+
+
+def test_pg_device_filter_reaches_the_probe(fresh_probe):
+    module = _ep_runtime.runtime()
+    if module is None or not hasattr(module, "IbgdaLink"):
+        pytest.skip(f"this build's EP runtime has no IBGDA (needs WITH_RDMA): "
+                    f"{_ep_runtime.unavailable_reason() or 'built without RDMA'}")
+    from mooncake import pg
+    before = pg.get_device_filter()
+    pg.set_device_filter(["mlx5_0:0"])  # port 0 does not exist: the probe says so
+    try:
+        assert _ep_runtime.device_filter() == ["mlx5_0:0"]
+        reason = _ep_runtime.ibgda_reason()
+        assert "device_filter entry 'mlx5_0:0' has port '0'" in reason, reason
+    finally:
+        pg.set_device_filter(before)
+    assert _ep_runtime.device_filter() == before
+    assert "mlx5_0:0" not in _ep_runtime.ibgda_reason()  # asked again for the new filter
