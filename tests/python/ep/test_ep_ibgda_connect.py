@@ -145,3 +145,28 @@ def test_runtime_link_where_no_nic_exists_says_why():
                                            "the verbs library is missing")), str(err)
         return
     pytest.skip(f"this host has an IBGDA-capable device ({link.device})")
+
+
+def _missing(ctx, capable):
+    import torch
+    import torch.distributed as dist
+    from mooncake import _ep_runtime
+    from mooncake.mooncake_ep_buffer import Buffer
+
+    buf = Buffer(dist.group.WORLD, 0)  # the fallback here; only its group is used
+    if ctx.rank in capable:  # as if this rank's probe had found a device
+        _ep_runtime.ibgda_device = lambda: "mlx5_0"
+    return buf._ibgda_missing([5, 6], torch.device("cpu"))
+
+
+@pytest.mark.parametrize("capable,without", [((), [0, 1]), ((1,), [0]), ((0, 1), None)])
+def test_buffer_across_hosts_needs_ibgda_on_every_rank(capable, without):
+    res = harness.run_ranks(_missing, 2, "gloo", timeout_s=120, args=(capable,),
+                            ref_group=False)
+    for rank, reason in enumerate(res):
+        if without is None:
+            assert reason is None, (rank, reason)
+            continue
+        assert reason.startswith(f"the ranks are on 2 hosts; the fast path reaches other hosts "
+                                 f"over IBGDA, which ranks {without} cannot use (this rank: "), \
+            (rank, reason)
