@@ -67,7 +67,9 @@ MC_HOST_DEVICE bool ibgdaTryLock(int32_t* lock) {
 
 MC_HOST_DEVICE void ibgdaUnlock(int32_t* lock) {
 #if defined(__CUDA_ARCH__)
-    __threadfence();
+    // System scope: the next holder may ring the doorbell for the WQEs this
+    // holder wrote, and the NIC reads them over PCIe.
+    __threadfence_system();
     atomicExch(lock, 0);
 #else
     __atomic_store_n(lock, 0, __ATOMIC_RELEASE);

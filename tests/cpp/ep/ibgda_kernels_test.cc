@@ -38,8 +38,7 @@ protected:
             ASSERT_TRUE(ranks.back()->ok);
             staging.push_back(std::make_unique<Pinned>(static_cast<size_t>(staging_bytes)));
             ASSERT_NE(nullptr, staging.back()->as<void>());
-            buffer_keys.push_back(
-                hca.registerMemory(ranks[r]->buffer.as<void>(), ibgdaTestBufferBytes(s)));
+            buffer_keys.push_back(hca.registerMemory(ranks[r]->buffer, ibgdaTestBufferBytes(s)));
             devices.emplace_back();
             devices[r].staging = staging[r]->as<char>();
             devices[r].staging_bytes = static_cast<uint64_t>(staging_bytes);
@@ -51,7 +50,7 @@ protected:
             std::vector<uint64_t> bases;
             std::vector<uint32_t> keys;
             for (int p = 0; p < s.num_ranks; ++p) {
-                bases.push_back(reinterpret_cast<uint64_t>(ranks[p]->buffer.as<void>()));
+                bases.push_back(reinterpret_cast<uint64_t>(ranks[p]->buffer));
                 keys.push_back(buffer_keys[p]);
                 for (int q = 0; q < kQpsPerRank && p != r; ++q) {
                     // WQEs, CQEs, then the records and the doorbell.

@@ -63,12 +63,12 @@ inline int64_t ibgdaTestBufferBytes(const Shape& s) {
     return EpLayout{s.num_ranks, s.num_experts, s.max_tokens, s.hidden}.totalBytes();
 }
 
-// One rank's buffer (pinned), inputs, outputs and stream. Its peer table has
-// only itself: every other rank is IBGDA's.
+// One rank's buffer (pinned host memory for a software HCA, device memory
+// for a NIC), inputs, outputs and stream. Its peer table has only itself:
+// every other rank is IBGDA's.
 struct IbgdaTestRank {
-    IbgdaTestRank(const Shape& s, int rank)
-        : buffer(static_cast<size_t>(ibgdaTestBufferBytes(s))),
-          peers(8 * s.num_ranks),
+    IbgdaTestRank(const Shape& s, int rank, bool buffer_on_device = false)
+        : peers(8 * s.num_ranks),
           active(4 * s.num_ranks),
           x(2 * s.max_tokens * s.hidden),
           topk(8 * s.max_tokens * s.top_k),
@@ -79,9 +79,19 @@ struct IbgdaTestRank {
           layout(8 * s.nle() * s.num_ranks),
           expert_out(2 * s.nle() * s.capacity() * s.hidden),
           out(2 * s.max_tokens * s.hidden) {
+        const auto bytes = static_cast<size_t>(ibgdaTestBufferBytes(s));
+        if (buffer_on_device) {
+            device_buffer = std::make_unique<DeviceMemory>(bytes);
+            if (device_buffer->ok() &&
+                cudaMemset(device_buffer->as<void>(), 0, bytes) == cudaSuccess)
+                buffer = device_buffer->as<void>();
+        } else {
+            pinned_buffer = std::make_unique<Pinned>(bytes);
+            buffer = pinned_buffer->as<void>();
+        }
         std::vector<void*> table(s.num_ranks, nullptr);
-        table[rank] = buffer.as<void>();
-        ok = buffer.as<void>() && upload(peers, table) &&
+        table[rank] = buffer;
+        ok = buffer && upload(peers, table) &&
              upload(active, std::vector<int32_t>(s.num_ranks, 1)) &&
              cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess;
         group.rank = rank;
@@ -89,7 +99,7 @@ struct IbgdaTestRank {
         group.num_experts = s.num_experts;
         group.max_tokens = s.max_tokens;
         group.hidden = s.hidden;
-        group.local_buffer = buffer.as<void>();
+        group.local_buffer = buffer;
         group.local_buffer_bytes = static_cast<uint64_t>(ibgdaTestBufferBytes(s));
         group.peer_buffers = peers.as<void* const>();
         group.active_ranks = active.as<int32_t>();
@@ -113,7 +123,9 @@ struct IbgdaTestRank {
         return a;
     }
 
-    Pinned buffer;
+    std::unique_ptr<Pinned> pinned_buffer;
+    std::unique_ptr<DeviceMemory> device_buffer;
+    void* buffer = nullptr;  // the EP buffer, zeroed
     DeviceMemory peers, active, x, topk, weights, recv_x, recv_count, src_info, layout, expert_out,
         out;
     EpGroupArgs group;

@@ -30,6 +30,7 @@
 #include "mooncake-ep/ibgda/device_queues.h"
 #include "mooncake-ep/ibgda/endpoint.h"
 #include "mooncake-ep/ibgda/link.h"
+#include "tests/cpp/ep/ibgda_links.h"
 #include "tests/cpp/ep/ibgda_two_ranks.h"
 #include "tests/cpp/rdma/ibgda_queue_device.h"
 #endif
@@ -409,7 +410,7 @@ TEST_F(FakeVerbsIbgda, LinksCarryDispatchAndCombineBetweenTwoRanks) {
         o.num_ranks = 2;
         o.qps_per_rank = 2;
         o.wqes_per_qp = 64;
-        o.buffer = ranks[r]->buffer.as<void>();
+        o.buffer = ranks[r]->buffer;
         o.bytes = static_cast<size_t>(ep::test::ibgdaTestBufferBytes(s));
         o.buffer_on_device = false;  // pinned host memory the software HCA can reach
         o.verbs_library = kLibrary;
@@ -420,19 +421,8 @@ TEST_F(FakeVerbsIbgda, LinksCarryDispatchAndCombineBetweenTwoRanks) {
     }
     EXPECT_EQ(StatusCode::kInvalidArgument, links[0]->activate().code())
         << "activate() before connect() is refused";
-    std::vector<ep::IbgdaEndpoint::Words2> regions, gids;
-    for (auto& l : links) {
-        regions.push_back(l->endpoint().regionWords());
-        gids.push_back(l->endpoint().gidWords());
-    }
-    for (int r = 0; r < 2; ++r) {
-        std::vector<std::vector<int64_t>> from(2);
-        for (int p = 0; p < 2; ++p)
-            from[p] = links[p]->endpoint().qpWordsFor(r);
-        ASSERT_TRUE(links[r]->endpoint().connect(regions, from, gids).ok());
-        const Status st = links[r]->activate();
-        ASSERT_TRUE(st.ok()) << st.toString();
-    }
+    const Status connected = ep::test::connectLinksInProcess({links[0].get(), links[1].get()});
+    ASSERT_TRUE(connected.ok()) << connected.toString();
     std::atomic<bool> done{false};
     std::thread nic([&] {
         while (!done.load())
