@@ -163,6 +163,8 @@ public:
     // kernel path from the staged one by it).
     uint64_t deviceCollectiveCalls() const { return device_calls_.load(); }
     uint64_t directCollectiveCalls() const { return direct_calls_.load(); }
+    // Of those, the calls whose agreement exchange was skipped.
+    uint64_t directAgreementsSkipped() const { return direct_agreements_skipped_.load(); }
     // How many device collectives were captured into CUDA graphs.
     uint64_t capturedCollectiveCalls() const { return captured_calls_.load(); }
     // Any thread: throws DistBackendError with the first failure of a
@@ -332,7 +334,9 @@ private:
     // member cannot share or map (the call then goes through the window); an
     // error when the exchange itself fails. `peer_in_bytes`, when given, has
     // every member's own input size (all_to_all with split sizes); else each
-    // member's input is taken to be `in_bytes` long.
+    // member's input is taken to be `in_bytes` long. When every member has
+    // mapped exactly these offers before, the second exchange (the
+    // agreement) is skipped (device/direct_agreement.h).
     Result<bool> shareDirectBuffers(const void* in, uint64_t in_bytes, void* out,
                                     uint64_t out_bytes, bool peers_read_outputs, int size,
                                     Deadline deadline, device::MemberBuffers* members,
@@ -552,6 +556,9 @@ private:
     std::chrono::steady_clock::time_point next_fence_query_{};  // pollKernelCalls
     std::atomic<uint64_t> device_calls_{0};
     std::atomic<uint64_t> direct_calls_{0};
+    std::atomic<uint64_t> direct_agreements_skipped_{0};
+    // Worker thread: the digest of the last direct offers every member mapped.
+    uint64_t direct_agreed_digest_ = 0;
     std::atomic<uint64_t> captured_calls_{0};
     // Worker thread: set once kernels outlived their deadline and the abort
     // word. They may still run and read this group's words, so every later

@@ -309,6 +309,14 @@ Forms (seed API):
         py::arg("group"),
         "How many of those read the members' own buffers (the direct path); for tests.");
     m.def(
+        "_direct_agreements_skipped",
+        [](const py::handle& group) {
+            return backendOf(group, "_direct_agreements_skipped")->directAgreementsSkipped();
+        },
+        py::arg("group"),
+        "Of those, how many skipped the agreement exchange (every member had mapped the same "
+        "offers before); for tests.");
+    m.def(
         "_captured_collective_calls",
         [](const py::handle& group) {
             return backendOf(group, "_captured_collective_calls")->capturedCollectiveCalls();

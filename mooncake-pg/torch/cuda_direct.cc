@@ -3,7 +3,9 @@
 // more; device/peer_buffers.h): per call, the members offer the
 // allocations behind their input and output through the host core's
 // all_gather, map each other's (once per allocation), and agree through a
-// second all_gather that every member could, so all take the same path.
+// second all_gather that every member could, so all take the same path
+// (skipped when every member mapped exactly these offers before:
+// device/direct_agreement.h).
 #include <algorithm>
 #include <cstdint>
 #include <mutex>
@@ -14,6 +16,7 @@
 #include "mooncake-pg/core/engine_fabric.h"
 #include "mooncake-pg/device/all_reduce.h"
 #include "mooncake-pg/device/all_to_all_v.h"
+#include "mooncake-pg/device/direct_agreement.h"
 #include "mooncake-pg/device/peer_buffers.h"
 #include "mooncake-pg/torch/backend.h"
 #include "mooncake-pg/torch/cuda_executor.h"
@@ -39,11 +42,6 @@ ProcessBuffers& processBuffers() {
     static auto* buffers = new ProcessBuffers;
     return *buffers;
 }
-
-struct DirectOffer {
-    device::BufferDescriptor in;
-    device::BufferDescriptor out;
-};
 
 std::string segmentOf(const std::string& endpoint) {
     return endpoint.substr(0, endpoint.find('#'));
@@ -75,18 +73,27 @@ Result<bool> MooncakeBackend::shareDirectBuffers(const void* in, uint64_t in_byt
                                                  device::MemberBuffers* members,
                                                  const std::vector<uint64_t>* peer_in_bytes) {
     ProcessBuffers& pb = processBuffers();
-    DirectOffer mine;
+    device::DirectOffer mine;
     {
         std::lock_guard<std::mutex> lock(pb.mu);
         MC_ASSIGN_OR_RETURN(mine.in, pb.exports.describe(in, in_bytes));
         MC_ASSIGN_OR_RETURN(mine.out, pb.exports.describe(out, out_bytes));
     }
-    std::vector<DirectOffer> offers(static_cast<size_t>(size));
-    MC_RETURN_IF_ERROR(comm_->allGather(&mine, offers.data(), sizeof(DirectOffer), deadline));
-    for (const DirectOffer& o : offers) {
+    mine.in_bytes = in_bytes;
+    mine.out_bytes = out_bytes;
+    mine.peers_read_outputs = peers_read_outputs ? 1 : 0;
+    mine.epoch = applied_epoch_.load();
+    mine.agreed_digest = direct_agreed_digest_;
+    std::vector<device::DirectOffer> offers(static_cast<size_t>(size));
+    MC_RETURN_IF_ERROR(
+        comm_->allGather(&mine, offers.data(), sizeof(device::DirectOffer), deadline));
+    for (const device::DirectOffer& o : offers) {
         if (o.in.allocation_id == 0 || o.out.allocation_id == 0)
             return false;  // every member sees the same offers
     }
+    const uint64_t digest = device::directOffersDigest(offers);
+    // Every member mapped exactly these before: each finds them mapped.
+    const bool agreed = device::directAgreementCarriesOver(offers, digest);
     uint8_t mapped = 1;
     {
         std::lock_guard<std::mutex> lock(pb.mu);
@@ -96,7 +103,7 @@ Result<bool> MooncakeBackend::shareDirectBuffers(const void* in, uint64_t in_byt
                 members->outputs[p] = out;
                 continue;
             }
-            if (pb.peers.size() + 2 > kMaxMappings) {
+            if (!agreed && pb.peers.size() + 2 > kMaxMappings) {
                 mapped = 0;
                 break;
             }
@@ -119,12 +126,24 @@ Result<bool> MooncakeBackend::shareDirectBuffers(const void* in, uint64_t in_byt
             members->outputs[p] = peer_out.value();
         }
     }
+    if (agreed) {
+        // Cannot happen (the mappings are cached and never closed); the
+        // others go direct, so this rank fails the call rather than diverge.
+        if (!mapped)
+            return Internal("rank " + std::to_string(config_.rank) +
+                            ": a buffer every member had mapped could not be found again");
+        direct_agreements_skipped_.fetch_add(1);
+        return true;
+    }
     std::vector<uint8_t> everyone(static_cast<size_t>(size));
     MC_RETURN_IF_ERROR(comm_->allGather(&mapped, everyone.data(), 1, deadline));
     for (uint8_t ok : everyone) {
-        if (!ok)
+        if (!ok) {
+            direct_agreed_digest_ = 0;
             return false;
+        }
     }
+    direct_agreed_digest_ = digest;
     return true;
 }
 

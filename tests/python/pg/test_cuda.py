@@ -49,6 +49,11 @@ def _device_calls():
 def _direct_calls():
     from mooncake import pg
     return int(pg._lib._direct_collective_calls(dist.group.WORLD))
+
+
+def _agreements_skipped():
+    from mooncake import pg
+    return int(pg._lib._direct_agreements_skipped(dist.group.WORLD))
 # Small values: sums, products and averages are exact in every dtype below.
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64,
           torch.int8, torch.uint8)
@@ -657,6 +662,37 @@ def test_reduce_runs_on_the_kernels_and_a_root_mismatch_fails_every_rank():
         assert r["mismatch"] and r["mismatch"].startswith("DistBackendError"), (rank, r)
         assert "passed reduce to root" in r["mismatch"], (rank, r)
         assert r["after"] == [float(sum(range(1, ws + 1)))], (rank, r)
+
+
+def _repeated_direct(ctx):
+    """The same 16 MiB tensor all_reduced four times, then a new one twice:
+    every call exact on the direct path; the agreement exchange runs the
+    first time a set of buffers is seen and is skipped after (3 + 1 times)."""
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    ws, rank = ctx.world_size, ctx.rank
+    failures = []
+    direct_before, skipped_before = _direct_calls(), _agreements_skipped()
+    t = torch.empty(4 << 20, device=dev)
+    u = torch.empty(4 << 20, device=dev)
+    for name, buf, iters in (("t", t, 4), ("u", u, 2)):
+        for it in range(iters):
+            buf.fill_(float(rank + it))
+            dist.all_reduce(buf)
+            want = float(sum(range(ws)) + ws * it)
+            if not bool((buf == want).all()):
+                failures.append(f"rank {rank}: all_reduce {it} of {name} is not {want}")
+    return {"failures": failures, "direct": _direct_calls() - direct_before,
+            "skipped": _agreements_skipped() - skipped_before}
+
+
+@pytest.mark.parametrize("ws", [2, 3])
+def test_repeated_direct_calls_skip_the_agreement_exchange(ws):
+    res = harness.run_ranks(_repeated_direct, ws, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            ref_group=False, env=PATHS["kernels"], pg_timeout_s=OP_TIMEOUT_S)
+    for rank, r in enumerate(res):
+        assert not r["failures"], (rank, r["failures"])
+        assert r["direct"] == 6 and r["skipped"] == 4, (rank, r)
 
 
 def _uneven_all_to_all(ctx):
