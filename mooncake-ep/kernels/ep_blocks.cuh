@@ -200,11 +200,10 @@ __device__ int64_t epForEachCombineRow(const EpGroupArgs& g, const CombineArgs& 
 // One warp copies BF16 row `x_row` of the expert output to `out`.
 __device__ inline void epCopyExpertRow(const EpGroupArgs& g, const CombineArgs& a, int64_t x_row,
                                        void* out, int lane) {
-    const int4* src =
-        reinterpret_cast<const int4*>(static_cast<const char*>(a.x) + x_row * g.hidden * 2);
-    int4* dst = static_cast<int4*>(out);
-    for (int64_t c = lane; c < g.hidden / 8; c += 32)
-        dst[c] = src[c];
+    epWarpCopy16(
+        static_cast<int4*>(out),
+        reinterpret_cast<const int4*>(static_cast<const char*>(a.x) + x_row * g.hidden * 2),
+        g.hidden / 8, lane, epLoadPlain);
 }
 
 // Reduces token `token` for a combine receive block: waits for the flags of
@@ -245,17 +244,30 @@ __device__ void epCombineReceiveToken(const EpGroupArgs& g, const CombineArgs& a
     int4* out = reinterpret_cast<int4*>(static_cast<char*>(a.out) + token * hidden * 2);
     for (int64_t c = threadIdx.x; c < hidden / 8; c += blockDim.x) {
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        for (int k = 0; k < top_k; ++k) {
-            if (!included[k])
-                continue;
-            const float w = weights[k];
-            const int4 raw = __ldcg(reinterpret_cast<const int4*>(
+        // A batch of the experts' rows is loaded before any is summed (see
+        // kEpCopyBatch); the sum stays in k order.
+        for (int first = 0; first < top_k; first += kEpCopyBatch) {
+            int4 raw[kEpCopyBatch];
+#pragma unroll
+            for (int b = 0; b < kEpCopyBatch; ++b) {
+                const int k = first + b;
+                if (k < top_k && included[k]) {
+                    raw[b] = __ldcg(reinterpret_cast<const int4*>(
                                         local + L.combineRowOffset(phase, experts[k], token)) +
                                     c);
-            const __nv_bfloat162* y = reinterpret_cast<const __nv_bfloat162*>(&raw);
-            for (int j = 0; j < 4; ++j) {
-                acc[2 * j] = fmaf(w, __low2float(y[j]), acc[2 * j]);
-                acc[2 * j + 1] = fmaf(w, __high2float(y[j]), acc[2 * j + 1]);
+                }
+            }
+#pragma unroll
+            for (int b = 0; b < kEpCopyBatch; ++b) {
+                const int k = first + b;
+                if (k >= top_k || !included[k])
+                    continue;
+                const float w = weights[k];
+                const __nv_bfloat162* y = reinterpret_cast<const __nv_bfloat162*>(&raw[b]);
+                for (int j = 0; j < 4; ++j) {
+                    acc[2 * j] = fmaf(w, __low2float(y[j]), acc[2 * j]);
+                    acc[2 * j + 1] = fmaf(w, __high2float(y[j]), acc[2 * j + 1]);
+                }
             }
         }
         int4 packed;

@@ -11,6 +11,38 @@
 
 namespace mooncake::ep {
 
+// Words each lane has in flight in the copy loops below. A loop that stores
+// one word before it loads the next waits a full memory round trip per word
+// (the compiler cannot move a load above a store that may alias it), so the
+// loads of a batch are issued together, then their stores.
+inline constexpr int kEpCopyBatch = 4;
+
+// One warp copies `count` 16-byte words from `src` to `dst` (apart), with
+// `load` reading one source word (plain, or __ldcg for words a peer wrote).
+template <typename Load>
+__device__ __forceinline__ void epWarpCopy16(int4* dst, const int4* src, int64_t count, int lane,
+                                             Load load) {
+    int64_t i = lane;
+    for (; i + (kEpCopyBatch - 1) * 32 < count; i += kEpCopyBatch * 32) {
+        int4 v[kEpCopyBatch];
+#pragma unroll
+        for (int b = 0; b < kEpCopyBatch; ++b)
+            v[b] = load(src + i + b * 32);
+#pragma unroll
+        for (int b = 0; b < kEpCopyBatch; ++b)
+            dst[i + b * 32] = v[b];
+    }
+    for (; i < count; i += 32)
+        dst[i] = load(src + i);
+}
+
+__device__ __forceinline__ int4 epLoadPlain(const int4* p) {
+    return *p;
+}
+__device__ __forceinline__ int4 epLoadFromL2(const int4* p) {
+    return __ldcg(p);
+}
+
 // One warp writes one token's message: header, then BF16 or FP8 + scales.
 __device__ inline void epWriteMessage(const EpGroupArgs& g, const DispatchArgs& a,
                                       const EpLayout& L, int token, char* msg, int lane) {
@@ -20,33 +52,47 @@ __device__ inline void epWriteMessage(const EpGroupArgs& g, const DispatchArgs& 
     const char* row = static_cast<const char*>(a.x) + static_cast<int64_t>(token) * hidden * 2;
     char* payload = msg + kEpMessageHeaderBytes;
     if (!a.use_fp8) {
-        const int4* src = reinterpret_cast<const int4*>(row);
-        int4* dst = reinterpret_cast<int4*>(payload);
-        for (int64_t i = lane; i < hidden / 8; i += 32)
-            dst[i] = src[i];
+        epWarpCopy16(reinterpret_cast<int4*>(payload), reinterpret_cast<const int4*>(row),
+                     hidden / 8, lane, epLoadPlain);
         return;
     }
     float* scales = reinterpret_cast<float*>(msg + L.fp8ScaleOffset());
-    for (int64_t group = 0; group < hidden / kEpFp8GroupSize; ++group) {
-        // Each lane holds 4 of the group's 128 channels.
-        const int64_t c = group * kEpFp8GroupSize + lane * 4;
-        const uint2 raw = *reinterpret_cast<const uint2*>(row + c * 2);
-        const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
-        const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
-        const float v[4] = {__low2float(lo), __high2float(lo), __low2float(hi), __high2float(hi)};
-        float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-        for (int off = 16; off > 0; off >>= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-        amax = fmaxf(amax, kEpFp8AmaxFloor);
-        const float inv = kEpFp8Max / amax;
-        const __nv_fp8x2_storage_t q01 = __nv_cvt_float2_to_fp8x2(
-            make_float2(v[0] * inv, v[1] * inv), __NV_SATFINITE, __NV_E4M3);
-        const __nv_fp8x2_storage_t q23 = __nv_cvt_float2_to_fp8x2(
-            make_float2(v[2] * inv, v[3] * inv), __NV_SATFINITE, __NV_E4M3);
-        *reinterpret_cast<uint32_t*>(payload + c) =
-            static_cast<uint32_t>(q01) | (static_cast<uint32_t>(q23) << 16);
-        if (lane == 0)
-            scales[group] = amax / kEpFp8Max;
+    const int64_t groups = hidden / kEpFp8GroupSize;
+    for (int64_t first = 0; first < groups; first += kEpCopyBatch) {
+        // Each lane holds 4 of a group's 128 channels; a batch of groups is
+        // loaded before any is quantized (see kEpCopyBatch).
+        uint2 raw[kEpCopyBatch];
+#pragma unroll
+        for (int b = 0; b < kEpCopyBatch; ++b) {
+            if (first + b < groups) {
+                raw[b] = *reinterpret_cast<const uint2*>(
+                    row + ((first + b) * kEpFp8GroupSize + lane * 4) * 2);
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < kEpCopyBatch; ++b) {
+            const int64_t group = first + b;
+            if (group >= groups)
+                break;  // the same for the whole warp
+            const int64_t c = group * kEpFp8GroupSize + lane * 4;
+            const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&raw[b].x);
+            const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&raw[b].y);
+            const float v[4] = {__low2float(lo), __high2float(lo), __low2float(hi),
+                                __high2float(hi)};
+            float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+            for (int off = 16; off > 0; off >>= 1)
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+            amax = fmaxf(amax, kEpFp8AmaxFloor);
+            const float inv = kEpFp8Max / amax;
+            const __nv_fp8x2_storage_t q01 = __nv_cvt_float2_to_fp8x2(
+                make_float2(v[0] * inv, v[1] * inv), __NV_SATFINITE, __NV_E4M3);
+            const __nv_fp8x2_storage_t q23 = __nv_cvt_float2_to_fp8x2(
+                make_float2(v[2] * inv, v[3] * inv), __NV_SATFINITE, __NV_E4M3);
+            *reinterpret_cast<uint32_t*>(payload + c) =
+                static_cast<uint32_t>(q01) | (static_cast<uint32_t>(q23) << 16);
+            if (lane == 0)
+                scales[group] = amax / kEpFp8Max;
+        }
     }
 }
 
@@ -58,10 +104,8 @@ __device__ inline void epUnpackMessage(const EpGroupArgs& g, const DispatchArgs&
         a.src_info[row] = __ldcg(reinterpret_cast<const int*>(msg));
     const char* payload = msg + kEpMessageHeaderBytes;
     const int64_t data_bytes = a.use_fp8 ? hidden : 2 * hidden;
-    const int4* src = reinterpret_cast<const int4*>(payload);
-    int4* dst = reinterpret_cast<int4*>(static_cast<char*>(a.packed_recv_x) + row * data_bytes);
-    for (int64_t i = lane; i < data_bytes / 16; i += 32)
-        dst[i] = __ldcg(src + i);
+    epWarpCopy16(reinterpret_cast<int4*>(static_cast<char*>(a.packed_recv_x) + row * data_bytes),
+                 reinterpret_cast<const int4*>(payload), data_bytes / 16, lane, epLoadFromL2);
     if (a.use_fp8) {
         const int64_t groups = hidden / kEpFp8GroupSize;
         const float* scales = reinterpret_cast<const float*>(msg + L.fp8ScaleOffset());
