@@ -149,6 +149,7 @@ class Buffer:
                 f"every rank must run the same Mooncake build"
             )
         self.use_fast_path = False
+        self.ibgda_peers = []  # ranks the fast path reaches over IBGDA (other hosts)
         if forced:
             self.fast_path_reason = f"{FORCE_FALLBACK_ENV}=1 was set when this Buffer was built"
         elif runtime_reason is not None:
@@ -172,6 +173,7 @@ class Buffer:
                 if self._fast is not None:
                     self.use_fast_path = True
                     self._device = torch.device("cuda", cuda_device)
+                    self.ibgda_peers = list(self._fast.remote_peers)
 
     def _ibgda_missing(self, hosts, device):
         """None when every rank can use IBGDA (needed across hosts), else why not."""

@@ -115,6 +115,7 @@ def test_one_rank_buffer_round_trip(monkeypatch):
     try:
         buf = Buffer(dist.group.WORLD, Buffer.get_ep_buffer_size_hint(4, 128, 1, 2))
         assert buf.use_fast_path is False and buf.fast_path_reason
+        assert buf.ibgda_peers == []
         x = torch.arange(4 * 128, dtype=torch.float32).view(4, 128).to(torch.bfloat16)
         idx = torch.tensor([[0, 1], [1, -1], [-1, -1], [1, 0]], dtype=torch.int64)
         w = torch.tensor([[0.5, 0.25], [2.0, 9.0], [9.0, 9.0], [1.0, 1.0]])

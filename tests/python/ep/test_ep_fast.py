@@ -43,6 +43,7 @@ def _fast_buffer(ctx, max_tokens=8, hidden=256, num_experts=None):
     world = ctx.world_size
     buf = new_buffer(dist.group.WORLD, max_tokens, hidden, world, num_experts or 3 * world)
     assert buf.use_fast_path, f"rank {ctx.rank}: fast path off: {buf.fast_path_reason}"
+    assert buf.ibgda_peers == [], "one host: every peer over cuda_ipc"
     return buf
 
 
