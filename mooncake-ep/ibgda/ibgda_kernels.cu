@@ -123,24 +123,41 @@ __global__ void __launch_bounds__(kSendThreads) ibgdaCombineSend(CombineParams p
     if (threadIdx.x == 0)
         write_failed = 0;
     __syncthreads();
+    int64_t begin = 0;
     const int64_t count = epForEachCombineRow<kSendThreads>(
-        p.g, p.a, b, [&](int64_t i, int64_t x_row, int token, int lane) {
-            const int64_t dst_offset = L.combineRowOffset(b.phase, b.expert, token);
-            char* row = mapped ? mapped + dst_offset : staged_rows + i * row_bytes;
+        p.g, p.a, b,
+        [&](int64_t i, int64_t x_row, int token, int lane) {
+            char* row = mapped ? mapped + L.combineRowOffset(b.phase, b.expert, token)
+                               : staged_rows + i * row_bytes;
             epCopyExpertRow(p.g, p.a, x_row, row, lane);
-            if (mapped)
-                return;
-            __syncwarp();
-            if (lane == 0) {
-                __threadfence_system();  // the staged row, before the NIC reads it
-                const IbgdaStatus st = ibgdaWrite(
-                    ch, stagingAddress(row), p.d.staging_lkey,
-                    p.d.remote_bases[b.dst] + static_cast<uint64_t>(dst_offset), p.d.rkeys[b.dst],
-                    static_cast<uint32_t>(row_bytes), deadline, DeviceClock{});
-                if (st != IbgdaStatus::kOk)
-                    atomicExch(&write_failed, 1);
-            }
-        });
+        },
+        &begin);
+    constexpr int kWarps = kSendThreads / 32;
+    const int warp = threadIdx.x / 32;
+    __syncwarp();  // the warp's rows are staged, for its lane 0 to post
+    if (!mapped && threadIdx.x % 32 == 0 && count > warp) {
+        // Lane 0 queues the WRITEs of its warp's rows (i = warp, warp +
+        // kWarps, ...) in one turn of the channel's lock.
+        __threadfence_system();  // the warp's staged rows, before the NIC reads them
+        const int n = static_cast<int>((count - warp + kWarps - 1) / kWarps);
+        const IbgdaStatus st = ibgdaWriteMany(
+            ch, n, p.d.staging_lkey, p.d.rkeys[b.dst],
+            [&](int j, uint64_t* local, uint64_t* remote, uint32_t* bytes) {
+                const int64_t i = warp + static_cast<int64_t>(j) * kWarps;
+                int64_t x_row = 0;
+                const int token = epCombineRowToken(p.g, p.a, b, begin, i, &x_row);
+                if (token < 0)
+                    return false;
+                *local = stagingAddress(staged_rows + i * row_bytes);
+                *remote = p.d.remote_bases[b.dst] +
+                          static_cast<uint64_t>(L.combineRowOffset(b.phase, b.expert, token));
+                *bytes = static_cast<uint32_t>(row_bytes);
+                return true;
+            },
+            deadline, DeviceClock{});
+        if (st != IbgdaStatus::kOk)
+            atomicExch(&write_failed, 1);
+    }
     __syncthreads();  // every row written or queued before the signal
     if (threadIdx.x != 0)
         return;

@@ -176,23 +176,38 @@ __device__ inline int64_t epCombineRowCount(const EpGroupArgs& g, const CombineA
     return min(count, min(static_cast<int64_t>(g.max_tokens), capacity - *begin));
 }
 
+// The receiver's token of row `i` of those a combine send block returns
+// (`begin` from epCombineRowCount), or -1 for a row the dispatch did not
+// write; *x_row: its row of the expert output.
+__device__ inline int epCombineRowToken(const EpGroupArgs& g, const CombineArgs& a,
+                                        const EpSendBlock& b, int64_t begin, int64_t i,
+                                        int64_t* x_row) {
+    const int64_t capacity = static_cast<int64_t>(g.num_ranks) * g.max_tokens;
+    *x_row = b.local_expert * capacity + begin + i;
+    const int token = a.src_info[*x_row];
+    return token >= 0 && token < g.max_tokens ? token : -1;
+}
+
 // Calls copy(i, x_row, token, lane) for each row a combine send block
-// returns to b.dst, one warp per row: i counts the block's rows, x_row is the
-// row of the expert output, token the receiver's token it belongs to. Rows
-// the dispatch did not write are skipped. Returns the count the receiver is
-// told; every thread of the block must call it.
+// returns to b.dst, one warp per row (row i on warp i % warps): i counts the
+// block's rows, x_row is the row of the expert output, token the receiver's
+// token it belongs to. Rows the dispatch did not write are skipped. Returns
+// the count the receiver is told (*begin_out: where the rows start); every
+// thread of the block must call it.
 template <int kThreads, typename Copy>
 __device__ int64_t epForEachCombineRow(const EpGroupArgs& g, const CombineArgs& a,
-                                       const EpSendBlock& b, Copy copy) {
-    const int64_t capacity = static_cast<int64_t>(g.num_ranks) * g.max_tokens;
+                                       const EpSendBlock& b, Copy copy,
+                                       int64_t* begin_out = nullptr) {
     int64_t begin = 0;
     const int64_t count = epCombineRowCount(g, a, b.local_expert, b.dst, &begin);
+    if (begin_out)
+        *begin_out = begin;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int64_t i = warp; i < count; i += kThreads / 32) {
-        const int64_t row = b.local_expert * capacity + begin + i;
-        const int token = a.src_info[row];
-        if (token >= 0 && token < g.max_tokens)
-            copy(i, row, token, lane);
+        int64_t x_row = 0;
+        const int token = epCombineRowToken(g, a, b, begin, i, &x_row);
+        if (token >= 0)
+            copy(i, x_row, token, lane);
     }
     return count;
 }

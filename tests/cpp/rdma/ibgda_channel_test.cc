@@ -141,6 +141,64 @@ TEST(IbgdaChannel, WritesOutnumberingTheRingStillMakeProgress) {
         ASSERT_TRUE(m.arrived(s)) << "slot " << s;
 }
 
+// A combine warp's rows go in one turn of the lock (ibgdaWriteMany): three
+// posters queue batches of 7 through an 8-WQE ring, each declining every
+// fifth slot; what was described arrives, what was declined does not.
+TEST(IbgdaChannel, BatchedWritesArriveAndDeclinedOnesAreSkipped) {
+    SoftHca hca;
+    constexpr int kPosters = 3;
+    constexpr size_t kPerPoster = 210;
+    Memory m(hca, kPosters * kPerPoster, 32);
+    const int qp = hca.createQueuePair(kIbgdaMinChannelWqes, kIbgdaMinChannelWqes);
+    IbgdaChannel ch = channelOf(hca, qp);
+    hca.start();
+    std::atomic<int> failures{0};
+    std::vector<std::thread> posters;
+    for (int t = 0; t < kPosters; ++t) {
+        posters.emplace_back([&, t] {
+            const int64_t deadline = deadlineIn(std::chrono::seconds(20));
+            for (size_t first = 0; first < kPerPoster; first += 7) {
+                const IbgdaStatus st = ibgdaWriteMany(
+                    &ch, 7, m.src_key, m.dst_key,
+                    [&](int j, uint64_t* local, uint64_t* remote, uint32_t* bytes) {
+                        const size_t slot = t * kPerPoster + first + j;
+                        if ((first + j) % 5 == 4)
+                            return false;
+                        *local = addr(m.source.data() + slot * m.slot_bytes);
+                        *remote = addr(m.destination.data() + slot * m.slot_bytes);
+                        *bytes = static_cast<uint32_t>(m.slot_bytes);
+                        return true;
+                    },
+                    deadline, nowNs);
+                if (st != IbgdaStatus::kOk)
+                    ++failures;
+            }
+            if (m.count(&ch, t, 1, deadline) != IbgdaStatus::kOk ||
+                ibgdaQuiet(&ch, deadline, nowNs) != IbgdaStatus::kOk)
+                ++failures;
+        });
+    }
+    for (auto& th : posters)
+        th.join();
+    hca.stop();
+    EXPECT_EQ(0, failures.load());
+    EXPECT_EQ("", hca.violation());
+    const std::vector<unsigned char> zeros(m.slot_bytes, 0);
+    for (int t = 0; t < kPosters; ++t) {
+        EXPECT_EQ(1u, m.counters[t]);
+        for (size_t k = 0; k < kPerPoster; ++k) {
+            const size_t slot = t * kPerPoster + k;
+            if (k % 5 == 4) {
+                ASSERT_EQ(0, std::memcmp(m.destination.data() + slot * m.slot_bytes, zeros.data(),
+                                         m.slot_bytes))
+                    << "declined slot " << slot << " was written";
+            } else {
+                ASSERT_TRUE(m.arrived(slot)) << "slot " << slot;
+            }
+        }
+    }
+}
+
 // A peer whose NIC stops executing (its host died): posting fills the ring
 // and then gives up at the deadline, as does a quiet, and the lock is free.
 TEST(IbgdaChannel, StalledQueueTimesOutAtTheDeadline) {
