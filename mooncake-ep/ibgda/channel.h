@@ -95,6 +95,9 @@ MC_HOST_DEVICE bool ibgdaPastDeadline(int64_t now, int64_t deadline) {
 template <typename Now>
 MC_HOST_DEVICE IbgdaStatus ibgdaAcquire(IbgdaChannel* ch, int64_t deadline, Now now, IbgdaHeld* h) {
     for (uint32_t spins = 0; !ibgdaTryLock(&ch->lock); ++spins) {
+#if defined(__CUDA_ARCH__)
+        __nanosleep(64);  // spinners must not starve the holder's memory traffic
+#endif
         if ((spins & 15) == 15 && ibgdaPastDeadline(now(), deadline))
             return IbgdaStatus::kTimedOut;
     }
