@@ -55,17 +55,8 @@ __device__ void postAndSignal(const IbgdaEpDevice& d, const EpGroupArgs& g, Ibgd
                               int dst, uint64_t* shadow, const char* staged, int64_t remote_offset,
                               int64_t length, int64_t word_offset, uint64_t seq, uint32_t payload) {
     const uint64_t value = epMakeSignal(seq, payload);
-    mlx5q::PutWithCount p;
-    p.local_addr = stagingAddress(staged);
-    p.lkey = d.staging_lkey;
-    p.remote_addr = d.remote_bases[dst] + static_cast<uint64_t>(remote_offset);
-    p.rkey = d.rkeys[dst];
-    p.length = static_cast<uint32_t>(length);
-    p.counter_addr = d.remote_bases[dst] + static_cast<uint64_t>(word_offset);
-    p.counter_rkey = d.rkeys[dst];
-    p.add = value - *shadow;  // modulo 2^64, as the NIC adds
-    p.old_value_addr = stagingAddress(d.staging);
-    p.old_value_lkey = d.staging_lkey;
+    const mlx5q::PutWithCount p = ibgdaSignalPut(d, dst, stagingAddress(staged), remote_offset,
+                                                 length, word_offset, *shadow, value);
     const int64_t deadline = deadlineAfter(g.timeout_ns);
     IbgdaStatus st = ibgdaPutWithCount(ch, p, deadline, DeviceClock{});
     if (st == IbgdaStatus::kOk) {

@@ -88,6 +88,29 @@ struct IbgdaEpDevice {
     uint32_t staging_lkey = 0;
 };
 
+// The put of a send block to `dst`: `length` staged bytes at `local` to
+// `remote_offset` of dst's buffer (none when 0), then the fetch-add that
+// raises dst's signal word at `word_offset` from `shadow` (what this rank
+// has added to it so far) to `value`. The add wraps modulo 2^64, as the
+// NIC's does, so a smaller value (a lower count) is reached as well.
+MC_EP_HD inline mlx5q::PutWithCount ibgdaSignalPut(const IbgdaEpDevice& d, int dst, uint64_t local,
+                                                   int64_t remote_offset, int64_t length,
+                                                   int64_t word_offset, uint64_t shadow,
+                                                   uint64_t value) {
+    mlx5q::PutWithCount p;
+    p.local_addr = local;
+    p.lkey = d.staging_lkey;
+    p.remote_addr = d.remote_bases[dst] + static_cast<uint64_t>(remote_offset);
+    p.rkey = d.rkeys[dst];
+    p.length = static_cast<uint32_t>(length);
+    p.counter_addr = d.remote_bases[dst] + static_cast<uint64_t>(word_offset);
+    p.counter_rkey = d.rkeys[dst];
+    p.add = value - shadow;
+    p.old_value_addr = reinterpret_cast<uint64_t>(d.staging);  // the scratch
+    p.old_value_lkey = d.staging_lkey;
+    return p;
+}
+
 // Host-side checks of the IBGDA arguments for an operation of `g`'s layout
 // (no CUDA call): OK or kInvalidArgument naming the value.
 Status checkIbgdaArgs(const IbgdaEpDevice& d, const EpGroupArgs& g);
