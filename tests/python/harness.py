@@ -162,11 +162,40 @@ def transport_env(backend: str) -> dict:
 
 # --------------------------------------------------------------------------- ports, env
 
+def _ephemeral_range() -> tuple:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(v) for v in f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_ports(n: int = 1) -> list:
-    """n distinct TCP ports that were free a moment ago (bound to port 0, then released)."""
+    """n distinct TCP ports that were free a moment ago.
+
+    Taken below the kernel's ephemeral range when there is room: a test binds
+    a port picked here only later, after its processes may have started
+    listeners on ports the kernel hands out (transfer engines, stores on port
+    0), and a port from the ephemeral range can be taken by one of those in
+    between (EADDRINUSE, seen in CI). Checked by binding, then released.
+    """
+    import random
+    low, _ = _ephemeral_range()
     socks = []
     try:
-        for _ in range(n):
+        candidates = random.Random().sample(range(10000, low), min(4 * n + 64, max(0, low - 10000)))
+        for port in candidates:
+            if len(socks) == n:
+                break
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            socks.append(s)
+        while len(socks) < n:  # no room below the range: let the kernel pick
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", 0))

@@ -267,10 +267,16 @@ def _check_ops(ctx, group=None, tag=""):
     return bad
 
 
-def _init(ctx, port):
-    store = _store(ctx, port)
+def _init(ctx, store):
     dist.init_process_group(backend=ctx.backend, store=store, rank=ctx.rank,
                             world_size=ctx.world_size, timeout=STORE_TIMEOUT)
+
+
+def _stores(ctx, ports):
+    """TCPStores on ports picked in advance, bound before the test starts any
+    transfer engine: an engine's listeners take ephemeral ports, and one of
+    them could otherwise take a picked port first (EADDRINUSE)."""
+    return [_store(ctx, p) for p in ports]
 
 
 def _groups_worker(ctx, engine_port, ports):
@@ -278,12 +284,12 @@ def _groups_worker(ctx, engine_port, ports):
     from mooncake.engine import TransferEngine
 
     bad = []
-    engine_store = _store(ctx, engine_port)
+    engine_store, *group_stores = _stores(ctx, [engine_port] + list(ports))
     engine = TransferEngine(engine_store)
     pg.set_transfer_engine(engine)
 
     ctx.note("world group on the shared engine")
-    _init(ctx, ports[0])
+    _init(ctx, group_stores[0])
     bad += _check_ops(ctx, tag="world")
     if engine.num_groups != 1:
         bad.append(f"world: num_groups={engine.num_groups}, expected 1")
@@ -305,13 +311,13 @@ def _groups_worker(ctx, engine_port, ports):
         bad.append(f"after destroy: num_groups={engine.num_groups}, expected 0")
 
     ctx.note("a new group on the same engine")
-    _init(ctx, ports[1])
+    _init(ctx, group_stores[1])
     bad += _check_ops(ctx, tag="second world")
     dist.destroy_process_group()
 
     ctx.note("set_transfer_engine(None): per-group engines again")
     pg.set_transfer_engine(None)
-    _init(ctx, ports[2])
+    _init(ctx, group_stores[2])
     if engine.num_groups != 0:
         bad.append(f"per-group world: num_groups={engine.num_groups}, expected 0")
     bad += _check_ops(ctx, tag="per-group world")
@@ -335,6 +341,7 @@ def _mismatch_worker(ctx, engine_ports, group_port, odd):
     from mooncake.engine import TransferEngine
 
     engine = None
+    group_store = _store(ctx, group_port)  # before any engine listens (see _stores)
     if ctx.rank != 2 or odd == "other-store":
         # Rank 2 uses a store of its own in the "other-store" case.
         port = engine_ports[1] if ctx.rank == 2 else engine_ports[0]
@@ -343,7 +350,7 @@ def _mismatch_worker(ctx, engine_ports, group_port, odd):
         engine = TransferEngine(store)
         pg.set_transfer_engine(engine)
     try:
-        _init(ctx, group_port)
+        _init(ctx, group_store)
     finally:
         # The failed group returned its lease: the engine can be closed.
         if engine is not None:
