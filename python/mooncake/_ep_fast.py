@@ -83,6 +83,13 @@ def _all_gather_ints(values, group, device):
     return torch.stack([t.cpu() for t in out])
 
 
+def ranks_without(ok, group, device):
+    """The ranks of `group` where `ok` was false, from one all_gather: every rank
+    gets the same list (empty when all were ok)."""
+    flags = _all_gather_ints([1 if ok else 0], group, device)[:, 0]
+    return torch.nonzero(flags == 0).flatten().tolist()
+
+
 def _group_store(group, nonce):
     """The group's c10d store under a prefix every rank of this connection agrees on."""
     store = dist.distributed_c10d._get_default_store()
@@ -122,9 +129,8 @@ def connect(group, rank, num_ranks, num_bytes, nonce, comm_device, ranks_per_dev
         fast.connect(table[:, 1].tolist(), p2p)
     except Exception as e:  # noqa: BLE001
         error = f"{type(e).__name__}: {e}"
-    ok = _all_gather_ints([0 if error else 1], group, comm_device)
-    if not bool((ok[:, 0] == 1).all()):
-        bad = torch.nonzero(ok[:, 0] == 0).flatten().tolist()
+    bad = ranks_without(error is None, group, comm_device)
+    if bad:
         what = "the peers on their host" if multi_host else "every peer's buffer"
         return None, _failed(bad, f"could not map {what} over cuda_ipc", error)
     if multi_host:
@@ -152,9 +158,8 @@ def connect_ibgda(module, fast, group, rank, num_ranks, num_bytes, comm_device):
                                 device_filter=_ep_runtime.device_filter())
     except Exception as e:  # noqa: BLE001 - reported to every rank below
         error = f"{type(e).__name__}: {e}"
-    ok = _all_gather_ints([0 if error else 1], group, comm_device)
-    if not bool((ok[:, 0] == 1).all()):
-        bad = torch.nonzero(ok[:, 0] == 0).flatten().tolist()
+    bad = ranks_without(error is None, group, comm_device)
+    if bad:
         return _failed(bad, "could not set up IBGDA (queue pairs, registration)", error)
     try:
         _ep_ibgda.exchange(link, group, comm_device)
@@ -165,9 +170,8 @@ def connect_ibgda(module, fast, group, rank, num_ranks, num_bytes, comm_device):
         module.attach_ibgda(fast, link)
     except Exception as e:  # noqa: BLE001
         error = f"{type(e).__name__}: {e}"
-    ok = _all_gather_ints([0 if error else 1], group, comm_device)
-    if not bool((ok[:, 0] == 1).all()):
-        bad = torch.nonzero(ok[:, 0] == 0).flatten().tolist()
+    bad = ranks_without(error is None, group, comm_device)
+    if bad:
         return _failed(bad, "could not map their IBGDA queues into the GPU", error)
     return None
 

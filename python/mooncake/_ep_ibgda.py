@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from mooncake._ep_fast import _all_gather_ints as _all_gather_rows
+from mooncake._ep_fast import ranks_without
 
 
 def exchange(endpoint, group, device):
@@ -45,9 +46,8 @@ def exchange(endpoint, group, device):
                          [tuple(g) for g in gids.tolist()])
     except Exception as e:  # noqa: BLE001 - reported to every rank below
         error = f"{type(e).__name__}: {e}"
-    ok = _all_gather_rows([0 if error else 1], group, device)[:, 0]
-    if not bool((ok == 1).all()):
-        bad = torch.nonzero(ok == 0).flatten().tolist()
+    bad = ranks_without(error is None, group, device)
+    if bad:
         raise RuntimeError(f"Mooncake EP: ranks {bad} could not connect their IBGDA queue pairs"
                            + (f" (this rank: {error})" if error else ""))
     return regions, gids

@@ -64,8 +64,7 @@ class NcclBuffer(Buffer):
                                         max_tokens, hidden, timeout_ms)
         except Exception as e:  # noqa: BLE001 - reported to every rank below
             error = f"{type(e).__name__}: {e}"
-        table = fast._all_gather_ints([0 if error else 1], self.group, comm)
-        bad = torch.nonzero(table[:, 0] == 0).flatten().tolist()
+        bad = fast.ranks_without(error is None, self.group, comm)
         if bad:
             if runtime is not None:
                 del runtime  # local teardown: the peers that failed will not finalize

@@ -177,11 +177,9 @@ class Buffer:
 
     def _ibgda_missing(self, hosts, device):
         """None when every rank can use IBGDA (needed across hosts), else why not."""
-        capable = fast._all_gather_ints([1 if _ep_runtime.ibgda_device() else 0], self.group,
-                                        device)[:, 0]
-        if bool((capable == 1).all()):
+        without = fast.ranks_without(bool(_ep_runtime.ibgda_device()), self.group, device)
+        if not without:
             return None
-        without = torch.nonzero(capable == 0).flatten().tolist()
         return (f"the ranks are on {len(set(hosts))} hosts; the fast path reaches other hosts "
                 f"over IBGDA, which ranks {without} cannot use (this rank: "
                 f"{_ep_runtime.ibgda_reason()})")
