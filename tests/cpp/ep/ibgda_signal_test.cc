@@ -21,11 +21,7 @@ namespace {
 
 using te::rdma::soft::SoftHca;
 
-int64_t nowNs() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
+constexpr auto nowNs = te::rdma::soft::steadyNowNs;
 
 TEST(IbgdaSignal, WordsEndAtEachOpsSequenceAndCountThroughFetchAdds) {
     SoftHca hca;

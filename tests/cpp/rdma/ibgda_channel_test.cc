@@ -18,11 +18,7 @@ namespace {
 
 using te::rdma::soft::SoftHca;
 
-int64_t nowNs() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
+constexpr auto nowNs = te::rdma::soft::steadyNowNs;
 
 int64_t deadlineIn(std::chrono::milliseconds d) {
     return nowNs() + std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -26,6 +27,14 @@
 #include "mooncake-transfer-engine/transport/rdma/mlx5_queues.h"
 
 namespace mooncake::te::rdma::soft {
+
+// The clock host tests give the IBGDA channel (its `now`, in the unit of its
+// deadlines): steady nanoseconds.
+inline int64_t steadyNowNs() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
 
 // Queue memory the caller provides (e.g. pinned so a kernel can use it), or
 // that the HCA allocates.
