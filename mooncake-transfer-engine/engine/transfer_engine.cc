@@ -2,10 +2,6 @@
 
 #include <unistd.h>
 
-#include <algorithm>
-#include <cstring>
-#include <optional>
-
 #include "mooncake-transfer-engine/common/env.h"
 #include "mooncake-transfer-engine/common/logging.h"
 #include "mooncake-transfer-engine/engine/transfer_batch.h"
