@@ -276,4 +276,30 @@ Status resultStatus(const DeviceOpResult& r, const char* what, std::vector<int>*
     return Internal(op + ": unknown device status " + std::to_string(r.status));
 }
 
+bool isFailureEvidence(const DeviceOpResult& r) {
+    switch (static_cast<DeviceStatus>(r.status)) {
+        case DeviceStatus::kTimeout:
+            return true;
+        case DeviceStatus::kAborted:
+            return (r.detail & kAbortPeerDeadBase) != 0 || r.detail == kAbortDeadline;
+        default:
+            return false;
+    }
+}
+
+uint64_t abortReasonFor(int rank, int size, const std::function<bool(int)>& peer_dead,
+                        const std::function<bool(int)>& still_active) {
+    for (int p = 0; p < size; ++p) {
+        if (p != rank && peer_dead(p))
+            return abortPeerDead(p);
+    }
+    if (!still_active)
+        return 0;
+    for (int p = 0; p < size; ++p) {
+        if (!still_active(p))
+            return abortDeactivated(p);
+    }
+    return 0;
+}
+
 }  // namespace mooncake::pg::device

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -129,5 +130,18 @@ inline constexpr uint64_t abortDeactivated(int rank) {
 // kPeerFailure "rank N failed", a mismatch kInvalidArgument naming the
 // peer, an abort kAborted. `what` names the collective.
 Status resultStatus(const DeviceOpResult& r, const char* what, std::vector<int>* failed);
+
+// Whether a failed call's result is news to the control plane about a peer:
+// a timeout (the kernels' or the host's deadline) or a peer the host found
+// dead. Not a mismatch, an abort of the group, a stale graph, or a member
+// the control plane itself took out.
+bool isFailureEvidence(const DeviceOpResult& r);
+
+// The abort word's value for what the host knows while a call over ranks
+// [0, size) runs, this one being `rank`: the first peer found dead, else the
+// first that `still_active` (null unless a newer view was committed) says
+// left the view; 0 when nothing is known against any of them.
+uint64_t abortReasonFor(int rank, int size, const std::function<bool(int)>& peer_dead,
+                        const std::function<bool(int)>& still_active);
 
 }  // namespace mooncake::pg::device

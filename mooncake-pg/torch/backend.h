@@ -167,6 +167,8 @@ public:
     uint64_t directAgreementsSkipped() const { return direct_agreements_skipped_.load(); }
     // How many device collectives were captured into CUDA graphs.
     uint64_t capturedCollectiveCalls() const { return captured_calls_.load(); }
+    // How many failed graph replays the worker reported to the control plane.
+    uint64_t graphFailuresReported() const { return graph_failures_reported_.load(); }
     // Any thread: throws DistBackendError with the first failure of a
     // collective replayed from a CUDA graph since the last check (a stale
     // membership epoch, a peer that did not signal, an abort), and clears
@@ -365,6 +367,19 @@ private:
     // `keep` remain (returns early if a completion destroyed the backend).
     void finishKernelCalls(size_t keep);
     bool kernelCallsInFlight() const { return !kernels_in_flight_.empty(); }
+    // Worker thread: the abort word's value for what the host knows against
+    // a call over `size` ranks issued in membership `epoch` (a dead peer; a
+    // member a newer view took out); 0 when nothing.
+    uint64_t abortReasonAgainst(int size, uint64_t epoch) const;
+    // Worker thread, idle, once calls were captured in a CUDA graph: replays
+    // run unseen by the host, so this turns a dead peer into the abort word
+    // as pollKernelCalls does for eager calls, and reports a failed replay's
+    // evidence to the control plane once, as a failed op would.
+    void watchGraphReplays();
+    // The device window's epoch for a membership view's: epoch 0 would make
+    // a call's first tag equal to a cleared flag.
+    static uint64_t deviceEpochOf(uint64_t view_epoch) { return view_epoch + 1; }
+    bool graphsCaptured() const { return captured_calls_.load(std::memory_order_relaxed) != 0; }
     // Any thread: makes running kernels return (the group is aborted).
     void abortDeviceCalls();
     // After the worker stopped, before the fabric (and its engine) goes.
@@ -560,6 +575,21 @@ private:
     // Worker thread: the digest of the last direct offers every member mapped.
     uint64_t direct_agreed_digest_ = 0;
     std::atomic<uint64_t> captured_calls_{0};
+    // A failed replay's evidence, for the control plane (watchGraphReplays).
+    struct GraphFailure {
+        device::DeviceOpResult result;
+        uint64_t epoch = 0;  // applied when it was found
+    };
+    std::mutex graph_mu_;  // guards the graph result's reads and clears, and the three below
+    // The failure standing in the graph result was seen by one watch; the
+    // kernels write its status before its culprit and detail, so the next
+    // watch reads it again before it is reported.
+    bool graph_failure_seen_ = false;
+    // The standing failure was reported, or handed over by checkGraphReplays.
+    bool graph_failure_taken_ = false;
+    // Cleared by checkGraphReplays before the worker took it: for the worker.
+    std::optional<GraphFailure> graph_evidence_;
+    std::atomic<uint64_t> graph_failures_reported_{0};
     // Worker thread: set once kernels outlived their deadline and the abort
     // word. They may still run and read this group's words, so every later
     // kernel call fails with it at once and the abort word stays set.

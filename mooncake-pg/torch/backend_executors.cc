@@ -56,6 +56,7 @@ void MooncakeBackend::abortDeviceCalls() {}
 void MooncakeBackend::releaseDeviceWindow() {}
 void MooncakeBackend::pollKernelCalls() {}
 void MooncakeBackend::finishKernelCalls(size_t) {}
+void MooncakeBackend::watchGraphReplays() {}
 void MooncakeBackend::GroupWindowDeleter::operator()(device::GroupWindow*) const {}
 #endif
 

@@ -53,6 +53,10 @@ void MooncakeBackend::workerLoop() {
     // While kernel calls are in flight the worker polls them between ops,
     // sleeping this long at most once a poll found nothing to do.
     constexpr auto kInFlightPollSleep = std::chrono::microseconds(50);
+    // Once graphs were captured, how often the idle worker watches their
+    // replays: well under the fabric's liveness probe period of a local
+    // peer (EngineFabric::kLivenessProbeMs, 25 ms).
+    constexpr auto kGraphWatchPeriod = std::chrono::milliseconds(10);
     while (true) {
         Task task;
         bool aborted = false;
@@ -82,8 +86,19 @@ void MooncakeBackend::workerLoop() {
                       spinBudget());
         {
             std::unique_lock<std::mutex> lock(queue_mu_);
-            if (!kernelCallsInFlight())
-                queue_cv_.wait(lock, [this] { return !queue_.empty() || !accepting_; });
+            if (!kernelCallsInFlight()) {
+                const auto ready = [this] { return !queue_.empty() || !accepting_; };
+                // Replays of captured calls run unseen by the host: while
+                // idle, the worker watches for them (watchGraphReplays).
+                while (graphsCaptured() && !queue_cv_.wait_for(lock, kGraphWatchPeriod, ready)) {
+                    lock.unlock();
+                    watchGraphReplays();
+                    if (ownerGone())
+                        return;
+                    lock.lock();
+                }
+                queue_cv_.wait(lock, ready);
+            }
             const Task* next = queue_.empty() ? nullptr : &queue_.front();
             if (next || !accepting_) {
                 // Only this thread pops the queue, so `next` stays put.

@@ -323,6 +323,14 @@ Forms (seed API):
         },
         py::arg("group"), "How many device collectives were captured into CUDA graphs; for tests.");
     m.def(
+        "_graph_failures_reported",
+        [](const py::handle& group) {
+            return backendOf(group, "_graph_failures_reported")->graphFailuresReported();
+        },
+        py::arg("group"),
+        "How many failed CUDA graph replays were reported to the control plane as failure "
+        "evidence; for tests.");
+    m.def(
         "check_graph_replays",
         [](const py::handle& group) {
             backendOf(group, "check_graph_replays")->checkGraphReplays();

@@ -190,7 +190,7 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
         // is collective, and a new epoch's first call restarts the numbering,
         // which every replay would repeat.
         const bool current = device_window_ && device_window_->hasView() &&
-                             device_window_->epoch() == applied_epoch_.load() + 1 &&
+                             device_window_->epoch() == deviceEpochOf(applied_epoch_.load()) &&
                              device_window_->size() == size &&
                              latest_epoch_.load() == applied_epoch_.load();
         if (!current) {
@@ -386,8 +386,7 @@ Status MooncakeBackend::setUpDeviceWindow(int size, Deadline deadline) {
         device_window_.reset(created.value().release());
         device_window_ptr_.store(device_window_.get(), std::memory_order_release);
     }
-    // Epoch 0 would make a call's first tag equal to a cleared flag.
-    const uint64_t epoch = applied_epoch_.load() + 1;
+    const uint64_t epoch = deviceEpochOf(applied_epoch_.load());
     if (device_window_->hasView() && device_window_->epoch() == epoch &&
         device_window_->size() == size)
         return Status::OK();
@@ -427,10 +426,19 @@ void MooncakeBackend::checkGraphReplays() {
     device::GroupWindow* w = device_window_ptr_.load(std::memory_order_acquire);
     if (!w)
         return;
-    const device::DeviceOpResult r = w->graphResult();
-    if (r.status == 0)
-        return;
-    w->clearGraphResult();
+    device::DeviceOpResult r;
+    {
+        std::lock_guard<std::mutex> lock(graph_mu_);
+        r = w->graphResult();
+        if (r.status == 0)
+            return;
+        w->clearGraphResult();
+        // Not reported yet: the worker reports it (watchGraphReplays).
+        if (!graph_failure_taken_ && device::isFailureEvidence(r))
+            graph_evidence_ = GraphFailure{r, applied_epoch_.load()};
+        graph_failure_seen_ = false;
+        graph_failure_taken_ = false;
+    }
     std::vector<int> failed;
     Status st = device::resultStatus(r, "a collective replayed from a CUDA graph", &failed);
     std::string message = "Mooncake PG: " + st.message();

@@ -10,8 +10,15 @@
 // group unusable (device_stuck_). Anything but a kernel call of the same
 // view waits for the calls in flight first (settleBefore), so failures are
 // reported, and views applied, in issue order.
+//
+// Calls captured in a CUDA graph are not in flight here: their replays run
+// without the host. Once the group has captured any, the idle worker
+// watches for them (watchGraphReplays): host evidence goes into the abort
+// word, and a failed replay is reported to the control plane.
 #include <chrono>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -67,21 +74,9 @@ void MooncakeBackend::pollKernelCalls() {
                     if (abort_pending_)
                         w.setAbort(device::kAbortGroupAborted);
                 }
-                for (int p = 0; p < front.launch.size; ++p) {
-                    if (p != config_.rank && fabric_->peerFailed(p)) {
-                        w.setAbort(device::abortPeerDead(p));
-                        break;
-                    }
-                }
-                if (host_ && latest_epoch_.load() != front.launch.epoch) {
-                    const control_plane::GroupView v = host_->view();
-                    for (int p = 0; p < front.launch.size; ++p) {
-                        if (!v.isActive(static_cast<uint32_t>(p))) {
-                            w.setAbort(device::abortDeactivated(p));
-                            break;
-                        }
-                    }
-                }
+                if (const uint64_t reason =
+                        abortReasonAgainst(front.launch.size, front.launch.epoch))
+                    w.setAbort(reason);
             }
             if (!front.host_deadline.expired())
                 return;
@@ -141,6 +136,68 @@ void MooncakeBackend::pollKernelCalls() {
         if (ownerGone())
             return;
     }
+}
+
+uint64_t MooncakeBackend::abortReasonAgainst(int size, uint64_t epoch) const {
+    std::function<bool(int)> still_active;
+    control_plane::GroupView newer;
+    if (host_ && latest_epoch_.load() != epoch) {
+        newer = host_->view();
+        still_active = [&newer](int p) { return newer.isActive(static_cast<uint32_t>(p)); };
+    }
+    return device::abortReasonFor(
+        config_.rank, size, [this](int p) { return fabric_->peerFailed(p); }, still_active);
+}
+
+void MooncakeBackend::watchGraphReplays() {
+    device::GroupWindow* w = device_window_.get();
+    if (!w || !w->hasView() || !device_stuck_.empty())
+        return;
+    // A dead peer only, and only while the window serves the current view:
+    // after a membership change (a member taken out included) the replays
+    // fail as stale at their first kernel, which tells the user more, and
+    // the next eager call sets the window up anew and clears the word.
+    const uint64_t applied = applied_epoch_.load();
+    if (latest_epoch_.load() == applied && w->epoch() == deviceEpochOf(applied)) {
+        const uint64_t reason = device::abortReasonFor(
+            config_.rank, w->size(), [this](int p) { return fabric_->peerFailed(p); }, nullptr);
+        if (reason != 0)
+            w->setAbort(reason);
+    }
+
+    std::optional<GraphFailure> report;
+    {
+        std::lock_guard<std::mutex> lock(graph_mu_);
+        if (graph_evidence_) {
+            report = graph_evidence_;
+            graph_evidence_.reset();
+        } else {
+            const device::DeviceOpResult r = w->graphResult();
+            if (r.status == 0) {
+                graph_failure_seen_ = false;
+            } else if (!graph_failure_taken_ && !graph_failure_seen_) {
+                graph_failure_seen_ = true;
+            } else if (!graph_failure_taken_) {
+                graph_failure_taken_ = true;
+                if (device::isFailureEvidence(r))
+                    report = GraphFailure{r, applied_epoch_.load()};
+            }
+        }
+    }
+    // A view applied since the failure was the recovery from it.
+    if (!report || report->epoch != applied_epoch_.load())
+        return;
+    const device::DeviceOpResult& r = report->result;
+    std::vector<int> failed;
+    const Status st = device::resultStatus(r, "a collective replayed from a CUDA graph", &failed);
+    MC_LOG(kWarn, "pg") << "rank " << config_.rank << " of group '" << config_.group_name
+                        << "': " << st.toString()
+                        << "; reported to the control plane as failure evidence";
+    graph_failures_reported_.fetch_add(1);
+    // As failWork does for an eager op: a timeout leaves no deadline to count on.
+    reportFailure(failed, st.code() == StatusCode::kTimeout
+                              ? Deadline::after({})
+                              : Deadline::afterMs(timeout_ms_.load()));
 }
 
 void MooncakeBackend::finishKernelCalls(size_t keep) {

@@ -1,7 +1,8 @@
 // The host-side policy of the device collectives (routing.h), no GPU needed:
 // the MC_PG_CUDA_PATH, MC_PG_CUDA_SLOT_BYTES and MC_PG_CUDA_BLOCKING_WAIT settings, the routing
-// decision table, the window arithmetic, and how a kernel's result word
-// becomes the op's Status and failed-ranks hint.
+// decision table, the window arithmetic, how a kernel's result word
+// becomes the op's Status and failed-ranks hint, and the host evidence that
+// goes into the abort word.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -281,6 +282,51 @@ TEST(DeviceRouting, ResultBecomesStatusAndHint) {
 
     st = resultStatus(result(static_cast<DeviceStatus>(42), -1, 0), "all_to_all", &failed);
     EXPECT_EQ(st.code(), StatusCode::kInternal);
+}
+
+// A failed graph replay is reported to the control plane only when it says
+// something about a peer the control plane does not know yet.
+TEST(DeviceRouting, OnlyTimeoutsAndDeadPeersAreFailureEvidence) {
+    EXPECT_FALSE(isFailureEvidence(result(DeviceStatus::kOk, -1, 0)));
+    EXPECT_TRUE(isFailureEvidence(result(DeviceStatus::kTimeout, 1, 0)));
+    EXPECT_TRUE(isFailureEvidence(result(DeviceStatus::kTimeout, -1, 0)));
+    EXPECT_TRUE(isFailureEvidence(result(DeviceStatus::kAborted, 1, abortPeerDead(2))));
+    EXPECT_TRUE(isFailureEvidence(result(DeviceStatus::kAborted, 0, abortPeerDead(0))));
+    EXPECT_TRUE(isFailureEvidence(result(DeviceStatus::kAborted, 2, kAbortDeadline)));
+    // The control plane's own decision, the user's abort, a stale graph and
+    // disagreeing calls say nothing new about a peer's health.
+    EXPECT_FALSE(isFailureEvidence(result(DeviceStatus::kAborted, 1, abortDeactivated(2))));
+    EXPECT_FALSE(isFailureEvidence(result(DeviceStatus::kAborted, -1, kAbortGroupAborted)));
+    EXPECT_FALSE(isFailureEvidence(result(DeviceStatus::kStaleEpoch, -1, 0)));
+    EXPECT_FALSE(isFailureEvidence(result(DeviceStatus::kMismatch, 1, 0)));
+}
+
+TEST(DeviceRouting, AbortReasonNamesTheFirstDeadPeerThenTheFirstMemberGone) {
+    const auto none = [](int) { return false; };
+    const auto dead = [](std::vector<int> ranks) {
+        return [ranks](int p) {
+            for (int r : ranks)
+                if (r == p)
+                    return true;
+            return false;
+        };
+    };
+    const auto active_but = [](int gone) { return [gone](int p) { return p != gone; }; };
+
+    EXPECT_EQ(abortReasonFor(0, 4, none, nullptr), 0u);
+    EXPECT_EQ(abortReasonFor(0, 4, none, active_but(-1)), 0u);
+    EXPECT_EQ(abortReasonFor(0, 4, dead({2}), nullptr), abortPeerDead(2));
+    EXPECT_EQ(abortReasonFor(0, 4, dead({3, 1}), nullptr), abortPeerDead(1));
+    // This rank's own record is not evidence against it; ranks at or past
+    // the call's size are not its members.
+    EXPECT_EQ(abortReasonFor(1, 4, dead({1}), nullptr), 0u);
+    EXPECT_EQ(abortReasonFor(0, 2, dead({2, 3}), nullptr), 0u);
+    // A member a newer view took out, when nobody is dead.
+    EXPECT_EQ(abortReasonFor(0, 4, none, active_but(3)), abortDeactivated(3));
+    EXPECT_EQ(abortReasonFor(0, 4, dead({1}), active_but(3)), abortPeerDead(1));
+    EXPECT_EQ(abortReasonFor(0, 3, none, active_but(3)), 0u);
+    // This rank taken out of the view is a reason too: its call cannot complete.
+    EXPECT_EQ(abortReasonFor(2, 4, none, active_but(2)), abortDeactivated(2));
 }
 
 }  // namespace

@@ -9,8 +9,11 @@ warm-up, and an op that cannot run on the device kernels, are refused with a
 clear error and the group works afterwards. A membership change after the
 capture (a deactivation, or a rank joining back) makes the next replay's
 collectives fail as stale without touching their outputs;
-check_graph_replays raises it once. Skipped, with the reason shown, on a
-machine without a GPU.
+check_graph_replays raises it once. A peer SIGKILLed while the others
+replay is found by the host's watch of the replays (long before the op
+timeout), named in the failure, and taken out by the reconciliation that
+the replay's report starts. Skipped, with the reason shown, on a machine
+without a GPU.
 """
 
 import time
@@ -295,3 +298,77 @@ def test_replay_after_a_rank_joins_back_fails_stale_touching_nothing():
             assert r["check"] and r["check"].startswith("DistBackendError"), (rank, r)
             assert "membership changed after the graph was captured" in r["check"], (rank, r)
         assert r["after"] == [6.0], (rank, r)
+
+
+# The test's failure must come from the host's watch of the replays, not the
+# kernels' own deadline (the op timeout): well under it.
+WATCHED_BOUND_S = OP_TIMEOUT_S / 4
+DEAD_ENV = {**ENV, "MC_PG_RECONCILE_WINDOW_MS": "4000"}
+
+
+def _dead_peer_during_replay(ctx):
+    """Three ranks in the default failure mode capture an all_reduce and replay
+    it exactly. Rank 2 is SIGKILLed; the survivors' next replay waits for it on
+    the device. Nothing but the worker's watch of the replays can end that
+    wait before the op timeout, and nothing but its report can start the
+    reconciliation that takes rank 2 out: the survivors make no eager call
+    until they see the new view."""
+    torch.cuda.set_device(0)
+    dev = torch.device("cuda", 0)
+    rank, victim = ctx.rank, 2
+    pg = _pg()
+    group = dist.group.WORLD
+    out = {}
+    x = torch.full((N,), float(rank + 1), device=dev)
+    dist.all_reduce(x)  # warm-up
+    graph = _capture(lambda: dist.all_reduce(x))
+    x.fill_(float(rank + 1))
+    graph.replay()
+    torch.cuda.synchronize()
+    out["first"] = sorted(set(x.cpu().tolist()))
+    out["check_first"] = _outcome(lambda: pg.check_graph_replays(group))
+    ctx.signal(f"replayed_{rank}")
+    if rank == victim:
+        for r in range(3):
+            if r != victim:
+                ctx.wait_for(f"replayed_{r}", 60)
+        ctx.kill_self()
+    reported_before = int(pg._lib._graph_failures_reported(group))
+    x.fill_(float(rank + 1))
+    t0 = time.monotonic()
+    graph.replay()
+    torch.cuda.synchronize()  # the kernels returned: no hang
+    out["replay_s"] = time.monotonic() - t0
+    out["check"] = _outcome(lambda: pg.check_graph_replays(group))
+    # The reconciliation the report opened takes rank 2 out, with no eager op.
+    deadline = time.monotonic() + 60
+    while pg.get_active_ranks(group).tolist() != [1, 1, 0]:
+        assert time.monotonic() < deadline, pg.get_active_ranks(group)
+        time.sleep(0.01)
+    out["reported"] = int(pg._lib._graph_failures_reported(group)) - reported_before
+    # The survivors go on: eager, then a new capture in the two-member epoch.
+    y = torch.full((4,), float(rank + 1), device=dev)
+    dist.all_reduce(y)
+    out["eager_after"] = sorted(set(y.cpu().tolist()))
+    graph2 = _capture(lambda: dist.all_reduce(x))
+    x.fill_(float(rank + 10))
+    graph2.replay()
+    torch.cuda.synchronize()
+    out["replay_after"] = sorted(set(x.cpu().tolist()))
+    out["check_after"] = _outcome(lambda: pg.check_graph_replays(group))
+    return out
+
+
+def test_a_peer_killed_during_replays_is_found_by_the_host_and_taken_out():
+    res = harness.run_ranks(_dead_peer_during_replay, 3, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            ref_group=False, env=DEAD_ENV, pg_timeout_s=OP_TIMEOUT_S,
+                            expect_killed=[2])
+    for rank in (0, 1):
+        r = res[rank]
+        assert r["first"] == [6.0] and r["check_first"] is None, (rank, r)
+        assert r["replay_s"] < WATCHED_BOUND_S, (rank, r)
+        assert r["check"] and r["check"].startswith("DistBackendError"), (rank, r)
+        assert "rank 2 failed" in r["check"] and "[failed ranks: 2]" in r["check"], (rank, r)
+        assert r["reported"] >= 1, (rank, r)
+        assert r["eager_after"] == [3.0], (rank, r)
+        assert r["replay_after"] == [21.0] and r["check_after"] is None, (rank, r)
