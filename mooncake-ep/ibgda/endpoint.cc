@@ -11,8 +11,6 @@
 
 namespace mooncake::ep {
 
-using te::rdma::VerbsApi;
-
 Result<std::unique_ptr<IbgdaEndpoint>> IbgdaEndpoint::create(const IbgdaEndpointOptions& o) {
     if (o.num_ranks < 1 || o.rank < 0 || o.rank >= o.num_ranks)
         return InvalidArgument("IBGDA endpoint: rank " + std::to_string(o.rank) + " of " +
@@ -22,15 +20,11 @@ Result<std::unique_ptr<IbgdaEndpoint>> IbgdaEndpoint::create(const IbgdaEndpoint
                                "; expected 1.." + std::to_string(te::rdma::kMaxActiveQpsPerRank));
     if (!o.buffer || o.bytes == 0)
         return InvalidArgument("IBGDA endpoint: no buffer to register");
-    // The device the probe picks: mlx5, ACTIVE port, admitted by the filter.
-    const te::IbgdaProbe probe =
-        te::probeIbgda(te::RdmaOptions{o.device_filter, o.verbs_library, o.mlx5_library});
-    MC_RETURN_IF_ERROR(probe.status);
-    MC_ASSIGN_OR_RETURN(const VerbsApi* api, VerbsApi::getOrLoad(o.verbs_library));
-    MC_ASSIGN_OR_RETURN(auto dv, te::rdma::Mlx5DirectApi::load(o.mlx5_library));
     std::unique_ptr<IbgdaEndpoint> self(new IbgdaEndpoint(o));
-    MC_ASSIGN_OR_RETURN(self->device_,
-                        te::rdma::RdmaDevice::open(*api, te::rdma::DeviceFilterEntry{probe.device, 0}));
+    // The device the probe picks: mlx5, ACTIVE port, admitted by the filter.
+    MC_ASSIGN_OR_RETURN(self->device_, te::rdma::openIbgdaDevice(te::RdmaOptions{
+                                           o.device_filter, o.verbs_library, o.mlx5_library}));
+    MC_ASSIGN_OR_RETURN(auto dv, te::rdma::Mlx5DirectApi::load(o.mlx5_library));
     MC_ASSIGN_OR_RETURN(self->mr_, self->registerRegion(o.buffer, o.bytes));
     self->qps_.resize(static_cast<size_t>(o.num_ranks * o.qps_per_rank));
     for (int p = 0; p < o.num_ranks; ++p) {

@@ -59,24 +59,17 @@ RdmaSetup createRdmaTransport(const RdmaOptions& options) {
     return out;
 }
 
-IbgdaProbe probeIbgda(const RdmaOptions& options) {
-    using namespace rdma;
-    IbgdaProbe out;
-    auto found = discover(options);
-    if (!found.ok()) {
-        out.status = found.status();
-        return out;
-    }
-    const VerbsApi* api = found->api;
+Result<std::unique_ptr<rdma::RdmaDevice>> rdma::openIbgdaDevice(const RdmaOptions& options) {
+    MC_ASSIGN_OR_RETURN(Discovered found, discover(options));
+    const VerbsApi* api = found.api;
     auto dv = Mlx5DirectApi::load(options.mlx5_library);
-    if (!dv.ok()) {
-        out.status = Unavailable("no IBGDA-capable device: " + dv.status().message());
-        return out;
-    }
+    if (!dv.ok())
+        return Unavailable("no IBGDA-capable device: " + dv.status().message());
     int count = 0;
     ibv_device** list = api->getDeviceList(&count);
+    std::unique_ptr<RdmaDevice> device;
     std::string reasons;
-    for (const DeviceFilterEntry& e : found->devices.selected) {
+    for (const DeviceFilterEntry& e : found.devices.selected) {
         ibv_device* dev = nullptr;
         for (int i = 0; list && i < count && !dev; ++i) {
             if (e.device == api->getDeviceName(list[i]))
@@ -90,7 +83,7 @@ IbgdaProbe probeIbgda(const RdmaOptions& options) {
         } else {
             auto opened = RdmaDevice::open(*api, e);  // the ACTIVE-port check
             if (opened.ok()) {
-                out.device = e.device;
+                device = std::move(opened).value();
                 break;
             }
             why = opened.status().toString();
@@ -99,8 +92,18 @@ IbgdaProbe probeIbgda(const RdmaOptions& options) {
     }
     if (list)
         api->freeDeviceList(list);
-    out.status =
-        out.device.empty() ? Unavailable("no IBGDA-capable device: " + reasons) : Status::OK();
+    if (!device)
+        return Unavailable("no IBGDA-capable device: " + reasons);
+    return device;
+}
+
+IbgdaProbe probeIbgda(const RdmaOptions& options) {
+    IbgdaProbe out;
+    auto device = rdma::openIbgdaDevice(options);
+    if (device.ok())
+        out.device = device.value()->endpoint().device;
+    else
+        out.status = device.status();
     return out;
 }
 

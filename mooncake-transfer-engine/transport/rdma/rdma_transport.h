@@ -50,6 +50,9 @@ namespace rdma {
 class RdmaDevice;
 // The transport over an opened device (rdma_setup.cc picks the device).
 std::unique_ptr<Transport> makeRdmaTransport(std::unique_ptr<RdmaDevice> device);
+// The device probeIbgda names, opened once (its ACTIVE-port check is the
+// open), for EP's IBGDA endpoint; probeIbgda's errors otherwise.
+Result<std::unique_ptr<RdmaDevice>> openIbgdaDevice(const RdmaOptions& options);
 }  // namespace rdma
 
 }  // namespace mooncake::te

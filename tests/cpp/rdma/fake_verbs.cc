@@ -10,6 +10,7 @@
 //     the registered ranges (LOC_PROT_ERR / REM_ACCESS_ERR completions) and
 //     copy with memcpy; a destroyed or errored destination QP gives
 //     RETRY_EXC_ERR; a QP moved to ERROR flushes what it holds;
+//   - mc_fake_verbs_devices_opened() counts ibv_open_device calls;
 //   - mc_fake_verbs_stall(1) makes posted requests wait forever (a stalled
 //     peer), so the caller's deadline must act;
 //   - MC_FAKE_VERBS_FAIL_CREATE_CQ=1 makes ibv_create_cq fail with ENOMEM;
@@ -190,6 +191,8 @@ mooncake::te::rdma::soft::SoftHca& directHca() {
     return *hca;
 }
 
+std::atomic<int> devices_opened{0};
+
 }  // namespace
 
 extern "C" {
@@ -244,6 +247,11 @@ int mlx5dv_init_obj(mlx5dv_obj* obj, uint64_t type) {
 // Runs the software HCA over every direct QP once; the WQEs executed.
 size_t mc_fake_verbs_process_direct() { return directHca().processAll(); }
 
+// How many times ibv_open_device was called, ever.
+int mc_fake_verbs_devices_opened() {
+    return devices_opened.load();
+}
+
 void mc_fake_verbs_stall(int on) {
     std::lock_guard<std::mutex> lock(mu);
     stall = on != 0;
@@ -289,6 +297,7 @@ const char* ibv_get_device_name(ibv_device* device) {
 }
 
 ibv_context* ibv_open_device(ibv_device* device) {
+    devices_opened.fetch_add(1);
     auto* ctx = static_cast<ibv_context*>(std::calloc(1, sizeof(ibv_context)));
     ctx->device = device;
     ctx->ops.post_send = postSend;

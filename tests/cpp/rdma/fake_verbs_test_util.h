@@ -1,6 +1,6 @@
 // What the tests over the fake verbs library (fake_verbs.cc, built as
 // libmc_fake_verbs.so) share: where the library is, which devices it
-// emulates, and its stall switch.
+// emulates, its stall switch and its count of opened devices.
 #pragma once
 
 #include <dlfcn.h>
@@ -24,6 +24,15 @@ inline void stall(bool on) {
     auto fn = reinterpret_cast<void (*)(int)>(::dlsym(lib, "mc_fake_verbs_stall"));
     ASSERT_NE(fn, nullptr);
     fn(on ? 1 : 0);
+}
+
+// How many devices the fake library opened so far (ibv_open_device calls).
+inline int devicesOpened() {
+    void* lib = ::dlopen(kLibrary, RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr)
+        return -1;
+    auto fn = reinterpret_cast<int (*)()>(::dlsym(lib, "mc_fake_verbs_devices_opened"));
+    return fn ? fn() : -1;
 }
 
 }  // namespace mooncake::te::fake_verbs_test

@@ -304,9 +304,12 @@ TEST_F(FakeVerbsIbgda, EndpointsExchangeTheSeedsWordsAndReachEachOthersBuffers) 
         o.buffer_on_device = false;
         o.verbs_library = kLibrary;
         o.mlx5_library = kLibrary;
+        // The device it probes is the device it keeps: opened once.
+        const int opened_before = fake_verbs_test::devicesOpened();
         auto e = ep::IbgdaEndpoint::create(o);
         ASSERT_TRUE(e.ok()) << e.status().toString();
         EXPECT_EQ("mlx5_0", e.value()->deviceName());
+        EXPECT_EQ(fake_verbs_test::devicesOpened(), opened_before + 1);
         ends.push_back(std::move(e).value());
     }
     std::vector<ep::IbgdaEndpoint::Words2> regions, gids;
