@@ -6,8 +6,8 @@
 
 Starts -g ranks (spawn, env:// on a free port), or runs as one rank when
 launched by torchrun (RANK/WORLD_SIZE set). With --backend both every rank
-initialises the default group with mooncake-cpu and a second group with gloo
-over the same ranks, and the two are measured size by size, alternating, in the
+initialises the default group with mooncake-cpu and a second group with the
+--peer backend (gloo unless told) over the same ranks, and the two are measured size by size, alternating, in the
 same processes; the ratio table compares them.
 
 Per size: warm-up, then --iters timed iterations back to back, split into
@@ -35,6 +35,13 @@ all_gather and reduce_scatter: (N+1)*S with S the larger side; all_to_all:
 fraction of that limit. The issue_us column is the host's time per op to
 issue the block: when it is close to time_us the host, not the GPU, sets the
 pace.
+
+--gpus per-rank (with --device cuda): rank r runs on GPU LOCAL_RANK (one
+process per GPU, as serving stacks run), and the yardstick is the GPU-to-GPU
+link instead: rank 0 times a copy from GPU 0 to GPU 1 of the largest size in
+the same run, and each row prints its busbw over that copy's bandwidth.
+--peer nccl compares against NCCL instead of gloo (it needs --gpus per-rank:
+NCCL refuses two ranks on one GPU).
 
 --graph K (with --device cuda): the mooncake ops that can be captured are
 also captured K to a CUDA graph and replayed (backend mooncake-graph, same
@@ -66,6 +73,9 @@ MOONCAKE_CUDA = "mooncake"
 MOONCAKE_GRAPH = "mooncake-graph"
 # What the mooncake backend can capture in a CUDA graph (docs/pg-user-guide.md).
 GRAPH_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+
+
+PEERS = ("gloo", "nccl")
 
 
 def mooncake_name(device):
@@ -426,6 +436,55 @@ def device_copy_row(torch, size, args):
             "algbw_GBps": gbps, "busbw_GBps": gbps, "check": "n/a", "engine": None}
 
 
+def link_copy_row(torch, size, args):
+    """A copy of `size` bytes from GPU 0 to GPU 1 on rank 0, timed with CUDA events on
+    GPU 0's stream; GB/s counts the bytes once (what one link carries one way)."""
+    src = torch.ones(max(1, size), dtype=torch.uint8, device="cuda:0")
+    dst = torch.zeros(max(1, size), dtype=torch.uint8, device="cuda:1")
+    samples = []
+    with torch.cuda.device(0):
+        for _ in range(3):
+            dst.copy_(src)
+        torch.cuda.synchronize(0)
+        torch.cuda.synchronize(1)
+        for _ in range(max(5, min(args.iters, 20))):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src)
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end) * 1e3)
+    med = statistics.median(samples)
+    gbps = size / (med * 1e-6) / 1e9
+    return {"backend": "link_copy", "collective": "link_copy", "size": size, "count": size,
+            "type": "uint8", "op": None, "nranks": 1, "iters": len(samples), "time_us_median": med,
+            "time_us_p99": percentile(samples, 99), "time_us_mean": statistics.fmean(samples),
+            "algbw_GBps": gbps, "busbw_GBps": gbps, "check": "n/a", "engine": None}
+
+
+def link_fractions(rows):
+    """busbw over the GPU 0 -> GPU 1 copy bandwidth of the same run, for every row."""
+    copy = [r for r in rows if r["collective"] == "link_copy"]
+    if not copy:
+        return []
+    gbps = copy[0]["busbw_GBps"]
+    return [{"collective": r["collective"], "backend": r["backend"], "size": r["size"],
+             "busbw_GBps": r["busbw_GBps"], "link_GBps": gbps, "busbw_over_link": r["busbw_GBps"] / gbps}
+            for r in rows if r["collective"] != "link_copy"]
+
+
+def gpu_of(rank, args, torch):
+    """The GPU this rank runs on: 0 for every rank (--gpus shared), else LOCAL_RANK."""
+    if args.gpus == "shared":
+        return 0
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    have = torch.cuda.device_count()
+    if local >= have:
+        raise SystemExit(f"pgbench: --gpus per-rank: local rank {local} needs GPU {local}, but this "
+                         f"host has {have} GPU(s); run at most {have} ranks per host or --gpus shared")
+    return local
+
+
 def traffic_bytes(coll, size, n):
     """HBM bytes an op must move at least (read every input, write every output);
     `size` is the benchmark's size (the larger side). None: no limit defined."""
@@ -480,9 +539,9 @@ def rank_main(rank, n, args, result_path):
     import torch.distributed as dist
     torch.set_num_threads(1)
     mc = mooncake_name(args.device)
-    backends = [mc, "gloo"] if args.backend == "both" else [mc if args.backend == MOONCAKE else args.backend]
+    backends = [mc, args.peer] if args.backend == "both" else [mc if args.backend == MOONCAKE else args.backend]
     if args.device == "cuda":
-        torch.cuda.set_device(0)  # N processes share the one GPU
+        torch.cuda.set_device(gpu_of(rank, args, torch))  # shared: N processes on GPU 0
     if mc in backends:
         if os.path.isdir(REPO_PYTHON) and REPO_PYTHON not in sys.path:
             sys.path.insert(0, REPO_PYTHON)
@@ -515,11 +574,11 @@ def rank_main(rank, n, args, result_path):
 
             def checked(b, bench):
                 """Runs bench's check on every rank: "ok" or "FAILED" (any rank), or
-                "unsupported" when gloo lacks the op on these tensors."""
+                "unsupported" when the peer lacks the op on these tensors."""
                 try:
                     err = bench.check()
                 except RuntimeError as e:  # gloo lacks some ops on CUDA tensors
-                    if b == "gloo":
+                    if b in PEERS:
                         if rank == 0:
                             print(f"# {b} {coll}: {str(e).splitlines()[0]}", flush=True)
                         return "unsupported"
@@ -560,7 +619,10 @@ def rank_main(rank, n, args, result_path):
             del benches
     if rank == 0:
         sizes_done = sorted({r["size"] for r in rows})
-        if args.device == "cuda":
+        if args.device == "cuda" and args.gpus == "per-rank":
+            if torch.cuda.device_count() >= 2:
+                rows.append(link_copy_row(torch, max(sizes_done[-1], 256 << 20), args))
+        elif args.device == "cuda":
             rows.append(device_copy_row(torch, max(sizes_done[-1], 256 << 20), args))
         else:
             rows.extend(memcpy_rows(torch, sizes_done, args))
@@ -628,16 +690,23 @@ def launch(args):
 
 # --------------------------------------------------------------------------- output
 
+def peer_of(rows):
+    """The reference backend measured in `rows` (gloo or nccl), or None."""
+    return next((b for b in PEERS if any(r["backend"] == b for r in rows)), None)
+
+
 def ratios(rows):
+    """mooncake over the peer backend of the same run, per collective and size."""
+    peer = peer_of(rows)
     by = {}
     for row in rows:
         by[(row["collective"], row["size"], row["backend"])] = row
     out = []
     for (coll, size, b), row in by.items():
-        if b not in (MOONCAKE, MOONCAKE_CUDA) or (coll, size, "gloo") not in by:
+        if b not in (MOONCAKE, MOONCAKE_CUDA) or (coll, size, peer) not in by:
             continue
-        g = by[(coll, size, "gloo")]
-        out.append({"collective": coll, "size": size,
+        g = by[(coll, size, peer)]
+        out.append({"collective": coll, "size": size, "peer": peer,
                     "busbw_ratio": row["busbw_GBps"] / g["busbw_GBps"] if g["busbw_GBps"] else None,
                     "latency_ratio": row["time_us_median"] / g["time_us_median"] if g["time_us_median"] else None,
                     "latency_ratio_p99": row["time_us_p99"] / g["time_us_p99"] if g["time_us_p99"] else None})
@@ -648,7 +717,7 @@ def print_tables(rows, rats, args, n):
     print(f"# pgbench  nranks={n} device={args.device} dtype={args.dtype} op={args.op} "
           f"iters<={args.iters} warmup={args.warmup} sizes={args.minbytes}..{args.maxbytes} x{args.stepfactor}")
     for coll in dict.fromkeys(r["collective"] for r in rows
-                              if r["collective"] not in ("memcpy", "device_copy")):
+                              if r["collective"] not in ("memcpy", "device_copy", "link_copy")):
         for b in dict.fromkeys(r["backend"] for r in rows):
             sel = [r for r in rows if r["collective"] == coll and r["backend"] == b]
             if not sel:
@@ -665,7 +734,7 @@ def print_tables(rows, rats, args, n):
                       + (f" {r['issue_us_median']:>9.2f}" if cuda else ""))
         sel = [x for x in rats if x["collective"] == coll]
         if sel:
-            print(f"#\n# collective={coll} ratio {mooncake_name(args.device)} / gloo  "
+            print(f"#\n# collective={coll} ratio {mooncake_name(args.device)} / {sel[0]['peer']}  "
                   "(busbw: higher is better; latency: lower is better)")
             print(f"# {'size':>12} {'busbw_ratio':>12} {'lat_ratio':>10} {'p99_ratio':>10}")
             for x in sel:
@@ -695,6 +764,13 @@ def print_tables(rows, rats, args, n):
         for x in fracs:
             print(f"  {x['collective']:>14} {x['backend']:>14} {x['size']:>12} {x['time_us']:>11.2f} "
                   f"{x['limit_us']:>10.2f} {x['fraction_of_limit']:>9.4f}")
+    links = link_fractions(rows)
+    if links:
+        print(f"#\n# busbw over the GPU 0 -> GPU 1 copy ({links[0]['link_GBps']:.0f} GB/s one way, same run)")
+        print(f"# {'collective':>14} {'backend':>14} {'size':>12} {'busbw(GB/s)':>12} {'fraction':>9}")
+        for x in links:
+            print(f"  {x['collective']:>14} {x['backend']:>14} {x['size']:>12} {x['busbw_GBps']:>12.3f} "
+                  f"{x['busbw_over_link']:>9.4f}")
     bad = [r for r in rows if r["check"] == "FAILED"]
     if bad:
         print(f"# WARNING: {len(bad)} row(s) failed the correctness check: "
@@ -706,9 +782,14 @@ def main(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--collective", default="all_reduce",
                     help="one of %s, a comma-separated list of them, or all" % ", ".join(COLLECTIVES))
-    ap.add_argument("--backend", default="both", choices=(MOONCAKE, "gloo", "both"))
+    ap.add_argument("--backend", default="both", choices=(MOONCAKE,) + PEERS + ("both",),
+                    help="both: mooncake and --peer, side by side")
+    ap.add_argument("--peer", default="gloo", choices=PEERS,
+                    help="the reference backend of --backend both (nccl: --device cuda --gpus per-rank)")
+    ap.add_argument("--gpus", default="shared", choices=("shared", "per-rank"),
+                    help="cuda: every rank on GPU 0 (shared), or rank r on GPU LOCAL_RANK (per-rank)")
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                    help="cuda: backend mooncake (and gloo) on CUDA tensors, every rank on GPU 0")
+                    help="cuda: backend mooncake (and the peer) on CUDA tensors (see --gpus)")
     ap.add_argument("-g", "--nranks", type=int, default=2, help="ranks to spawn (ignored under torchrun)")
     ap.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("8"))
     ap.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("1M"))
@@ -740,6 +821,12 @@ def main(argv=None):
         ap.error("-f must be > 1")
     if args.graph < 0 or (args.graph > 0 and args.device != "cuda"):
         ap.error(f"--graph {args.graph}: expected 0, or a positive op count with --device cuda")
+    uses_nccl = args.backend == "nccl" or (args.backend == "both" and args.peer == "nccl")
+    if uses_nccl and (args.device != "cuda" or args.gpus != "per-rank"):
+        ap.error(f"nccl needs --device cuda --gpus per-rank (got --device {args.device} --gpus {args.gpus}): "
+                 "NCCL takes CUDA tensors and refuses two ranks on one GPU")
+    if args.gpus == "per-rank" and args.device != "cuda":
+        ap.error("--gpus per-rank: expected --device cuda")
 
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "TORCHELASTIC_RUN_ID" in os.environ:
         import tempfile
@@ -761,7 +848,8 @@ def main(argv=None):
         cfg["nranks"] = n
         with open(args.json_output, "w") as f:
             json.dump({"config": cfg, "results": rows, "ratios": rats,
-                       "memcpy_ratios": memcpy_ratios(rows), "limit_fractions": limit_fractions(rows)},
+                       "memcpy_ratios": memcpy_ratios(rows), "limit_fractions": limit_fractions(rows),
+                       "link_fractions": link_fractions(rows)},
                       f, indent=1)
     return 1 if any(r["check"] == "FAILED" for r in rows) else 0
 

@@ -1,0 +1,77 @@
+"""pgbench's tables by hand (constructed rows, no ranks): the ratio against whichever
+peer ran (gloo or nccl), busbw over the GPU-to-GPU link copy, and the option errors
+that keep nccl and --gpus per-rank to runs that can work. One CPU smoke run checks
+the JSON a real run writes."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import harness
+
+BENCH = os.path.join(harness.REPO_ROOT, "benchmarks")
+if BENCH not in sys.path:
+    sys.path.insert(0, BENCH)
+
+import pgbench  # noqa: E402
+
+
+def _row(backend, coll, size, time_us, busbw):
+    return {"backend": backend, "collective": coll, "size": size, "time_us_median": time_us,
+            "time_us_p99": 2 * time_us, "busbw_GBps": busbw}
+
+
+def test_ratios_are_against_the_peer_that_ran():
+    rows = [_row("mooncake", "all_reduce", 1024, 10.0, 40.0),
+            _row("nccl", "all_reduce", 1024, 20.0, 50.0),
+            _row("mooncake", "all_gather", 1024, 8.0, 30.0)]  # no nccl row: no ratio
+    (r,) = pgbench.ratios(rows)
+    assert r["peer"] == "nccl" and r["collective"] == "all_reduce" and r["size"] == 1024
+    assert r["busbw_ratio"] == pytest.approx(0.8)
+    assert r["latency_ratio"] == pytest.approx(0.5) and r["latency_ratio_p99"] == pytest.approx(0.5)
+
+    gloo = [_row("mooncake-cpu", "all_reduce", 8, 30.0, 0.5), _row("gloo", "all_reduce", 8, 120.0, 0.1)]
+    (g,) = pgbench.ratios(gloo)
+    assert g["peer"] == "gloo" and g["busbw_ratio"] == pytest.approx(5.0)
+    assert g["latency_ratio"] == pytest.approx(0.25)
+    assert pgbench.ratios([_row("mooncake", "all_reduce", 8, 1.0, 1.0)]) == []
+
+
+def test_link_fractions_read_every_row_against_the_link_copy():
+    rows = [_row("mooncake", "all_reduce", 1 << 20, 10.0, 120.0),
+            _row("nccl", "all_reduce", 1 << 20, 9.0, 150.0),
+            _row("link_copy", "link_copy", 256 << 20, 800.0, 300.0)]
+    fr = pgbench.link_fractions(rows)
+    assert [(x["backend"], round(x["busbw_over_link"], 6)) for x in fr] == [("mooncake", 0.4), ("nccl", 0.5)]
+    assert all(x["link_GBps"] == 300.0 for x in fr)
+    assert pgbench.link_fractions(rows[:2]) == []
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--peer", "nccl"], "nccl needs --device cuda --gpus per-rank (got --device cpu --gpus shared)"),
+    (["--device", "cuda", "--peer", "nccl"], "(got --device cuda --gpus shared)"),
+    (["--backend", "nccl", "--device", "cuda"], "nccl needs --device cuda --gpus per-rank"),
+    (["--gpus", "per-rank"], "--gpus per-rank: expected --device cuda"),
+    (["--peer", "mpi"], "invalid choice: 'mpi'"),
+])
+def test_options_that_cannot_work_are_refused_naming_them(argv, needle):
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "pgbench.py")] + argv,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and needle in out.stderr, out.stderr
+
+
+def test_a_cpu_run_writes_ratios_naming_gloo(tmp_path):
+    path = tmp_path / "out.json"
+    env = dict(os.environ, PYTHONPATH=os.path.join(harness.REPO_ROOT, "python"))
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "pgbench.py"), "-g", "2", "-b", "8", "-e", "8",
+                          "--iters", "5", "--rounds", "1", "--time-budget", "0.1", "--min-iters", "2",
+                          "--json-output", str(path)], capture_output=True, text=True, timeout=240, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = json.loads(path.read_text())
+    assert {r["backend"] for r in data["results"]} >= {"mooncake-cpu", "gloo"}
+    assert all(r["check"] == "ok" for r in data["results"] if r["backend"] != "memcpy")
+    assert [x["peer"] for x in data["ratios"]] == ["gloo"]
+    assert data["link_fractions"] == [] and "ratio mooncake-cpu / gloo" in out.stdout
