@@ -32,6 +32,8 @@ import routing  # noqa: E402
 
 PG_BACKENDS = ("nccl", "mooncake", "mooncake-cpu", "gloo")
 CPU_PG_BACKENDS = ("mooncake-cpu", "gloo")
+# --ep-transport: the plain Buffer, or an ElasticBuffer asked for one of its transports.
+EP_TRANSPORTS = ("buffer", "auto", "ibgda", "nccl")
 
 
 def build_parser():
@@ -66,6 +68,10 @@ def build_parser():
     p.add_argument("--timeout-us", type=int, default=-1, help="EP timeout_us (-1: none)")
     p.add_argument("--plot", default=None, metavar="PATH.png",
                    help="latency CDFs and the expert-load histogram")
+    p.add_argument("--ep-transport", choices=EP_TRANSPORTS, default="buffer",
+                   help="buffer: the plain Buffer (cuda_ipc P2P, IBGDA across hosts, else the "
+                        "fallback); auto, ibgda, nccl: an ElasticBuffer asked for that transport "
+                        "(nccl: the NCCL device-API kernels, one GPU per rank)")
     p.add_argument("--compare", action="store_true",
                    help="run the fast path and the fallback in one invocation, print the speedup")
     p.add_argument("--align-ranks", action="store_true",
@@ -145,6 +151,27 @@ def validate_args(args):
         raise ValueError(f"--timeout-us must be -1 or > 0, got {args.timeout_us}")
 
 
+def make_buffer(args, group, world_size, buffer_cls):
+    """The EP buffer under test: a Buffer, or an ElasticBuffer asked for --ep-transport."""
+    if args.ep_transport == "buffer":
+        size = buffer_cls.get_ep_buffer_size_hint(args.num_tokens, args.hidden_size, world_size,
+                                                  args.num_experts)
+        return buffer_cls(group, size)
+    from mooncake.mooncake_elastic_buffer import ElasticBuffer
+    return ElasticBuffer(group, args.num_tokens, args.hidden_size, args.top_k,
+                         transport=args.ep_transport, num_experts=args.num_experts)
+
+
+def describe_buffer(buffer):
+    """What the JSON says about the buffer: its class and, for an ElasticBuffer, the
+    transport it resolved to and why."""
+    out = {"ep_buffer": type(buffer).__name__}
+    if hasattr(buffer, "transport"):
+        out["ep_transport"] = buffer.transport
+        out["ep_transport_reason"] = buffer.transport_reason
+    return out
+
+
 def check_environment(args, local_world_size):
     """RuntimeError, before any process group exists, for setups that cannot run."""
     if args.device == "cuda":
@@ -207,9 +234,7 @@ class EPBenchmarkWorker:
         self.device, self.group = device, group
         self.clock = _Clock(device)
         self.num_local = args.num_experts // world_size
-        size = buffer_cls.get_ep_buffer_size_hint(args.num_tokens, args.hidden_size, world_size,
-                                                  args.num_experts)
-        self.buffer = buffer_cls(group, size)
+        self.buffer = make_buffer(args, group, world_size, buffer_cls)
         self.zero_copy = args.zero_copy
         self.topk_idx, self.topk_weights = routing.generate_routing(
             args.routing_mode, args.num_tokens, args.num_experts, args.top_k, args.seed + rank,
@@ -380,6 +405,7 @@ def run_worker(args, rank, world_size, local_rank):
             extra = {
                 "device": args.device,
                 "ep_path": name,
+                **describe_buffer(w.buffer),
                 "fast_path_unavailable_reason": None if w.buffer.use_fast_path else w.buffer.fast_path_reason,
                 "timer": ("wall_clock" if device.type != "cuda" else
                           f"cuda_events_after_{args.launch_pad_us}us_launch_pad"

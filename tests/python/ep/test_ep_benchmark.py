@@ -218,3 +218,13 @@ def test_payload_bytes_and_bandwidth_by_hand():
     bw = metrics.bandwidth_summary(2000, 4000, 2.0, 4.0, 4e6)
     assert bw["dispatch_payload_bytes_per_s"] == 1e6 and bw["combine_payload_bytes_per_s"] == 1e6
     assert bw["dispatch_fraction_of_copy_rate"] == 0.25 == bw["combine_fraction_of_copy_rate"]
+
+
+def test_cpu_smoke_elastic_buffer_names_its_transport(tmp_path):
+    """--ep-transport auto measures an ElasticBuffer; the JSON names the class and the
+    transport it resolved to, with the reason (on CPU tensors: the fallback)."""
+    doc, _ = _smoke(tmp_path, "gloo", ["--ep-transport", "auto"])
+    assert doc["ep_buffer"] == "ElasticBuffer", doc
+    assert doc["ep_transport"] in ("ibgda", "nccl") and doc["ep_transport_reason"], doc
+    plain, _ = _smoke(tmp_path, "gloo", [])
+    assert plain["ep_buffer"] == "Buffer" and "ep_transport" not in plain, plain
