@@ -1,6 +1,10 @@
 """What the `mooncake` CUDA test modules share: the backend, their timeouts,
-the data paths they run under (MC_PG_CUDA_PATH) and the backend's counters."""
+the data paths they run under (MC_PG_CUDA_PATH), the GPU each rank runs on
+and the backend's counters."""
 
+import os
+
+import torch
 import torch.distributed as dist
 
 BACKEND = "mooncake"
@@ -19,6 +23,23 @@ PATHS = {
     "kernels-small-slots": {"MC_PG_CUDA_PATH": "kernels", "MC_PG_CUDA_SLOT_BYTES": "4096",
                             "MC_PG_CUDA_DIRECT": "0"},
 }
+
+
+def use_rank_gpu(rank):
+    """Makes this rank's GPU current and returns it. Every rank shares GPU 0 (N
+    processes on one GPU, under MPS), unless MC_TEST_GPUS=per-rank puts rank r on
+    GPU r (one process per GPU, over the links between GPUs)."""
+    mode = os.environ.get("MC_TEST_GPUS", "shared")
+    if mode not in ("shared", "per-rank"):
+        raise ValueError(f"MC_TEST_GPUS={mode!r}: expected 'shared' or 'per-rank'")
+    index = 0
+    if mode == "per-rank":
+        index = rank
+        if index >= torch.cuda.device_count():
+            raise RuntimeError(f"MC_TEST_GPUS=per-rank: rank {rank} needs GPU {rank}, but this host "
+                               f"has {torch.cuda.device_count()}")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def _device_calls():

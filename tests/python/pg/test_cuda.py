@@ -25,7 +25,8 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA device on this machine: the `mooncake` CUDA tests need a GPU",
                 allow_module_level=True)
 
-from cuda_common import BACKEND, JOB_TIMEOUT_S, OP_TIMEOUT_S, PATHS, _device_calls, _direct_calls
+from cuda_common import (BACKEND, JOB_TIMEOUT_S, OP_TIMEOUT_S, PATHS, _device_calls, _direct_calls,
+                         use_rank_gpu)
 
 # Small values: sums, products and averages are exact in every dtype below.
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64,
@@ -80,8 +81,7 @@ class Checks:
 
 
 def _values(ctx):
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
+    dev = use_rank_gpu(ctx.rank)
     ws, rank = ctx.world_size, ctx.rank
     c = Checks(ctx)
     n = 37
@@ -329,9 +329,8 @@ SLEEP_CYCLES = 400_000_000
 
 
 def _stream_semantics(ctx):
-    torch.cuda.set_device(0)
+    dev = use_rank_gpu(ctx.rank)
     ws, rank = ctx.world_size, ctx.rank
-    dev = torch.device("cuda", 0)
     out = []
     want = float(sum(r + 1 for r in range(ws)))
     # async_op=False: the kernels go on the caller's stream itself (pg-cuda.md).
@@ -383,9 +382,8 @@ def _isend_before_its_data_is_produced(ctx):
     on the group's poster thread, not the caller's), a recv posted after it
     on the same rank is not held up, and the receiver gets the produced
     values. Rank 0 sends to 1 and then receives from 1."""
-    torch.cuda.set_device(0)
+    dev = use_rank_gpu(ctx.rank)
     rank = ctx.rank
-    dev = torch.device("cuda", 0)
     n = 1 << 16
     if rank == 0:
         x = torch.zeros(n, device=dev)
@@ -423,9 +421,8 @@ def _calls_across_streams(ctx):
     interleaved, sizes differing per call and every fifth call on the direct
     path: the device runs the group's calls in call order whatever stream
     each went on, so every result is exact."""
-    torch.cuda.set_device(0)
+    dev = use_rank_gpu(ctx.rank)
     ws, rank = ctx.world_size, ctx.rank
-    dev = torch.device("cuda", 0)
     sides = (torch.cuda.Stream(), torch.cuda.Stream())
     pending, done = [], []
     for i in range(30):
@@ -466,8 +463,7 @@ def test_calls_on_several_streams_run_in_call_order(world_size):
 
 
 def _bad_input(ctx):
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
+    dev = use_rank_gpu(ctx.rank)
     results = {}
 
     def outcome(fn):
@@ -516,8 +512,7 @@ def _faulted_during_collective(ctx, victim, sync, fault, collective, queued_firs
     import datetime
 
     from elastic_checks import check_failed_op, outcome
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
+    dev = use_rank_gpu(ctx.rank)
     from mooncake import pg
     opts = pg.MooncakeBackendOptions(3, False, False, False)  # framework-managed: evidence only
     dist.init_process_group(backend=BACKEND, init_method="env://", rank=ctx.rank, world_size=3,

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 import harness
+from cuda_common import use_rank_gpu
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device on this machine: the `mooncake` CUDA graph tests need a GPU",
@@ -117,8 +118,7 @@ def _capture(fn):
 
 
 def _replays(ctx):
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
+    dev = use_rank_gpu(ctx.rank)
     ws, rank = ctx.world_size, ctx.rank
     pg = _pg()
     group = dist.group.WORLD
@@ -187,8 +187,7 @@ def _wait_mask(pg, group, want):
 
 
 def _stale(ctx):
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
+    dev = use_rank_gpu(ctx.rank)
     ws, rank = ctx.world_size, ctx.rank
     pg = _pg()
     group = dist.group.WORLD
@@ -240,8 +239,7 @@ def _rejoin(ctx):
     """Rank 2 is deactivated; ranks 0 and 1 capture an all_reduce in their
     two-member epoch and replay it exactly; rank 2 joins back; the replay is
     then stale, and the three ranks go on eagerly."""
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
+    dev = use_rank_gpu(ctx.rank)
     rank = ctx.rank
     pg = _pg()
     group = dist.group.WORLD
@@ -313,8 +311,7 @@ def _dead_peer_during_replay(ctx):
     wait before the op timeout, and nothing but its report can start the
     reconciliation that takes rank 2 out: the survivors make no eager call
     until they see the new view."""
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
+    dev = use_rank_gpu(ctx.rank)
     rank, victim = ctx.rank, 2
     pg = _pg()
     group = dist.group.WORLD

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import harness
 from cuda_common import (BACKEND, JOB_TIMEOUT_S, OP_TIMEOUT_S, PATHS, _agreements_skipped,
-                         _device_calls, _direct_calls)
+                         _device_calls, _direct_calls, use_rank_gpu)
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device on this machine: the `mooncake` CUDA tests need a GPU",
@@ -25,8 +25,7 @@ PIPELINE_OPS = 200
 def _pipelined(ctx):
     """Async kernel calls queued back to back, each on its own tensor: the values
     are exact, every Work succeeds, and wait() only ordered the stream."""
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
+    dev = use_rank_gpu(ctx.rank)
     ws, rank = ctx.world_size, ctx.rank
     failures = []
     calls_before = _device_calls()
@@ -64,9 +63,8 @@ def _mismatch_among_queued_calls(ctx):
     """Four async all_reduces queued back to back; in the second, rank 0 passes 16
     more elements than the others. That call fails on every rank, naming the
     mismatch, once synchronize() has it; the calls around it keep exact values."""
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
-    ws, rank = ctx.world_size, ctx.rank
+    dev = use_rank_gpu(ctx.rank)
+    rank = ctx.rank
     counts = [256, 256 + (16 if rank == 0 else 0), 256, 256]
     ts = [torch.full((n,), float(rank + 1 + i), device=dev) for i, n in enumerate(counts)]
     works = [dist.all_reduce(t, async_op=True) for t in ts]
@@ -117,8 +115,7 @@ def _reduce_on_kernels(ctx):
     exact at the root, the other ranks' tensors untouched, through the window
     (8 KiB) and the direct path (8 MiB). Ranks that disagree on the root fail
     that call on every rank, naming the mismatch; the group goes on."""
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
+    dev = use_rank_gpu(ctx.rank)
     ws, rank = ctx.world_size, ctx.rank
     out = {"failures": []}
     before, direct_before = _device_calls(), _direct_calls()
@@ -155,8 +152,7 @@ def _repeated_direct(ctx):
     """The same 16 MiB tensor all_reduced four times, then a new one twice:
     every call exact on the direct path; the agreement exchange runs the
     first time a set of buffers is seen and is skipped after (3 + 1 times)."""
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
+    dev = use_rank_gpu(ctx.rank)
     ws, rank = ctx.world_size, ctx.rank
     failures = []
     direct_before, skipped_before = _direct_calls(), _agreements_skipped()
@@ -188,8 +184,7 @@ def _uneven_all_to_all(ctx):
     sender, receiver and index; exact on every rank through the direct path.
     Then rank 0 claims one row more from rank 1 than rank 1 sends: the call
     fails on every rank naming the pair, and the group goes on."""
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
+    dev = use_rank_gpu(ctx.rank)
     ws, rank = ctx.world_size, ctx.rank
     rows = lambda s, r: 0 if r == s + 1 else (s + 1) * (r + 2)  # noqa: E731
     out = {"failures": []}
@@ -234,8 +229,7 @@ def _list_all_to_all(ctx):
     pair and one pair empty, runs on the direct kernels (one call each):
     exact at about 1 KiB and 1 MiB per block, into strided views of one
     buffer whose other columns stay untouched."""
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
+    dev = use_rank_gpu(ctx.rank)
     ws, rank = ctx.world_size, ctx.rank
     failures = []
     before = _direct_calls()
@@ -279,8 +273,7 @@ def _lists_on_kernels(ctx):
     tensors included, a gather's non-roots and their tensors untouched. Ranks
     that disagree on a gather's root fail that call on every rank, naming it;
     the group goes on."""
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
+    dev = use_rank_gpu(ctx.rank)
     ws, rank = ctx.world_size, ctx.rank
     out = {"failures": []}
     before = _device_calls()
@@ -347,8 +340,7 @@ def _coalesced_forms(ctx):
     all_reduce_coalesced and all_gather_coalesced), two tensors each, at 3 KiB
     and 3 MiB: exact; on the kernels path one device call per tensor."""
     import warnings
-    torch.cuda.set_device(0)
-    dev = torch.device("cuda", 0)
+    dev = use_rank_gpu(ctx.rank)
     ws, rank = ctx.world_size, ctx.rank
     out = {"failures": []}
     before = _device_calls()
