@@ -230,7 +230,8 @@ def test_update_ep_member_rejects_old_handles(backend):
 
 # ---------------------------------------------------------------- replacement through PG
 
-VICTIM, REPLACEMENT = 2, 3  # processes; the replacement takes the victim's slot 2
+# With `slots` ranks, the last slot's process is the victim and process `slots`
+# its replacement, which takes the victim's slot.
 SEED = 31
 
 
@@ -251,33 +252,37 @@ def _round(eb, slot, world, seed, label, device="cpu"):
     return recv, idxd, wd, act, handle
 
 
-def _replace_job(ctx, device="cpu"):
+def _replace_job(ctx, device="cpu", slots=3, gpus="shared", expect="ibgda"):
+    victim, replacement = slots - 1, slots
+    proc = ctx.rank
+    slot = victim if proc == replacement else proc
+    survivors = list(range(slots - 1))
     if device == "cuda":
-        torch.cuda.set_device(0)  # every process on the one GPU: cuda_ipc, never NCCL
+        # shared: every process on the one GPU (cuda_ipc, never NCCL); per-rank:
+        # slot s on GPU s, the replacement on the victim's.
+        torch.cuda.set_device(slot if gpus == "per-rank" else 0)
         # The context now, not inside the fast path's setup, whose collectives
         # run under ELASTIC_ENV's 3 s timeout.
         torch.ones(1, device="cuda").sum().item()
     checks = ec.Checks(ctx)
-    proc = ctx.rank
-    slot = VICTIM if proc == REPLACEMENT else proc
     state = {}
 
     def body():
         P = ec.pg()
-        if proc != REPLACEMENT:
+        if proc != replacement:
             with checks.step("founders: init, ElasticBuffer, one exact round"):
-                ec.init(ctx, slot, 3, ec.options(3))
+                ec.init(ctx, slot, slots, ec.options(slots))
                 eb = ElasticBuffer(dist.group.WORLD, M, H, K)
-                assert eb.transport == "ibgda"
-                state["old"] = _round(eb, slot, 3, SEED, "before the failure", device)
+                assert eb.transport == expect, (eb.transport, eb.transport_reason)
+                state["old"] = _round(eb, slot, slots, SEED, "before the failure", device)
                 assert eb.use_fast_path == (device == "cuda"), eb.fast_path_reason
-            if proc == VICTIM:
-                ec.wait_all(ctx, "round0_done", [0, 1])
+            if proc == victim:
+                ec.wait_all(ctx, "round0_done", survivors)
                 ctx.kill_self()
             ctx.signal(f"round0_done_{slot}")
-            with checks.step("survivors: the failed collective deactivates slot 2"):
+            with checks.step(f"survivors: the failed collective deactivates slot {victim}"):
                 deadline = time.monotonic() + ec.STEP_S
-                while ec.mask() != [1, 1, 0]:
+                while ec.mask() != [1] * (slots - 1) + [0]:
                     try:
                         dist.all_reduce(torch.ones(4))
                     except Exception:  # noqa: BLE001 - the failure is what we wait for
@@ -285,15 +290,16 @@ def _replace_job(ctx, device="cpu"):
                     assert time.monotonic() < deadline, f"mask {ec.mask()} after {ec.STEP_S} s"
             if slot == 0:
                 ctx.signal("launch_replacement")
-                with checks.step("rank 0: recover_ranks([2]) once the replacement is ready"):
+                with checks.step(f"rank 0: recover_ranks([{victim}]) once the replacement is ready"):
                     ec.wait_event(ctx, "replacement_joining")
-                    ec.wait_peers_ready(ctx, [2])
-                    P.recover_ranks(dist.group.WORLD, [2])
-            with checks.step("survivors: slot 2 active again"):
-                ec.wait_mask(ctx, [1, 1, 1])
+                    ec.wait_peers_ready(ctx, [victim])
+                    P.recover_ranks(dist.group.WORLD, [victim])
+            with checks.step(f"survivors: slot {victim} active again"):
+                ec.wait_mask(ctx, [1] * slots)
             with checks.step("survivors: update_ep_member"):
                 eb.update_ep_member()
-                assert eb.generation == 1 and eb.num_experts == EPR * 3
+                assert eb.generation == 1 and eb.num_experts == EPR * slots
+                assert eb.transport == expect, (eb.transport, eb.transport_reason)
             with checks.step("survivors: the handle from before is rejected"):
                 recv, idx, w, act, handle = state["old"]
                 try:
@@ -303,16 +309,17 @@ def _replace_job(ctx, device="cpu"):
                 else:
                     raise AssertionError("a handle from before update_ep_member() was accepted")
         else:
-            with checks.step("replacement: init slot 2 with is_extension=True, join_group"):
-                ec.init(ctx, 2, 3, ec.options(3, True))
+            with checks.step(f"replacement: init slot {victim} with is_extension=True, join_group"):
+                ec.init(ctx, victim, slots, ec.options(slots, True))
                 ctx.signal("replacement_joining")
                 ec.join_group(dist.group.WORLD, timeout_s=ec.STEP_S)
             with checks.step("replacement: ElasticBuffer with the same arguments"):
                 eb = ElasticBuffer(dist.group.WORLD, M, H, K)
                 # It learns num_experts from the survivors' workspace.
-                assert eb.num_experts == EPR * 3 and eb.generation == 0
+                assert eb.num_experts == EPR * slots and eb.generation == 0
+                assert eb.transport == expect, (eb.transport, eb.transport_reason)
         with checks.step("all: an exact round after the recovery"):
-            _round(eb, slot, 3, SEED + 1, "after the recovery", device)
+            _round(eb, slot, slots, SEED + 1, "after the recovery", device)
             assert eb.use_fast_path == (device == "cuda"), eb.fast_path_reason
         with checks.step("all: destroy"):
             eb.destroy()
@@ -321,24 +328,30 @@ def _replace_job(ctx, device="cpu"):
         if proc == 0:
             if not ctx.signalled("launch_replacement"):
                 ctx.signal("launch_replacement")
-            ec.last_out(ctx, [1, REPLACEMENT])
+            ec.last_out(ctx, [p for p in range(1, slots + 1) if p != victim])
         else:
             ec.leave(ctx, checks)
 
     return ec.run_guarded(checks, body, final)
 
 
-def run_replacement(device="cpu"):
-    """The replacement job; returns nothing, asserts every check of every process."""
+def run_replacement(device="cpu", slots=3, gpus="shared", env=None, expect="ibgda"):
+    """The replacement job over `slots` ranks; asserts every check of every process.
+
+    `env` is added to every process's environment; `expect` is the transport every
+    ElasticBuffer must resolve to (before the failure, after update_ep_member(), and
+    the replacement's)."""
     err = harness.backend_import_error("mooncake-cpu")
     if err is not None:
         pytest.fail(f"mooncake-cpu is not available: {err}", pytrace=False)
-    env = dict(ec.ELASTIC_ENV, **(FALLBACK_ENV if device == "cpu" else {}))
-    res = harness.run_ranks(_replace_job, 4, "mooncake-cpu", timeout_s=240, env=env, init=False,
-                            ref_group=False, expect_killed=[VICTIM], args=(device,),
-                            late={REPLACEMENT: "launch_replacement"})
+    victim, replacement = slots - 1, slots
+    env = dict(ec.ELASTIC_ENV, **(FALLBACK_ENV if device == "cpu" else {}), **(env or {}))
+    res = harness.run_ranks(_replace_job, slots + 1, "mooncake-cpu", timeout_s=240, env=env,
+                            init=False, ref_group=False, expect_killed=[victim],
+                            args=(device, slots, gpus, expect),
+                            late={replacement: "launch_replacement"})
     failures = []
-    for proc in (0, 1, REPLACEMENT):
+    for proc in [p for p in range(slots + 1) if p != victim]:
         assert isinstance(res[proc], dict), f"process {proc}: {res[proc]}"
         failures += [f"proc {proc}: [{name}] {err}" for name, err in res[proc]["checks"].items()
                      if err is not None]
@@ -348,3 +361,9 @@ def run_replacement(device="cpu"):
 
 def test_update_ep_member_after_a_replacement_through_pg():
     run_replacement("cpu")
+
+
+def test_update_ep_member_after_a_replacement_in_a_pair():
+    """Two slots: the one survivor takes the victim out and recovers the slot alone
+    (the 1x2 shape the two-GPU run uses, here on the CPU fallback)."""
+    run_replacement("cpu", slots=2)

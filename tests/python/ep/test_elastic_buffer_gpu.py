@@ -7,8 +7,10 @@ EP data on the GPU:
     exact checks hold, for BF16/FP8 x sync/async/hook x one inactive rank;
   * update_ep_member() after a replacement through the PG elastic path;
   * stale handles and views rejected after an update.
-Two or more GPUs with a USE_NCCL_DEVICE build: the NCCL transport (its own
-issue; `test_nccl_transport_two_gpus` is the first check it must pass).
+Two or more GPUs with a USE_NCCL_DEVICE build: the NCCL transport
+(`test_nccl_transport_two_gpus`), and the replacement through PG on a 1x2
+topology, one process per GPU, with auto picking NCCL and with
+MOONCAKE_EP_TRANSPORT=ibgda (the IPC path across the two GPUs).
 """
 
 import pytest
@@ -17,7 +19,7 @@ import torch.distributed as dist
 
 import harness
 from ep_checks import SYNC_MODES, make_inputs, new_buffer, run_round
-from mooncake import _ep_runtime
+from mooncake import _ep_runtime, _ep_transport
 from mooncake.mooncake_elastic_buffer import ElasticBuffer
 from mooncake.mooncake_ep_buffer import fp8_dequantize
 from test_elastic_buffer import EPR, H, K, M, NO_NCCL, run_replacement
@@ -116,3 +118,20 @@ def _nccl_worker(ctx):
 def test_nccl_transport_two_gpus():
     results = harness.run_ranks(_nccl_worker, 2, "mooncake-cpu", timeout_s=420)
     assert all(d < 9e-4 for d in results), results
+
+
+two_gpus_and_nccl = pytest.mark.skipif(
+    torch.cuda.device_count() < 2 or _ep_runtime.nccl_versions()[0] == 0,
+    reason="needs 2+ GPUs and a USE_NCCL_DEVICE=ON build (GPUs here: "
+           f"{torch.cuda.device_count()}, NCCL build version: {_ep_runtime.nccl_versions()[0]})")
+
+
+@two_gpus_and_nccl
+@pytest.mark.parametrize("requested,expect", [(None, "nccl"), ("ibgda", "ibgda")])
+def test_two_gpus_update_after_a_replacement_through_pg(requested, expect):
+    """Slot 1 (GPU 1) is SIGKILLed after an exact round, the survivor takes it out, a
+    replacement on GPU 1 joins and is recovered; every ElasticBuffer (before, after
+    update_ep_member(), the replacement's) resolves to `expect`, rounds stay exact and
+    the old handle is rejected."""
+    env = {_ep_transport.TRANSPORT_ENV: requested} if requested else {}
+    run_replacement("cuda", slots=2, gpus="per-rank", env=env, expect=expect)
