@@ -28,16 +28,12 @@ PATHS = {
 def use_rank_gpu(rank):
     """Makes this rank's GPU current and returns it. Every rank shares GPU 0 (N
     processes on one GPU, under MPS), unless MC_TEST_GPUS=per-rank puts rank r on
-    GPU r (one process per GPU, over the links between GPUs)."""
+    GPU r mod the GPU count: one process per GPU, peers over the links between
+    GPUs (with more ranks than GPUs, some peers also share one)."""
     mode = os.environ.get("MC_TEST_GPUS", "shared")
     if mode not in ("shared", "per-rank"):
         raise ValueError(f"MC_TEST_GPUS={mode!r}: expected 'shared' or 'per-rank'")
-    index = 0
-    if mode == "per-rank":
-        index = rank
-        if index >= torch.cuda.device_count():
-            raise RuntimeError(f"MC_TEST_GPUS=per-rank: rank {rank} needs GPU {rank}, but this host "
-                               f"has {torch.cuda.device_count()}")
+    index = rank % torch.cuda.device_count() if mode == "per-rank" else 0
     torch.cuda.set_device(index)
     return torch.device("cuda", index)
 
