@@ -412,14 +412,13 @@ def memcpy_rows(torch, sizes_bytes, args):
     return out
 
 
-def device_copy_row(torch, size, args):
-    """Device-to-device copy of `size` bytes on rank 0, timed with CUDA events; GB/s
-    counts reads and writes (2 x size), the unit of the traffic limit."""
-    src = torch.ones(max(1, size), dtype=torch.uint8, device="cuda")
-    dst = torch.zeros_like(src)
+def _copy_row(torch, name, dst, src, bytes_moved, args):
+    """A row for dst.copy_(src), timed with CUDA events on the current stream after
+    three untimed copies; GB/s is `bytes_moved` per copy."""
     for _ in range(3):
         dst.copy_(src)
-    torch.cuda.synchronize()
+    torch.cuda.synchronize(src.device)
+    torch.cuda.synchronize(dst.device)
     samples = []
     for _ in range(max(5, min(args.iters, 20))):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -429,37 +428,27 @@ def device_copy_row(torch, size, args):
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3)
     med = statistics.median(samples)
-    gbps = 2 * size / (med * 1e-6) / 1e9
-    return {"backend": "device_copy", "collective": "device_copy", "size": size, "count": size,
+    gbps = bytes_moved / (med * 1e-6) / 1e9
+    return {"backend": name, "collective": name, "size": src.numel(), "count": src.numel(),
             "type": "uint8", "op": None, "nranks": 1, "iters": len(samples), "time_us_median": med,
             "time_us_p99": percentile(samples, 99), "time_us_mean": statistics.fmean(samples),
             "algbw_GBps": gbps, "busbw_GBps": gbps, "check": "n/a", "engine": None}
+
+
+def device_copy_row(torch, size, args):
+    """Device-to-device copy of `size` bytes on rank 0, timed with CUDA events; GB/s
+    counts reads and writes (2 x size), the unit of the traffic limit."""
+    src = torch.ones(max(1, size), dtype=torch.uint8, device="cuda")
+    return _copy_row(torch, "device_copy", torch.zeros_like(src), src, 2 * src.numel(), args)
 
 
 def link_copy_row(torch, size, args):
-    """A copy of `size` bytes from GPU 0 to GPU 1 on rank 0, timed with CUDA events on
-    GPU 0's stream; GB/s counts the bytes once (what one link carries one way)."""
-    src = torch.ones(max(1, size), dtype=torch.uint8, device="cuda:0")
-    dst = torch.zeros(max(1, size), dtype=torch.uint8, device="cuda:1")
-    samples = []
+    """A copy of `size` bytes from GPU 0 to GPU 1 on rank 0, timed on GPU 0's stream;
+    GB/s counts the bytes once (what one link carries one way)."""
     with torch.cuda.device(0):
-        for _ in range(3):
-            dst.copy_(src)
-        torch.cuda.synchronize(0)
-        torch.cuda.synchronize(1)
-        for _ in range(max(5, min(args.iters, 20))):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src)
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) * 1e3)
-    med = statistics.median(samples)
-    gbps = size / (med * 1e-6) / 1e9
-    return {"backend": "link_copy", "collective": "link_copy", "size": size, "count": size,
-            "type": "uint8", "op": None, "nranks": 1, "iters": len(samples), "time_us_median": med,
-            "time_us_p99": percentile(samples, 99), "time_us_mean": statistics.fmean(samples),
-            "algbw_GBps": gbps, "busbw_GBps": gbps, "check": "n/a", "engine": None}
+        src = torch.ones(max(1, size), dtype=torch.uint8, device="cuda:0")
+        dst = torch.zeros(max(1, size), dtype=torch.uint8, device="cuda:1")
+        return _copy_row(torch, "link_copy", dst, src, src.numel(), args)
 
 
 def link_fractions(rows):

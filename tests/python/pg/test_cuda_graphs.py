@@ -186,19 +186,25 @@ def _wait_mask(pg, group, want):
         time.sleep(0.01)
 
 
-def _stale(ctx):
-    dev = use_rank_gpu(ctx.rank)
-    ws, rank = ctx.world_size, ctx.rank
-    pg = _pg()
-    group = dist.group.WORLD
-    out = {}
+def _captured_all_reduce(rank, dev):
+    """x (rank + 1 everywhere), a graph of all_reduce(x) captured after one eager
+    warm-up, and the distinct values of x after its first replay."""
     x = torch.full((N,), float(rank + 1), device=dev)
     dist.all_reduce(x)  # warm-up
     graph = _capture(lambda: dist.all_reduce(x))
     x.fill_(float(rank + 1))
     graph.replay()
     torch.cuda.synchronize()
-    out["first"] = sorted(set(x.cpu().tolist()))
+    return x, graph, sorted(set(x.cpu().tolist()))
+
+
+def _stale(ctx):
+    dev = use_rank_gpu(ctx.rank)
+    ws, rank = ctx.world_size, ctx.rank
+    pg = _pg()
+    group = dist.group.WORLD
+    out = {}
+    x, graph, out["first"] = _captured_all_reduce(rank, dev)
 
     # Rank ws-1 leaves the membership; every rank sees the new view.
     ctx.signal(f"replayed_{rank}")
@@ -316,13 +322,7 @@ def _dead_peer_during_replay(ctx):
     pg = _pg()
     group = dist.group.WORLD
     out = {}
-    x = torch.full((N,), float(rank + 1), device=dev)
-    dist.all_reduce(x)  # warm-up
-    graph = _capture(lambda: dist.all_reduce(x))
-    x.fill_(float(rank + 1))
-    graph.replay()
-    torch.cuda.synchronize()
-    out["first"] = sorted(set(x.cpu().tolist()))
+    x, graph, out["first"] = _captured_all_reduce(rank, dev)
     out["check_first"] = _outcome(lambda: pg.check_graph_replays(group))
     ctx.signal(f"replayed_{rank}")
     if rank == victim:
