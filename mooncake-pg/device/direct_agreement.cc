@@ -31,7 +31,8 @@ uint64_t directOffersDigest(const std::vector<DirectOffer>& offers) {
     for (const DirectOffer& o : offers) {
         mixDescriptor(&h, o.in);
         mixDescriptor(&h, o.out);
-        for (uint64_t v : {o.in_bytes, o.out_bytes, o.peers_read_outputs, o.epoch})
+        for (uint64_t v :
+             {o.in_bytes, o.out_bytes, o.peers_read_outputs, o.inputs_bounded_by_owner, o.epoch})
             mix(&h, &v, sizeof(v));
     }
     return h == 0 ? 1 : h;

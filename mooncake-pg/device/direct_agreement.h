@@ -25,6 +25,11 @@ struct DirectOffer {
     uint64_t in_bytes = 0;   // the bytes this member maps of each peer's input
     uint64_t out_bytes = 0;  // and of each peer's output
     uint64_t peers_read_outputs = 0;
+    // 1: a member maps each peer's input by that peer's in_bytes (all_to_all
+    // with split sizes); 0: by its own. Without it the same buffers offered
+    // to a plain all_to_all after a split one would carry the agreement over
+    // to bounds never checked.
+    uint64_t inputs_bounded_by_owner = 0;
     uint64_t epoch = 0;  // the membership epoch the member applied
     // directOffersDigest of the last offers every member mapped; 0: none.
     uint64_t agreed_digest = 0;

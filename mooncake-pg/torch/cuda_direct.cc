@@ -82,6 +82,7 @@ Result<bool> MooncakeBackend::shareDirectBuffers(const void* in, uint64_t in_byt
     mine.in_bytes = in_bytes;
     mine.out_bytes = out_bytes;
     mine.peers_read_outputs = peers_read_outputs ? 1 : 0;
+    mine.inputs_bounded_by_owner = peer_in_bytes ? 1 : 0;
     mine.epoch = applied_epoch_.load();
     mine.agreed_digest = direct_agreed_digest_;
     std::vector<device::DirectOffer> offers(static_cast<size_t>(size));
@@ -118,7 +119,8 @@ Result<bool> MooncakeBackend::shareDirectBuffers(const void* in, uint64_t in_byt
             if (!peer_out.ok()) {
                 MC_LOG(kWarn, "pg")
                     << "rank " << config_.rank << ": the direct path cannot map rank " << p
-                    << "'s buffers, taking the window path: " << peer_out.status().toString();
+                    << "'s buffers" << (agreed ? "" : ", taking the window path") << ": "
+                    << peer_out.status().toString();
                 mapped = 0;
                 break;
             }
@@ -127,11 +129,14 @@ Result<bool> MooncakeBackend::shareDirectBuffers(const void* in, uint64_t in_byt
         }
     }
     if (agreed) {
-        // Cannot happen (the mappings are cached and never closed); the
-        // others go direct, so this rank fails the call rather than diverge.
+        // Cannot happen short of a digest collision: the mappings are cached
+        // and never closed, and the digest covers every bound they were
+        // checked against. The others go direct and wait for this rank on
+        // the device until the op's deadline; this rank fails at once.
         if (!mapped)
             return Internal("rank " + std::to_string(config_.rank) +
-                            ": a buffer every member had mapped could not be found again");
+                            ": a buffer every member had mapped could not be found again (the "
+                            "other ranks' calls time out waiting for this one)");
         direct_agreements_skipped_.fetch_add(1);
         return true;
     }

@@ -60,6 +60,8 @@ TEST(DirectAgreement, AnyChangeInAnyOfferChangesTheDigest) {
         [](DirectOffer& o) { o.in_bytes += 4; },
         [](DirectOffer& o) { o.out_bytes -= 4; },
         [](DirectOffer& o) { o.peers_read_outputs = 0; },
+        // The same buffers under all_to_all with split sizes and a plain one.
+        [](DirectOffer& o) { o.inputs_bounded_by_owner = 1; },
         [](DirectOffer& o) { o.epoch += 1; },
     };
     for (size_t c = 0; c < changes.size(); ++c) {

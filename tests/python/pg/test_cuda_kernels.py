@@ -224,6 +224,48 @@ def test_all_to_all_with_split_sizes_runs_direct_and_a_size_mismatch_fails_every
         assert r["after"] == [float(sum(range(1, ws + 1)))], (rank, r)
 
 
+def _split_then_plain_all_to_all(ctx):
+    """Two ranks whose buffers differ in size (rank 0: 8 MiB in and out, rank 1:
+    6 MiB) run a valid all_to_all_single with split sizes on the direct path,
+    then pass the same tensors to a plain all_to_all_single, whose counts then
+    disagree. The same buffers offered under the other bounds rule must not
+    carry the first call's agreement over: every rank fails the second call
+    naming the mismatch, and the group goes on."""
+    dev = use_rank_gpu(ctx.rank)
+    rank = ctx.rank
+    c, own = 1 << 20, (1 << 20) if rank == 0 else (1 << 19)  # floats to the peer, to itself
+    inp = torch.empty(own + c, device=dev)  # first: a segment of their own
+    out = torch.empty(own + c, device=dev)
+    inp.copy_(torch.arange(own + c, dtype=torch.float32) % 1021 + 10000 * rank)
+    in_splits = [own, c] if rank == 0 else [c, own]
+    res = {"failures": []}
+    direct_before, skipped_before = _direct_calls(), _agreements_skipped()
+    dist.all_to_all_single(out, inp, in_splits, in_splits)
+    base = torch.arange(2 << 20, dtype=torch.float32) % 1021
+    if rank == 0:  # its own first `own`, then rank 1's first c
+        want = torch.cat([base[:own], base[:c] + 10000])
+    else:  # rank 0's elements [1M, 2M), then its own [c, c + own)
+        want = torch.cat([base[1 << 20:(1 << 20) + c], base[c:c + own] + 10000])
+    if not torch.equal(out.cpu(), want):
+        res["failures"].append(f"rank {rank}: the split all_to_all_single differs")
+    res["direct"] = _direct_calls() - direct_before
+    res["mismatch"], res["after"] = _failure_then_group(
+        lambda: dist.all_to_all_single(out, inp, async_op=True), rank, dev)
+    res["skipped"] = _agreements_skipped() - skipped_before
+    return res
+
+
+def test_a_plain_all_to_all_on_buffers_agreed_for_split_sizes_fails_alike_everywhere():
+    res = harness.run_ranks(_split_then_plain_all_to_all, 2, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            ref_group=False, env=PATHS["kernels"], pg_timeout_s=OP_TIMEOUT_S)
+    for rank, r in enumerate(res):
+        assert not r["failures"], (rank, r["failures"])
+        assert r["direct"] == 1 and r["skipped"] == 0, (rank, r)
+        assert r["mismatch"] and r["mismatch"].startswith("DistBackendError"), (rank, r)
+        assert "passed all_to_all" in r["mismatch"], (rank, r)
+        assert r["after"] == [3.0], (rank, r)
+
+
 def _list_all_to_all(ctx):
     """all_to_all with tensor lists, a different size per (source, destination)
     pair and one pair empty, runs on the direct kernels (one call each):
