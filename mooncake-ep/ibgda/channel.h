@@ -223,15 +223,35 @@ MC_HOST_DEVICE IbgdaStatus ibgdaPutWithCount(IbgdaChannel* ch, const mlx5q::PutW
     return st;
 }
 
+// Whether the completions reaped so far reach `target`, read without the
+// lock: the consumer count only grows, and only after its CQEs were seen.
+MC_HOST_DEVICE bool ibgdaReapedThrough(IbgdaChannel* ch, uint32_t target) {
+    const bool reached = static_cast<int32_t>(ibgdaLoad(&ch->sq.consumer) - target) >= 0;
+#if defined(__CUDA_ARCH__)
+    __threadfence();  // the caller reuses what those WQEs read only after this load
+#else
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+#endif
+    return reached;
+}
+
 // Waits until every signaled WQE posted to the channel before this call has
 // completed, and with it every WQE before that one: the local memory they
-// read may be reused. The lock is taken for each poll only, so other blocks
-// keep posting meanwhile.
+// read may be reused. The lock is taken for each poll only, and only while
+// the completions another holder reaped do not reach the target yet, with a
+// growing pause between polls, so blocks posting to the channel meanwhile
+// are not kept waiting behind the pollers.
 template <typename Now>
 MC_HOST_DEVICE IbgdaStatus ibgdaQuiet(IbgdaChannel* ch, int64_t deadline, Now now) {
     bool have_target = false;
     uint32_t target = 0;
-    for (;;) {
+    for (uint32_t pause_ns = 64;; pause_ns = pause_ns < 1024 ? 2 * pause_ns : pause_ns) {
+        if (have_target) {
+            if (*static_cast<const volatile int32_t*>(&ch->failed) != 0)
+                return IbgdaStatus::kQpError;
+            if (ibgdaReapedThrough(ch, target))
+                return IbgdaStatus::kOk;
+        }
         IbgdaHeld h;
         IbgdaStatus st = ibgdaAcquire(ch, deadline, now, &h);
         if (st != IbgdaStatus::kOk)
@@ -250,6 +270,9 @@ MC_HOST_DEVICE IbgdaStatus ibgdaQuiet(IbgdaChannel* ch, int64_t deadline, Now no
             return IbgdaStatus::kOk;
         if (ibgdaPastDeadline(now(), deadline))
             return IbgdaStatus::kTimedOut;
+#if defined(__CUDA_ARCH__)
+        __nanosleep(pause_ns);  // the completion is a PCIe round trip away at best
+#endif
     }
 }
 

@@ -49,15 +49,16 @@ __device__ uint64_t stagingAddress(const char* p) {
 // Thread 0 of a send block: `length` staged bytes at `staged` to
 // `remote_offset` of dst's buffer (none when 0), then the fetch-add that
 // raises the signal word at `word_offset` to epMakeSignal(seq, payload), then
-// the wait for the QP to drain. `shadow` holds what this rank has added to
-// that word so far. Any failure marks dst inactive.
+// the wait for the QP to drain, all by the block's `deadline`. `shadow`
+// holds what this rank has added to that word so far. Any failure marks dst
+// inactive.
 __device__ void postAndSignal(const IbgdaEpDevice& d, const EpGroupArgs& g, IbgdaChannel* ch,
                               int dst, uint64_t* shadow, const char* staged, int64_t remote_offset,
-                              int64_t length, int64_t word_offset, uint64_t seq, uint32_t payload) {
+                              int64_t length, int64_t word_offset, uint64_t seq, uint32_t payload,
+                              int64_t deadline) {
     const uint64_t value = epMakeSignal(seq, payload);
     const mlx5q::PutWithCount p = ibgdaSignalPut(d, dst, stagingAddress(staged), remote_offset,
                                                  length, word_offset, *shadow, value);
-    const int64_t deadline = deadlineAfter(g.timeout_ns);
     IbgdaStatus st = ibgdaPutWithCount(ch, p, deadline, DeviceClock{});
     if (st == IbgdaStatus::kOk) {
         *shadow = value;  // in the ring: the NIC adds it unless the QP fails for good
@@ -95,7 +96,7 @@ __global__ void __launch_bounds__(kSendThreads) ibgdaDispatchSend(DispatchParams
     postAndSignal(p.d, p.g, channelFor(p.d, b.dst, b.local_expert), b.dst,
                   reinterpret_cast<uint64_t*>(block_staging) + b.phase, staged, first_slot,
                   static_cast<int64_t>(sent) * L.messageBytes(), word, b.seq,
-                  static_cast<uint32_t>(sent));
+                  static_cast<uint32_t>(sent), deadlineAfter(p.g.timeout_ns));
 }
 
 __global__ void __launch_bounds__(kSendThreads) ibgdaCombineSend(CombineParams p) {
@@ -159,10 +160,13 @@ __global__ void __launch_bounds__(kSendThreads) ibgdaCombineSend(CombineParams p
     }
     if (write_failed) {
         atomicExch(&p.g.active_ranks[b.dst], 0);
+        // Best effort: the rows other warps queued go now, not with a later
+        // doorbell that could find this staging rewritten by the next op.
+        (void)ibgdaQuiet(ch, deadline, DeviceClock{});
         return;
     }
     postAndSignal(p.d, p.g, ch, b.dst, reinterpret_cast<uint64_t*>(block_staging) + b.phase,
-                  nullptr, 0, 0, word, b.seq, static_cast<uint32_t>(count));
+                  nullptr, 0, 0, word, b.seq, static_cast<uint32_t>(count), deadline);
 }
 
 }  // namespace

@@ -54,6 +54,16 @@ MC_HOST_DEVICE void orderStores() {
 #endif
 }
 
+// The 8-byte doorbell store to the UAR register (I/O memory). On the GPU an
+// MMIO store: performed exactly once, never merged with another or split.
+MC_HOST_DEVICE void storeDoorbell(volatile uint64_t* reg, uint64_t word) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("st.mmio.relaxed.sys.global.b64 [%0], %1;" ::"l"(reg), "l"(word) : "memory");
+#else
+    *reg = word;
+#endif
+}
+
 MC_HOST_DEVICE void orderLoads() {
 #if defined(__CUDA_ARCH__)
     __threadfence_system();
@@ -89,7 +99,7 @@ MC_HOST_DEVICE void ringDoorbell(const SendQueue& sq) {
     orderStores();
     updateSendDoorbellRecord(sq.dbrec, sq.producer);
     orderStores();
-    *sq.doorbell = uarDoorbellWord(basicBlockAt(sq, sq.producer - 1));
+    storeDoorbell(sq.doorbell, uarDoorbellWord(basicBlockAt(sq, sq.producer - 1)));
 }
 
 // Data followed by the count that makes it visible, on one QP: the receiver
