@@ -139,10 +139,15 @@ enum class DeviceStatus : int32_t {
     kAborted = 2,     // the host set the abort word; detail is its value
     kMismatch = 3,    // a peer's call signature differs; detail is the peer's
     kStaleEpoch = 4,  // the call's epoch is not the group's current one
+    // Taken by the first failure while it writes culprit and detail; the
+    // status follows them. Never the value of a finished call.
+    kClaimed = -1,
 };
 
-// Written by the kernels (first failure wins), read by the host once the
-// call's stream work has completed. Lives in host-mapped memory.
+// Written by the kernels (first failure wins: it claims the status, writes
+// culprit and detail, then the status), read by the host once the call's
+// stream work has completed, or at any time for a replay's result (a
+// claimed status reads as none yet). Lives in host-mapped memory.
 struct DeviceOpResult {
     int32_t status = 0;
     int32_t culprit = -1;

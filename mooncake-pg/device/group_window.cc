@@ -1,5 +1,7 @@
 #include "mooncake-pg/device/group_window.h"
 
+#include <atomic>
+
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -195,11 +197,17 @@ void GroupWindow::noteCommittedEpoch(uint64_t epoch) {
 }
 
 DeviceOpResult GroupWindow::hostResult(int slot) const {
-    // Written by the device: read each field once, through volatile.
+    // Written by the device: read each field once, through volatile, the
+    // status first (the kernels write it last).
     const auto* r =
         reinterpret_cast<const volatile DeviceOpResult*>(host_words_ + kResultWord) + slot;
     DeviceOpResult out;
     out.status = r->status;
+    if (out.status == static_cast<int32_t>(DeviceStatus::kClaimed)) {
+        out.status = 0;  // its fields are on their way: none yet
+        return out;
+    }
+    std::atomic_thread_fence(std::memory_order_acquire);
     out.culprit = r->culprit;
     out.detail = r->detail;
     return out;

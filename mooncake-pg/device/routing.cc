@@ -272,6 +272,8 @@ Status resultStatus(const DeviceOpResult& r, const char* what, std::vector<int>*
                                    describeSignature(r.detail));
         case DeviceStatus::kStaleEpoch:
             return Aborted(op + ": the call's membership epoch is no longer the group's");
+        case DeviceStatus::kClaimed:
+            break;  // a failure still being written: never a finished call's
     }
     return Internal(op + ": unknown device status " + std::to_string(r.status));
 }

@@ -11,12 +11,17 @@
 
 namespace mooncake::pg::device {
 
-// Records the first failure of the call; later ones are dropped.
+// Records the first failure of the call; later ones are dropped. The status
+// goes last, so a host reading the result while kernels run (a replay's)
+// never sees a failure without its culprit and detail.
 __device__ __forceinline__ void reportFailure(DeviceOpResult* result, DeviceStatus status,
                                               int culprit, uint64_t detail) {
-    if (atomicCAS(reinterpret_cast<int*>(&result->status), 0, static_cast<int>(status)) == 0) {
-        result->culprit = culprit;
-        result->detail = detail;
+    int* word = reinterpret_cast<int*>(&result->status);
+    if (atomicCAS(word, 0, static_cast<int>(DeviceStatus::kClaimed)) == 0) {
+        *reinterpret_cast<volatile int32_t*>(&result->culprit) = culprit;
+        *reinterpret_cast<volatile uint64_t*>(&result->detail) = detail;
+        __threadfence_system();
+        atomicExch(word, static_cast<int>(status));
         __threadfence_system();
     }
 }

@@ -110,33 +110,38 @@ __device__ __forceinline__ void gridCopy(char* dst, const char* src, uint64_t n)
 }
 
 // Every thread of the block: whether the call may go on. Block 0 reads the
-// host's words (two threads at once): it fails the call when the host set
-// the abort word or when the call's epoch is no longer current. Every block
-// stops when the call already failed (in an earlier kernel, or in block 0
-// just now); blocks that raced past block 0's verdict only touch this rank's
-// own memory, since flags are raised only for a call that has not failed.
+// host's words (two threads at once), then fails the call when its epoch is
+// no longer current or, failing that, when the host set the abort word: a
+// replay after a membership change says it is stale whatever else the host
+// learnt meanwhile. Every block stops when the call already failed (in an
+// earlier kernel, or in block 0 just now); blocks that raced past block 0's
+// verdict only touch this rank's own memory, since flags are raised only
+// for a call that has not failed.
 __device__ __forceinline__ bool blockMayProceed(const DeviceGroupView& g, const StepArgs& a,
                                                 DeviceOpResult* result) {
     __shared__ int stop;
+    __shared__ uint64_t abort_seen, epoch_seen;
     if (threadIdx.x == 0)
         stop = 0;
     __syncthreads();
     const FailWord fail = failWordOf(g, a.call_tag);
     if (blockIdx.x == 0 && threadIdx.x == 0) {
-        const uint64_t abort = *g.abort_word;
-        if (abort != 0) {
-            failCall(result, fail, DeviceStatus::kAborted, -1, abort);
-            atomicOr(&stop, 1);
-        }
+        abort_seen = *g.abort_word;
     } else if (blockIdx.x == 0 && threadIdx.x == 1) {
-        const uint64_t current = *g.current_epoch;
-        if (current != g.epoch) {
-            failCall(result, fail, DeviceStatus::kStaleEpoch, -1, current);
-            atomicOr(&stop, 1);
-        }
+        epoch_seen = *g.current_epoch;
     } else if (threadIdx.x == 2) {
         if (callFailed(fail))
             atomicOr(&stop, 1);
+    }
+    __syncthreads();
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        if (epoch_seen != g.epoch) {
+            failCall(result, fail, DeviceStatus::kStaleEpoch, -1, epoch_seen);
+            atomicOr(&stop, 1);
+        } else if (abort_seen != 0) {
+            failCall(result, fail, DeviceStatus::kAborted, -1, abort_seen);
+            atomicOr(&stop, 1);
+        }
     }
     __syncthreads();
     return stop == 0;

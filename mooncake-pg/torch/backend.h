@@ -376,6 +376,9 @@ private:
     // as pollKernelCalls does for eager calls, and reports a failed replay's
     // evidence to the control plane once, as a failed op would.
     void watchGraphReplays();
+    // Worker thread, when a new view is applied: failed replays of the old
+    // one are no evidence against the new one's members.
+    void forgetGraphFailures();
     // The device window's epoch for a membership view's: epoch 0 would make
     // a call's first tag equal to a cleared flag.
     static uint64_t deviceEpochOf(uint64_t view_epoch) { return view_epoch + 1; }
@@ -535,6 +538,9 @@ private:
     std::deque<P2PPost> posts_;
     bool posting_ = false;  // the poster is posting a batch: later posts queue
     bool poster_stop_ = false;
+    // Raised by abort(): a send the poster holds until its data reaches the
+    // host mirror fails instead of waiting out its deadline.
+    std::atomic<bool> poster_cancel_{false};
     std::thread poster_;
 
     // Executors (executor.h). The CUDA one exists once a CUDA op was issued.
@@ -580,15 +586,14 @@ private:
         device::DeviceOpResult result;
         uint64_t epoch = 0;  // applied when it was found
     };
-    std::mutex graph_mu_;  // guards the graph result's reads and clears, and the three below
-    // The failure standing in the graph result was seen by one watch; the
-    // kernels write its status before its culprit and detail, so the next
-    // watch reads it again before it is reported.
-    bool graph_failure_seen_ = false;
-    // The standing failure was reported, or handed over by checkGraphReplays.
+    std::mutex graph_mu_;  // guards the graph result's reads and clears, and the two below
+    // The failure standing in the graph result was reported, handed over by
+    // checkGraphReplays, or happened in a view since replaced.
     bool graph_failure_taken_ = false;
     // Cleared by checkGraphReplays before the worker took it: for the worker.
     std::optional<GraphFailure> graph_evidence_;
+    // Worker thread: the abort reason watchGraphReplays last set.
+    uint64_t graph_abort_reason_ = 0;
     std::atomic<uint64_t> graph_failures_reported_{0};
     // Worker thread: set once kernels outlived their deadline and the abort
     // word. They may still run and read this group's words, so every later

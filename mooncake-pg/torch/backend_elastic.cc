@@ -225,6 +225,7 @@ Status MooncakeBackend::applyLatestView(Deadline deadline) {
     applied_group_size_ = view.groupSize();
     applied_epoch_ = view.epoch;
     view_applied_ = true;
+    forgetGraphFailures();
     return Status::OK();
 }
 

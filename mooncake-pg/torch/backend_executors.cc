@@ -57,6 +57,7 @@ void MooncakeBackend::releaseDeviceWindow() {}
 void MooncakeBackend::pollKernelCalls() {}
 void MooncakeBackend::finishKernelCalls(size_t) {}
 void MooncakeBackend::watchGraphReplays() {}
+void MooncakeBackend::forgetGraphFailures() {}
 void MooncakeBackend::GroupWindowDeleter::operator()(device::GroupWindow*) const {}
 #endif
 

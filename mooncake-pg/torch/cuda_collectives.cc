@@ -436,7 +436,6 @@ void MooncakeBackend::checkGraphReplays() {
         // Not reported yet: the worker reports it (watchGraphReplays).
         if (!graph_failure_taken_ && device::isFailureEvidence(r))
             graph_evidence_ = GraphFailure{r, applied_epoch_.load()};
-        graph_failure_seen_ = false;
         graph_failure_taken_ = false;
     }
     std::vector<int> failed;

@@ -153,16 +153,31 @@ void MooncakeBackend::watchGraphReplays() {
     device::GroupWindow* w = device_window_.get();
     if (!w || !w->hasView() || !device_stuck_.empty())
         return;
-    // A dead peer only, and only while the window serves the current view:
-    // after a membership change (a member taken out included) the replays
-    // fail as stale at their first kernel, which tells the user more, and
-    // the next eager call sets the window up anew and clears the word.
+    {
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        if (abort_pending_ || !accepting_)
+            return;  // closing: abort() owns the word, and nothing is left to report
+    }
+    // A dead peer only, and only while the window serves the current view.
+    // After a membership change (a member taken out included) the replays
+    // fail as stale at their first kernel, which tells the user more: the
+    // reason this watch set is withdrawn then, and the next eager call sets
+    // the window up for the new view.
     const uint64_t applied = applied_epoch_.load();
     if (latest_epoch_.load() == applied && w->epoch() == deviceEpochOf(applied)) {
         const uint64_t reason = device::abortReasonFor(
             config_.rank, w->size(), [this](int p) { return fabric_->peerFailed(p); }, nullptr);
-        if (reason != 0)
+        if (reason != 0) {
             w->setAbort(reason);
+            graph_abort_reason_ = reason;
+        }
+    } else if (graph_abort_reason_ != 0) {
+        // Under the queue lock: abort() raises abort_pending_ there before
+        // it sets the word, so its reason is never withdrawn here.
+        std::lock_guard<std::mutex> lock(queue_mu_);
+        if (!abort_pending_ && w->abortReason() == graph_abort_reason_)
+            w->clearAbort();
+        graph_abort_reason_ = 0;
     }
 
     std::optional<GraphFailure> report;
@@ -171,25 +186,23 @@ void MooncakeBackend::watchGraphReplays() {
         if (graph_evidence_) {
             report = graph_evidence_;
             graph_evidence_.reset();
-        } else {
+        } else if (!graph_failure_taken_) {
             const device::DeviceOpResult r = w->graphResult();
-            if (r.status == 0) {
-                graph_failure_seen_ = false;
-            } else if (!graph_failure_taken_ && !graph_failure_seen_) {
-                graph_failure_seen_ = true;
-            } else if (!graph_failure_taken_) {
+            if (r.status != 0) {
                 graph_failure_taken_ = true;
                 if (device::isFailureEvidence(r))
-                    report = GraphFailure{r, applied_epoch_.load()};
+                    report = GraphFailure{r, applied};
             }
         }
     }
-    // A view applied since the failure was the recovery from it.
-    if (!report || report->epoch != applied_epoch_.load())
+    // Framework-managed groups report nothing: check_graph_replays tells the
+    // user, who decides. A view applied since the failure was its recovery.
+    if (!report || !config_.options->auto_deactivate_on_failure ||
+        report->epoch != applied_epoch_.load())
         return;
-    const device::DeviceOpResult& r = report->result;
     std::vector<int> failed;
-    const Status st = device::resultStatus(r, "a collective replayed from a CUDA graph", &failed);
+    const Status st =
+        device::resultStatus(report->result, "a collective replayed from a CUDA graph", &failed);
     MC_LOG(kWarn, "pg") << "rank " << config_.rank << " of group '" << config_.group_name
                         << "': " << st.toString()
                         << "; reported to the control plane as failure evidence";
@@ -198,6 +211,16 @@ void MooncakeBackend::watchGraphReplays() {
     reportFailure(failed, st.code() == StatusCode::kTimeout
                               ? Deadline::after({})
                               : Deadline::afterMs(timeout_ms_.load()));
+}
+
+void MooncakeBackend::forgetGraphFailures() {
+    device::GroupWindow* w = device_window_.get();
+    std::lock_guard<std::mutex> lock(graph_mu_);
+    graph_evidence_.reset();
+    // One standing now happened in an older view: check_graph_replays still
+    // raises it, but it is no evidence against the members of this one.
+    if (w && w->graphResult().status != 0)
+        graph_failure_taken_ = true;
 }
 
 void MooncakeBackend::finishKernelCalls(size_t keep) {

@@ -342,7 +342,19 @@ def _dead_peer_during_replay(ctx):
     while pg.get_active_ranks(group).tolist() != [1, 1, 0]:
         assert time.monotonic() < deadline, pg.get_active_ranks(group)
         time.sleep(0.01)
+    # This rank's own report may come after the other survivor's opened it.
+    while int(pg._lib._graph_failures_reported(group)) == reported_before:
+        assert time.monotonic() < deadline, "no failed replay was reported"
+        time.sleep(0.01)
     out["reported"] = int(pg._lib._graph_failures_reported(group)) - reported_before
+    # The old graph now fails as stale (not "rank 2 failed", whatever the
+    # host learnt of rank 2), touching nothing, and is no new evidence.
+    x.fill_(-7.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    out["stale_untouched"] = sorted(set(x.cpu().tolist()))
+    out["stale_check"] = _outcome(lambda: pg.check_graph_replays(group))
+    out["reported_after_stale"] = int(pg._lib._graph_failures_reported(group)) - reported_before
     # The survivors go on: eager, then a new capture in the two-member epoch.
     y = torch.full((4,), float(rank + 1), device=dev)
     dist.all_reduce(y)
@@ -367,5 +379,9 @@ def test_a_peer_killed_during_replays_is_found_by_the_host_and_taken_out():
         assert r["check"] and r["check"].startswith("DistBackendError"), (rank, r)
         assert "rank 2 failed" in r["check"] and "[failed ranks: 2]" in r["check"], (rank, r)
         assert r["reported"] >= 1, (rank, r)
+        assert r["stale_untouched"] == [-7.0], (rank, r)
+        assert r["stale_check"] and "membership changed after the graph was captured" in \
+            r["stale_check"], (rank, r)
+        assert r["reported_after_stale"] == r["reported"], (rank, r)
         assert r["eager_after"] == [3.0], (rank, r)
         assert r["replay_after"] == [21.0] and r["check_after"] is None, (rank, r)
