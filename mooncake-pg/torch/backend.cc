@@ -347,6 +347,10 @@ void MooncakeBackend::setTimeout(std::chrono::milliseconds timeout) {
 }
 
 void MooncakeBackend::releaseCore(bool flush_p2p) {
+    // Aborting: a post waiting for a producer the user may never finish
+    // must not hold up the join below.
+    if (!flush_p2p)
+        poster_cancel_.store(true);
     stopPoster();
     const int64_t flush_ms = flush_p2p ? std::min<int64_t>(timeout_ms_.load(), kP2PFlushMs) : 0;
     // P2P before the fabric: its destructor fails pending sends/recvs (their

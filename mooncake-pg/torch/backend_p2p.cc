@@ -158,8 +158,10 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
     // CUDA tensors: the engine moves host mirrors, filled (send) on the
     // group's communication stream after the caller's prior work, and copied
     // back (recv) on it after completion; the executor holds both until then.
+    // A recv's mirror is not filled: the engine may write it before a copy
+    // of the old values, queued behind the caller's work, would land.
     Staging st(op);
-    const at::Tensor target = is_send ? st.in(user, "tensor") : st.inOut(user, "tensor");
+    const at::Tensor target = is_send ? st.in(user, "tensor") : st.out(user, "tensor");
     Executor* executor = executorFor(st, op);
     const std::shared_ptr<DeviceOp> device_op = executor->issue(std::move(st));
     // The engine reads a send buffer until the data is staged and writes a
@@ -234,13 +236,14 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
     const size_t bytes = static_cast<size_t>(buffer.numel()) * buffer.element_size();
     void* data = buffer.data_ptr();
     P2PEngine* engine = p2p_.get();
+    const std::atomic<bool>* cancel = &poster_cancel_;  // abort() ends the wait for the inputs
     // `view` is the outcome of bringing the engine to the latest view; a
     // refused post never calls `done`.
     postP2P(
         [=](Status view) {
             Status posted = view;
             if (posted.ok() && await_inputs)
-                posted = executor->awaitInputs(*device_op, deadline);
+                posted = executor->awaitInputs(*device_op, deadline, cancel);
             if (posted.ok()) {
             if (is_send) {
                 posted = engine->send(data, bytes, peer, tag, deadline,

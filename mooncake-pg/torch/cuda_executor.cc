@@ -1,5 +1,6 @@
 #include "mooncake-pg/torch/cuda_executor.h"
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <thread>
@@ -38,6 +39,23 @@ void relaxCaptureModeOnThisThread() {
     cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     relaxed = cudaThreadExchangeStreamCaptureMode(&mode) == cudaSuccess;
 }
+
+// The same for one scope, on a thread that is not ours to change for good
+// (the caller's, or the P2P poster's, which may also run on the caller's).
+class RelaxedCaptureScope {
+public:
+    RelaxedCaptureScope() { set_ = cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess; }
+    ~RelaxedCaptureScope() {
+        if (set_)
+            (void)cudaThreadExchangeStreamCaptureMode(&mode_);
+    }
+    RelaxedCaptureScope(const RelaxedCaptureScope&) = delete;
+    RelaxedCaptureScope& operator=(const RelaxedCaptureScope&) = delete;
+
+private:
+    cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+    bool set_ = false;
+};
 
 cudaEvent_t createEvent(c10::Device device) {
     c10::cuda::CUDAGuard guard(device);
@@ -94,14 +112,17 @@ private:
 namespace {
 
 // Polls `event` until it has completed or `deadline` passes, calling
-// `watch` (if any) about every millisecond. The worker must not block
-// without a deadline: the caller's stream, which the copies wait on, may
-// never get there.
+// `watch` (if any) about every millisecond; kAborted once `*cancel` is
+// raised. The worker must not block without a deadline: the caller's
+// stream, which the copies wait on, may never get there.
 Status pollEvent(cudaEvent_t event, Deadline deadline, const char* what,
-                 const std::function<void()>* watch = nullptr) {
+                 const std::function<void()>* watch = nullptr,
+                 const std::atomic<bool>* cancel = nullptr) {
     int spins = 0;
     auto next_watch = std::chrono::steady_clock::now();
     while (true) {
+        if (cancel && cancel->load(std::memory_order_relaxed))
+            return Aborted(std::string(what) + ": the group was aborted");
         if (watch && std::chrono::steady_clock::now() >= next_watch) {
             (*watch)();
             next_watch = std::chrono::steady_clock::now() + std::chrono::milliseconds(1);
@@ -299,7 +320,7 @@ std::shared_ptr<DeviceOp> CudaExecutor::issue(Staging staging) {
         c10::cuda::CUDAStreamGuard on_stream(stream_);
         at::NoGradGuard no_grad;
         for (const auto& e : op->staging.entries()) {
-            if (e.host.defined())
+            if (e.host.defined() && e.copy_in)
                 e.host.copy_(e.user, /*non_blocking=*/true);
         }
     }
@@ -311,12 +332,17 @@ std::shared_ptr<DeviceOp> CudaExecutor::issue(Staging staging) {
     return op;
 }
 
-Status CudaExecutor::awaitInputs(DeviceOp& op, Deadline deadline) {
+Status CudaExecutor::awaitInputs(DeviceOp& op, Deadline deadline, const std::atomic<bool>* cancel) {
     // Kernel ops read the user's tensors in stream order: no host wait.
     if (!static_cast<Op&>(op).staging.hasMirrors())
         return Status::OK();
+    // Also on the P2P poster thread, which set no device and may query while
+    // another thread captures a CUDA graph in the global mode.
+    RelaxedCaptureScope relaxed;
+    c10::cuda::CUDAGuard guard(device_);
     return pollEvent(static_cast<Op&>(op).staged, deadline,
-                     "copying the inputs from the device to the host staging buffers");
+                     "copying the inputs from the device to the host staging buffers", nullptr,
+                     cancel);
 }
 
 Status CudaExecutor::beforeCore(DeviceOp& op, Deadline deadline) {

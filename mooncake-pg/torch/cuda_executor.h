@@ -79,7 +79,8 @@ public:
     Status beforeCore(DeviceOp& op, Deadline deadline) override;
     Status finish(const std::shared_ptr<DeviceOp>& op, bool ok) override;
 
-    Status awaitInputs(DeviceOp& op, Deadline deadline) override;
+    Status awaitInputs(DeviceOp& op, Deadline deadline,
+                       const std::atomic<bool>* cancel = nullptr) override;
 
     class EventPool;
 

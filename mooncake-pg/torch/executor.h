@@ -17,6 +17,8 @@
 // CPU). CudaExecutor (cuda_executor.h): a communication stream per group.
 #pragma once
 
+#include <atomic>
+
 #include <memory>
 #include <vector>
 
@@ -42,9 +44,11 @@ public:
     virtual ~Executor() = default;
     // Caller's thread, after every argument check: takes over `staging`.
     virtual std::shared_ptr<DeviceOp> issue(Staging staging) = 0;
-    // Any thread: waits (until `deadline`) for the op's inputs to be where
-    // the core reads them (a send posts its data only then).
-    virtual Status awaitInputs(DeviceOp& op, Deadline deadline) = 0;
+    // Any thread: waits (until `deadline`, or kAborted once `*cancel` is
+    // raised) for the op's inputs to be where the core reads them (a send
+    // posts its data only then).
+    virtual Status awaitInputs(DeviceOp& op, Deadline deadline,
+                               const std::atomic<bool>* cancel = nullptr) = 0;
     // Worker thread, before the core call: awaitInputs, and sets up the
     // thread for the op's completion.
     virtual Status beforeCore(DeviceOp& op, Deadline deadline) = 0;
@@ -59,7 +63,9 @@ public:
 class CpuExecutor final : public Executor {
 public:
     std::shared_ptr<DeviceOp> issue(Staging) override { return std::make_shared<DeviceOp>(); }
-    Status awaitInputs(DeviceOp&, Deadline) override { return Status::OK(); }
+    Status awaitInputs(DeviceOp&, Deadline, const std::atomic<bool>*) override {
+        return Status::OK();
+    }
     Status beforeCore(DeviceOp&, Deadline) override { return Status::OK(); }
     Status finish(const std::shared_ptr<DeviceOp>&, bool) override { return Status::OK(); }
 };

@@ -14,7 +14,8 @@ void Staging::checkDevice(const at::Tensor& user, const std::string& what) {
     }
 }
 
-at::Tensor Staging::add(const at::Tensor& user, const std::string& what, bool copy_out) {
+at::Tensor Staging::add(const at::Tensor& user, const std::string& what, bool copy_out,
+                        bool copy_in) {
     if (!user.defined())
         return user;
     checkDevice(user, what);
@@ -23,7 +24,7 @@ at::Tensor Staging::add(const at::Tensor& user, const std::string& what, bool co
     // Contiguous whatever the user's strides: the core sees flat bytes.
     at::Tensor host = at::empty(user.sizes(), user.options().device(c10::kCPU).pinned_memory(true),
                                 at::MemoryFormat::Contiguous);
-    entries_.push_back(Entry{user, host, copy_out});
+    entries_.push_back(Entry{user, host, copy_out, copy_in});
     return host;
 }
 
@@ -31,12 +32,12 @@ void Staging::onDevice(const at::Tensor& user, const std::string& what) {
     if (!user.defined())
         return;
     checkDevice(user, what);
-    entries_.push_back(Entry{user, at::Tensor(), false});
+    entries_.push_back(Entry{user, at::Tensor(), false, false});
 }
 
 bool Staging::hasMirrors() const {
     for (const auto& e : entries_) {
-        if (e.host.defined())
+        if (e.host.defined() && e.copy_in)
             return true;
     }
     return false;
@@ -48,6 +49,10 @@ at::Tensor Staging::in(const at::Tensor& user, const std::string& what) {
 
 at::Tensor Staging::inOut(const at::Tensor& user, const std::string& what) {
     return add(user, what, /*copy_out=*/true);
+}
+
+at::Tensor Staging::out(const at::Tensor& user, const std::string& what) {
+    return add(user, what, /*copy_out=*/true, /*copy_in=*/false);
 }
 
 Staging::Tensors Staging::in(const Tensors& users, const std::string& what) {

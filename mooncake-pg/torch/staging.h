@@ -28,6 +28,8 @@ public:
         at::Tensor host;  // undefined for onDevice tensors
         // Copied back to `user` after the core op: the core wrote `host`.
         bool copy_out = false;
+        // Filled from `user` before the core op.
+        bool copy_in = true;
     };
 
     explicit Staging(const char* op) : op_(op) {}
@@ -38,6 +40,9 @@ public:
     // op may leave parts of an output untouched (blocks of inactive ranks),
     // and those must keep the user's values.
     at::Tensor inOut(const at::Tensor& user, const std::string& what);
+    // Written whole by the core, never read (a P2P recv): no copy of the
+    // user's old values, which could land after the core's writes.
+    at::Tensor out(const at::Tensor& user, const std::string& what);
     Tensors in(const Tensors& users, const std::string& what);
     Tensors inOut(const Tensors& users, const std::string& what);
     // Read and written on the device by a kernel (route() chose kKernel):
@@ -49,7 +54,8 @@ public:
     bool onCuda() const { return device_.has_value() && device_->is_cuda(); }
     c10::Device device() const { return device_.value_or(c10::Device(c10::kCPU)); }
     const std::vector<Entry>& entries() const { return entries_; }
-    // Whether any entry has a host mirror to fill before the core runs.
+    // Whether any entry has a host mirror to fill before the core runs
+    // (mirrors of `out` tensors are not filled).
     bool hasMirrors() const;
 
     // The op runs on the device kernels, which a CUDA graph can capture
@@ -65,7 +71,8 @@ public:
 
 private:
     void checkDevice(const at::Tensor& user, const std::string& what);
-    at::Tensor add(const at::Tensor& user, const std::string& what, bool copy_out);
+    at::Tensor add(const at::Tensor& user, const std::string& what, bool copy_out,
+                   bool copy_in = true);
 
     const char* op_;
     std::optional<c10::Device> device_;

@@ -415,6 +415,37 @@ def test_isend_returns_before_its_producer_finishes():
         "isend blocked its caller until the slow producer of its data finished")
 
 
+def _recv_behind_a_slow_kernel(ctx):
+    """irecv into a CUDA tensor while a slow kernel still runs on the caller's
+    stream, the sender sending at once: the data arrives in the recv's host
+    mirror long before the kernel ends, and nothing queued behind that kernel
+    (a copy of the tensor's old values, say) may overwrite it. The tensor
+    ends with exactly what was sent, after the kernel's own write to another
+    tensor."""
+    dev = use_rank_gpu(ctx.rank)
+    n = 1 << 20
+    if ctx.rank == 1:
+        dist.send(torch.arange(n, dtype=torch.float32, device=dev), 0)
+        torch.cuda.synchronize()
+        return {}
+    y = torch.full((n,), -1.0, device=dev)
+    marker = torch.zeros(1, device=dev)
+    torch.cuda._sleep(SLEEP_CYCLES)  # the slow kernel ...
+    marker.fill_(1.0)  # ... and its output
+    dist.irecv(y, 1).wait()
+    torch.cuda.synchronize()
+    want = torch.arange(n, dtype=torch.float32)
+    return {"exact": bool(torch.equal(y.cpu(), want)), "marker": float(marker.item()),
+            "old_values_left": int((y == -1.0).sum())}
+
+
+def test_a_recv_behind_a_slow_kernel_keeps_the_data_it_received():
+    res = harness.run_ranks(_recv_behind_a_slow_kernel, 2, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            ref_group=False)
+    assert res[0]["marker"] == 1.0, res
+    assert res[0]["exact"] and res[0]["old_values_left"] == 0, res
+
+
 def _calls_across_streams(ctx):
     """Asynchronous calls (the group's stream) and synchronous ones (their
     caller's stream: the current one or either of two side streams)
