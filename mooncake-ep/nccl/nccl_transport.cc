@@ -112,8 +112,10 @@ NcclEpTransport::NcclEpTransport(const NcclEpOptions& options)
     : options_(options), impl_(std::make_unique<Impl>()) {}
 
 NcclEpTransport::~NcclEpTransport() {
-    if (impl_ && !impl_->destroyed)
+    if (impl_ && !impl_->destroyed) {
+        (void)cudaSetDevice(options_.device);  // the frees below act on the current device
         impl_->abortLocal();
+    }
 }
 
 Status NcclEpTransport::create(const NcclEpOptions& o, std::unique_ptr<NcclEpTransport>* out) {
@@ -159,11 +161,15 @@ Status NcclEpTransport::create(const NcclEpOptions& o, std::unique_ptr<NcclEpTra
     if (st.ok()) {
         ncclDevCommRequirements reqs;
         std::memset(&reqs, 0, sizeof(reqs));
-        // Every group of more than one rank asks for GIN, even when the data
-        // stays in one LSA team (the contexts are spread over destinations).
-        reqs.ginForceEnable = o.num_ranks > 1;
-        reqs.ginContextCount = 4;
-        reqs.ginSignalCount = ncclEpSignalCount(o.num_ranks, o.num_experts);
+        // GIN only when some peer lies outside this rank's LSA (NVLink) team:
+        // the kernels reach LSA peers by loads and stores, and NCCL 2.28
+        // turns GIN on as soon as signals are asked for, which then needs a
+        // GIN-capable NIC that a single NVLink node may not have. Every rank
+        // of a group decides alike: one node, or every rank has off-node peers.
+        const bool need_gin = ncclTeamLsa(m.comm).nRanks < o.num_ranks;
+        reqs.ginForceEnable = need_gin;
+        reqs.ginContextCount = need_gin ? 4 : 0;
+        reqs.ginSignalCount = need_gin ? ncclEpSignalCount(o.num_ranks, o.num_experts) : 0;
         st = m.call(ncclDevCommCreate(m.comm, &reqs, &m.dev.comm), deadline, "ncclDevCommCreate");
         m.dev_comm = st.ok();
     }
@@ -201,8 +207,12 @@ Status NcclEpTransport::destroy() {
     if (m.destroyed)
         return Status::OK();
     m.destroyed = true;
+    // The window's device, whichever is current (the garbage collector may
+    // run this, or the caller may have switched devices).
+    Status st = cudaStatus(cudaSetDevice(options_.device), "cudaSetDevice");
     // Our kernels may still run on the window.
-    Status st = cudaStatus(cudaDeviceSynchronize(), "waiting for the last EP kernels");
+    if (st.ok())
+        st = cudaStatus(cudaDeviceSynchronize(), "waiting for the last EP kernels");
     if (m.peers)
         (void)cudaFree(m.peers);
     m.peers = nullptr;

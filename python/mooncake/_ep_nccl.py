@@ -9,9 +9,10 @@ and the kernels differ. Setup, on every rank of the group:
   2. every rank creates the communicator, the symmetric window (the EP
      buffer plus send staging) and the device communicator with GIN, each
      step bounded by MOONCAKE_EP_SETUP_TIMEOUT_MS;
-  3. an all_gather of "ok" makes every rank raise if any rank failed (there
-     is no silent fallback once NCCL was selected; MOONCAKE_EP_TRANSPORT=ibgda
-     selects IPC/IBGDA instead).
+  3. an all_gather of "ok" makes every rank raise NcclSetupError if any rank
+     failed. ElasticBuffer then goes on over IPC/IBGDA when the transport was
+     chosen by "auto" (saying why in transport_reason), and re-raises when
+     "nccl" was asked for by name.
 """
 
 import os
@@ -25,6 +26,10 @@ from mooncake import _ep_runtime
 from mooncake.mooncake_ep_buffer import Buffer
 
 UNIQUE_ID_BYTES = 128
+
+
+class NcclSetupError(RuntimeError):
+    """The NCCL transport could not be set up on some rank (raised on every rank)."""
 
 
 def broadcast_unique_id(group, rank, make_id, comm_device):
@@ -68,10 +73,13 @@ class NcclBuffer(Buffer):
         if bad:
             if runtime is not None:
                 del runtime  # local teardown: the peers that failed will not finalize
-            raise RuntimeError(
+            raise NcclSetupError(
                 f"the NCCL device-API transport could not be set up on ranks {bad}"
                 + (f" (this rank: {error})" if error else "")
-                + "; set MOONCAKE_EP_TRANSPORT=ibgda or pass transport='ibgda' to use IPC/IBGDA")
+                + "; likely causes: no GIN-capable NIC for peers on other hosts, "
+                "NCCL_GIN_ENABLE=0, or no symmetric memory (NCCL_CUMEM_ENABLE=0, or no CUDA "
+                "P2P between the GPUs); run with NCCL_DEBUG=WARN for NCCL's own reason, or set "
+                "MOONCAKE_EP_TRANSPORT=ibgda or pass transport='ibgda' to use IPC/IBGDA")
         self._fast = runtime
         self._device = torch.device("cuda", device)
         self.use_fast_path = True

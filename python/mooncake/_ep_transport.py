@@ -64,7 +64,9 @@ def requested_transport(transport, environ=None):
 def infer_topology(hosts, devices, shapes=NCCL_SHAPES):
     """(num_rdma_ranks, num_nvlink_ranks, reason): reason is None when NCCL can use it.
 
-    `hosts[r]` and `devices[r]` are rank r's host id and CUDA device (-1: none);
+    `hosts[r]` and `devices[r]` are rank r's host id and the id of its GPU
+    (_ep_fast.device_id: from the GPU's UUID, so ordinals that differ under
+    per-process CUDA_VISIBLE_DEVICES do not matter; -1: none);
     `shapes` are the (num_rdma_ranks, num_nvlink_ranks) with compiled kernels.
     """
     num_ranks = len(hosts)
@@ -74,7 +76,7 @@ def infer_topology(hosts, devices, shapes=NCCL_SHAPES):
     seen = {}
     for r, key in enumerate(zip(hosts, devices)):
         if key in seen:
-            return 0, 0, (f"ranks {seen[key]} and {r} share CUDA device {key[1]} on one host; "
+            return 0, 0, (f"ranks {seen[key]} and {r} share one CUDA device on one host; "
                           f"NCCL needs one GPU per rank")
         seen[key] = r
     # Teams: maximal runs of consecutive ranks on one host.

@@ -40,7 +40,7 @@ from mooncake.mooncake_ep_buffer import Buffer, EPRankFailure, EventOverlap, _Ti
 
 __all__ = ["ElasticBuffer", "EPRankFailure", "EventOverlap"]
 
-_META_VERSION = 1  # bumps when the exchanged row changes meaning
+_META_VERSION = 2  # bumps when the exchanged row changes meaning (2: GPU ids, not ordinals)
 
 
 class ElasticBuffer:
@@ -93,7 +93,9 @@ class ElasticBuffer:
         except ValueError as e:
             mode_code, source, bad_env = -1, transports.TRANSPORT_ENV, str(e)
         built, loaded = _ep_runtime.nccl_versions()
-        device = torch.cuda.current_device() if torch.cuda.is_available() else -1
+        # The GPU's UUID-based id, not its ordinal: under per-process
+        # CUDA_VISIBLE_DEVICES every rank's ordinal is 0.
+        device = fast.device_id(torch.cuda.current_device()) if torch.cuda.is_available() else -1
         mine = [_META_VERSION, self.num_max_tokens_per_rank, self.hidden, self.num_topk,
                 mode_code, int(source != "argument"), fast.host_id(),
                 device, built, loaded, self.num_experts or 0]
@@ -121,6 +123,7 @@ class ElasticBuffer:
                                  shapes=_ep_runtime.nccl_shapes() or transports.NCCL_SHAPES)
         self.transport = res.transport
         self.transport_reason = res.reason
+        self._resolved_mode = res.requested
         self.topology = res.shape
         if known:
             self.num_experts = known[0]
@@ -131,8 +134,17 @@ class ElasticBuffer:
                                               self.group_size, num_experts)
         if self.transport == "nccl":
             from mooncake import _ep_nccl
-            return _ep_nccl.NcclBuffer(self.group, size, self.topology, num_experts,
-                                       self.num_max_tokens_per_rank, self.hidden)
+            try:
+                return _ep_nccl.NcclBuffer(self.group, size, self.topology, num_experts,
+                                           self.num_max_tokens_per_rank, self.hidden)
+            except _ep_nccl.NcclSetupError as e:
+                # Every rank raised alike (the setup's outcome is all-gathered).
+                # Asked for by name, NCCL stays required; under "auto" the
+                # group goes on over IPC/IBGDA, saying why.
+                if self._resolved_mode != "auto":
+                    raise
+                self.transport = "ibgda"
+                self.transport_reason = f"auto chose NCCL, but its setup failed: {e}"
         return Buffer(self.group, size)
 
     def update_ep_member(self):

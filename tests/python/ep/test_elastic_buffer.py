@@ -29,7 +29,7 @@ import elastic_checks as ec  # noqa: E402
 
 FALLBACK_ENV = {FORCE_FALLBACK_ENV: "1"}
 # Why NCCL is not used on a CPU machine, or with ranks sharing a GPU.
-NO_NCCL = (r"no NCCL device-API transport|have no CUDA device|share CUDA device|"
+NO_NCCL = (r"no NCCL device-API transport|have no CUDA device|share one CUDA device|"
            r"the loaded libnccl is")
 M, H, K, EPR = 8, 256, 4, 3  # max tokens, hidden, top-k, experts per rank
 

@@ -38,7 +38,7 @@ def _shared_gpu_worker(ctx):
     eb = ElasticBuffer(dist.group.WORLD, M, H, K)
     assert eb.transport == "ibgda", eb.transport
     if world > 1:
-        assert eb.transport_reason.startswith("ranks 0 and 1 share CUDA device 0") or \
+        assert eb.transport_reason.startswith("ranks 0 and 1 share one CUDA device") or \
             "no NCCL device-API transport" in eb.transport_reason or \
             "the loaded libnccl is" in eb.transport_reason, eb.transport_reason
     E = EPR * world

@@ -7,6 +7,7 @@ by a stand-in that records its arguments; the real one runs on GPUs
 (test_elastic_buffer_gpu.py).
 """
 
+import os
 import types
 
 import pytest
@@ -14,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 import harness
-from mooncake import _ep_nccl, _ep_runtime
+from mooncake import _ep_fast, _ep_nccl, _ep_runtime
 
 
 def _uid_worker(ctx):
@@ -121,6 +122,7 @@ def _elastic_nccl_worker(ctx):
     # One GPU per rank, as far as the selection can tell.
     torch.cuda.is_available = lambda: True
     torch.cuda.current_device = lambda: ctx.rank
+    _ep_fast.device_id = lambda device: 1000 + device  # a GPU id per rank
     world, rank, E = ctx.world_size, ctx.rank, 4
     eb = ElasticBuffer(dist.group.WORLD, 8, 256, 2, num_experts=E)
     assert (eb.transport, eb.transport_reason, eb.topology) == ("nccl", None, (1, 2))
@@ -144,3 +146,50 @@ def _elastic_nccl_worker(ctx):
 
 def test_elastic_buffer_on_the_nccl_transport_builds_updates_and_destroys(backend):
     assert harness.run_ranks(_elastic_nccl_worker, 2, backend, timeout_s=120) == ["ok"] * 2
+
+
+def _auto_falls_back_worker(ctx):
+    """auto picks NCCL, whose setup then fails on rank 1: every rank goes on over
+    IPC/IBGDA (here its CPU fallback), saying why, and stays exact; asked for by
+    name, NCCL's failure raises on every rank instead."""
+    from ep_checks import check_combine, combine_reference, make_inputs
+    from mooncake import _ep_transport
+    from mooncake.mooncake_elastic_buffer import ElasticBuffer
+    from mooncake._ep_fast import size_hint_python
+    from mooncake.mooncake_ep_buffer import FORCE_FALLBACK_ENV
+
+    class Fake(_FakeNcclBuffer):
+        def __init__(self, *args):
+            super().__init__(*args, fail_on=(1,))
+
+    # The Buffer it falls back to runs its CPU fallback (no GPU here).
+    os.environ[FORCE_FALLBACK_ENV] = "1"
+
+    module = types.SimpleNamespace(
+        nccl_unique_id=lambda: b"\x09" * 128, NcclBuffer=Fake,
+        NCCL_DEVICE_VERSION=_ep_transport.NCCL_MIN_VERSION,
+        nccl_runtime_version=lambda: _ep_transport.NCCL_MIN_VERSION,
+        NCCL_SHAPES=((1, 2),), buffer_size_hint=size_hint_python)
+    _ep_runtime._state = (module, None)
+    torch.cuda.is_available = lambda: True
+    torch.cuda.current_device = lambda: ctx.rank
+    _ep_fast.device_id = lambda device: 1000 + device  # a GPU id per rank
+    world, rank, E = ctx.world_size, ctx.rank, 4
+    eb = ElasticBuffer(dist.group.WORLD, 8, 256, 2, num_experts=E)
+    assert eb.transport == "ibgda", (eb.transport, eb.transport_reason)
+    assert eb.transport_reason.startswith(
+        "auto chose NCCL, but its setup failed: the NCCL device-API transport could not be set "
+        "up on ranks [1]"), eb.transport_reason
+    x, idx, w = make_inputs(rank, 8, 256, E, 2, 5)
+    act = torch.ones(world, dtype=torch.int32)
+    recv, _, handle, _, _ = eb.dispatch(x, idx, act, 8, E, -1, use_fp8=False)
+    out, _, _ = eb.combine(recv, idx, w, act, -1, handle)
+    check_combine(out, combine_reference(rank, x, idx, w, [1] * world, E // world), False, "auto")
+    eb.destroy()
+    with pytest.raises(_ep_nccl.NcclSetupError, match=r"could not be set up on ranks \[1\]"):
+        ElasticBuffer(dist.group.WORLD, 8, 256, 2, transport="nccl", num_experts=E)
+    return "ok"
+
+
+def test_auto_goes_on_without_nccl_when_its_setup_fails(backend):
+    assert harness.run_ranks(_auto_falls_back_worker, 2, backend, timeout_s=120) == ["ok"] * 2

@@ -58,13 +58,13 @@ def test_several_ranks_on_one_gpu_auto_falls_back_and_nccl_refuses():
     hosts, devices = [3] * 8, [0] * 8  # 8 processes on one GPU (the one-GPU machine)
     res = _resolve("auto", hosts, devices)
     assert res.transport == "ibgda"
-    assert res.reason == ("ranks 0 and 1 share CUDA device 0 on one host; NCCL needs one GPU "
+    assert res.reason == ("ranks 0 and 1 share one CUDA device on one host; NCCL needs one GPU "
                           "per rank")
-    with pytest.raises(RuntimeError, match="ranks 0 and 1 share CUDA device 0"):
+    with pytest.raises(RuntimeError, match="ranks 0 and 1 share one CUDA device"):
         _resolve("nccl", hosts, devices)
     # Two GPUs, two ranks each: still shared.
     res = _resolve("auto", [3, 3, 3, 3], [0, 1, 0, 1])
-    assert res.reason.startswith("ranks 0 and 2 share CUDA device 0")
+    assert res.reason.startswith("ranks 0 and 2 share one CUDA device")
 
 
 def test_ranks_without_a_gpu():
