@@ -89,12 +89,28 @@ def test_setup_failure_on_one_rank_raises_on_every_rank(backend):
     assert harness.run_ranks(_setup_worker, 2, backend, timeout_s=120, args=((),)) == ["ok"] * 2
 
 
+def _install_nccl_stand_in(ctx, nccl_buffer_cls):
+    """A runtime whose NCCL build, version and 1x2 shape pass the selection, with
+    `nccl_buffer_cls` as its NcclBuffer, and one GPU per rank as far as the
+    selection can tell (no GPU here)."""
+    from mooncake import _ep_transport
+    from mooncake._ep_fast import size_hint_python
+
+    module = types.SimpleNamespace(
+        nccl_unique_id=lambda: b"\x07" * 128, NcclBuffer=nccl_buffer_cls,
+        NCCL_DEVICE_VERSION=_ep_transport.NCCL_MIN_VERSION,
+        nccl_runtime_version=lambda: _ep_transport.NCCL_MIN_VERSION,
+        NCCL_SHAPES=((1, 2),), buffer_size_hint=size_hint_python)
+    _ep_runtime._state = (module, None)
+    torch.cuda.is_available = lambda: True
+    torch.cuda.current_device = lambda: ctx.rank
+    _ep_fast.device_id = lambda device: 1000 + device  # a GPU id per rank
+
+
 def _elastic_nccl_worker(ctx):
     """ElasticBuffer selecting NCCL (a stand-in runtime): build, update, destroy order."""
     from ep_checks import check_combine, combine_reference, make_inputs
-    from mooncake import _ep_transport
     from mooncake.mooncake_elastic_buffer import ElasticBuffer
-    from mooncake._ep_fast import size_hint_python
 
     events = []
 
@@ -113,16 +129,7 @@ def _elastic_nccl_worker(ctx):
         def __del__(self):
             events.append(f"drop {self.gen}")
 
-    module = types.SimpleNamespace(
-        nccl_unique_id=lambda: b"\x07" * 128, NcclBuffer=Fake,
-        NCCL_DEVICE_VERSION=_ep_transport.NCCL_MIN_VERSION,
-        nccl_runtime_version=lambda: _ep_transport.NCCL_MIN_VERSION,
-        NCCL_SHAPES=((1, 2),), buffer_size_hint=size_hint_python)
-    _ep_runtime._state = (module, None)
-    # One GPU per rank, as far as the selection can tell.
-    torch.cuda.is_available = lambda: True
-    torch.cuda.current_device = lambda: ctx.rank
-    _ep_fast.device_id = lambda device: 1000 + device  # a GPU id per rank
+    _install_nccl_stand_in(ctx, Fake)
     world, rank, E = ctx.world_size, ctx.rank, 4
     eb = ElasticBuffer(dist.group.WORLD, 8, 256, 2, num_experts=E)
     assert (eb.transport, eb.transport_reason, eb.topology) == ("nccl", None, (1, 2))
@@ -153,9 +160,7 @@ def _auto_falls_back_worker(ctx):
     IPC/IBGDA (here its CPU fallback), saying why, and stays exact; asked for by
     name, NCCL's failure raises on every rank instead."""
     from ep_checks import check_combine, combine_reference, make_inputs
-    from mooncake import _ep_transport
     from mooncake.mooncake_elastic_buffer import ElasticBuffer
-    from mooncake._ep_fast import size_hint_python
     from mooncake.mooncake_ep_buffer import FORCE_FALLBACK_ENV
 
     class Fake(_FakeNcclBuffer):
@@ -165,15 +170,7 @@ def _auto_falls_back_worker(ctx):
     # The Buffer it falls back to runs its CPU fallback (no GPU here).
     os.environ[FORCE_FALLBACK_ENV] = "1"
 
-    module = types.SimpleNamespace(
-        nccl_unique_id=lambda: b"\x09" * 128, NcclBuffer=Fake,
-        NCCL_DEVICE_VERSION=_ep_transport.NCCL_MIN_VERSION,
-        nccl_runtime_version=lambda: _ep_transport.NCCL_MIN_VERSION,
-        NCCL_SHAPES=((1, 2),), buffer_size_hint=size_hint_python)
-    _ep_runtime._state = (module, None)
-    torch.cuda.is_available = lambda: True
-    torch.cuda.current_device = lambda: ctx.rank
-    _ep_fast.device_id = lambda device: 1000 + device  # a GPU id per rank
+    _install_nccl_stand_in(ctx, Fake)
     world, rank, E = ctx.world_size, ctx.rank, 4
     eb = ElasticBuffer(dist.group.WORLD, 8, 256, 2, num_experts=E)
     assert eb.transport == "ibgda", (eb.transport, eb.transport_reason)
