@@ -317,6 +317,10 @@ private:
     // entry point stages it). `async_op`: the caller's opts.asyncOp; false
     // (torch waits at once) queues the kernels on the caller's current
     // stream rather than the group's.
+    // Whether a call of `collective` could run on the device kernels at all
+    // (CUDA group, kernels path, window size, direct path for split sizes):
+    // checked before a list form packs its tensors or allocates a scratch.
+    bool mayRunKernels(device::CudaCollective collective) const;
     c10::intrusive_ptr<MooncakeWork> maybeKernel(KernelCall call, std::chrono::milliseconds timeout,
                                                  bool async_op);
     // Reads MC_PG_CUDA_PATH and MC_PG_CUDA_SLOT_BYTES; throws c10::Error

@@ -85,7 +85,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall_base(
                 opts.timeout, opts.asyncOp))
             return work;
     }
-    if (!equal && input.is_cuda()) {
+    if (!equal && input.is_cuda() && mayRunKernels(device::CudaCollective::kAllToAllV)) {
         // Each rank's sizes differ, so the route may not depend on them:
         // count 1 for all. The rows travel with the call (all_to_all_v_plan.h).
         device::AllToAllVRow row;
@@ -155,7 +155,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::alltoall(Tensors& outputs, Tenso
         recv_offsets[p] = recv_at;
         recv_at += recv_bytes[p];
     }
-    if (inputs[0].is_cuda()) {
+    if (inputs[0].is_cuda() && mayRunKernels(device::CudaCollective::kAllToAllV)) {
         // The kernels' all_to_all with split sizes (the direct path): the
         // list packed into one contiguous input on the caller's stream, one
         // contiguous output copied out to the list after the call, in stream

@@ -51,6 +51,9 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall, std::c
                                                               bool) {
     return {};
 }
+bool MooncakeBackend::mayRunKernels(device::CudaCollective) const {
+    return false;
+}
 void MooncakeBackend::configureCuda() {}
 void MooncakeBackend::abortDeviceCalls() {}
 void MooncakeBackend::releaseDeviceWindow() {}

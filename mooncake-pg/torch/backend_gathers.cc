@@ -59,7 +59,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::allgather(std::vector<Tensors>& 
     checkTensor(inputs[0], op, "input tensor");
     const DataType dtype = checkDtype(inputs[0], op, "input tensor");
     checkPerRankList(outputs[0], inputs[0], op, "tensor_list");
-    if (inputs[0].is_cuda()) {
+    if (inputs[0].is_cuda() && mayRunKernels(device::CudaCollective::kAllGather)) {
         // The kernels gather into one contiguous tensor, copied out to the list.
         const at::Tensor input = inputs[0];
         KernelCall call{device::CudaCollective::kAllGather,
@@ -267,7 +267,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::gather(std::vector<Tensors>& out
                                                        const c10d::GatherOptions& opts) {
     const char* op = "gather";
     const RootedArgs args = checkRooted(inputs, outputs, opts.rootRank, op, "dst", "gather_list");
-    if (args.local.is_cuda()) {
+    if (args.local.is_cuda() && mayRunKernels(device::CudaCollective::kGather)) {
         // The root's kernels gather into one contiguous tensor, copied out
         // to its list; the others' output is their own input, untouched.
         const at::Tensor local = args.local;
@@ -320,7 +320,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::scatter(Tensors& outputs,
                                                         const c10d::ScatterOptions& opts) {
     const char* op = "scatter";
     const RootedArgs args = checkRooted(outputs, inputs, opts.rootRank, op, "src", "scatter_list");
-    if (args.local.is_cuda()) {
+    if (args.local.is_cuda() && mayRunKernels(device::CudaCollective::kScatter)) {
         // The root's list packed into one contiguous tensor on the caller's
         // stream; the others' input is their own output, which the kernels
         // only write.

@@ -100,7 +100,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce(Tensors& tensors,
     // they reduce a premultiplied copy.
     const at::Tensor operand =
         premultiplied(opts.reduceOp, user, /*in_place=*/getRank() == root, op);
-    if (user.is_cuda()) {
+    if (user.is_cuda() && mayRunKernels(device::CudaCollective::kReduce)) {
         // The kernels run it as an all_reduce (all_reduce.h): a non-root's
         // result lands in a scratch tensor it drops, its own left as it was.
         const bool is_root = getRank() == root;
@@ -144,7 +144,7 @@ c10::intrusive_ptr<c10d::Work> MooncakeBackend::reduce_scatter(
     Tensors operands;
     for (const auto& t : inputs[0])
         operands.push_back(premultiplied(opts.reduceOp, t, /*in_place=*/false, op));
-    if (user_out.is_cuda()) {
+    if (user_out.is_cuda() && mayRunKernels(device::CudaCollective::kReduceScatter)) {
         // The kernels take the list packed into one contiguous tensor, on
         // the caller's stream.
         KernelCall call{device::CudaCollective::kReduceScatter,

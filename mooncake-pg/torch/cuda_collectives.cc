@@ -91,17 +91,21 @@ void MooncakeBackend::configureCuda() {
     cuda_blocking_wait_ = blocking.value();
 }
 
+bool MooncakeBackend::mayRunKernels(device::CudaCollective collective) const {
+    if (!config_.is_cuda || cuda_path_ != device::CudaPath::kKernels)
+        return false;
+    // Windows hold a slot per reserved rank: at most kMaxDeviceRanks.
+    if (max_group_size_ > device::kMaxDeviceRanks || !fabric_)
+        return false;
+    // all_to_all with split sizes runs only on the direct path (every rank
+    // reads MC_PG_CUDA_DIRECT alike: bootstrap compares it).
+    return collective != device::CudaCollective::kAllToAllV || cuda_direct_;
+}
+
 c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
                                                               std::chrono::milliseconds timeout,
                                                               bool async_op) {
-    if (!config_.is_cuda || cuda_path_ != device::CudaPath::kKernels || !call.output.is_cuda())
-        return {};
-    // Windows hold a slot per reserved rank: at most kMaxDeviceRanks.
-    if (max_group_size_ > device::kMaxDeviceRanks || !fabric_)
-        return {};
-    // all_to_all with split sizes runs only on the direct path (every rank
-    // reads MC_PG_CUDA_DIRECT alike: bootstrap compares it).
-    if (call.collective == device::CudaCollective::kAllToAllV && !cuda_direct_)
+    if (!call.output.is_cuda() || !mayRunKernels(call.collective))
         return {};
     device::RouteQuery q;
     q.collective = call.collective;
