@@ -312,15 +312,15 @@ private:
     // for a CUDA tensor on another device than the group's earlier CUDA ops.
     Executor* executorFor(const Staging& staging, const char* op);
     // ---- device collectives on CUDA tensors (cuda_collectives.cc; without
-    // CUDA, maybeKernel returns null). maybeKernel: the op's Work when the
-    // CUDA executor's route() gives `call` to the kernels, else null (the
-    // entry point stages it). `async_op`: the caller's opts.asyncOp; false
-    // (torch waits at once) queues the kernels on the caller's current
-    // stream rather than the group's.
+    // CUDA, mayRunKernels is false and maybeKernel returns null).
     // Whether a call of `collective` could run on the device kernels at all
     // (CUDA group, kernels path, window size, direct path for split sizes):
     // checked before a list form packs its tensors or allocates a scratch.
     bool mayRunKernels(device::CudaCollective collective) const;
+    // The op's Work when the CUDA executor's route() gives `call` to the
+    // kernels, else null (the entry point stages it). `async_op`: the
+    // caller's opts.asyncOp; false (torch waits at once) queues the kernels
+    // on the caller's current stream rather than the group's.
     c10::intrusive_ptr<MooncakeWork> maybeKernel(KernelCall call, std::chrono::milliseconds timeout,
                                                  bool async_op);
     // Reads MC_PG_CUDA_PATH and MC_PG_CUDA_SLOT_BYTES; throws c10::Error

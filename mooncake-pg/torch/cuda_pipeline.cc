@@ -165,8 +165,8 @@ void MooncakeBackend::watchGraphReplays() {
     // the window up for the new view.
     const uint64_t applied = applied_epoch_.load();
     if (latest_epoch_.load() == applied && w->epoch() == deviceEpochOf(applied)) {
-        const uint64_t reason = device::abortReasonFor(
-            config_.rank, w->size(), [this](int p) { return fabric_->peerFailed(p); }, nullptr);
+        // No newer view, so only a dead peer can be the reason.
+        const uint64_t reason = abortReasonAgainst(w->size(), applied);
         if (reason != 0) {
             w->setAbort(reason);
             graph_abort_reason_ = reason;
