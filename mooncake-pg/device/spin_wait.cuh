@@ -1,7 +1,7 @@
 // Waiting on flags in device memory, bounded: every spin re-reads the flag
 // with acquire semantics at system scope (peers in other processes write it),
 // and checks a %globaltimer deadline, the call's failure and (in one block)
-// the host's abort word.
+// the host's abort word and epoch.
 #pragma once
 
 #include <cstdint>
@@ -52,8 +52,9 @@ __device__ __forceinline__ void failCall(DeviceOpResult* result, const FailWord&
 
 // Spins until *flag == tag. On the deadline or an abort, fails the call
 // (blaming `peer`) and returns false; returns false as well once another
-// thread failed the call. `start_ns` is when the call began waiting. Only
-// threads with `watch_abort` read the host's abort word (one block's worth
+// thread failed the call, or the call's epoch is no longer current (stale).
+// `start_ns` is when the call began waiting. Only threads with `watch_abort`
+// read the host's abort and epoch words (one block's worth
 // is enough: the failure they record reaches the others through `fail`).
 __device__ __forceinline__ bool waitFlag(const DeviceGroupView& g, const uint64_t* flag,
                                          uint64_t tag, int peer, uint64_t start_ns,
@@ -66,6 +67,15 @@ __device__ __forceinline__ bool waitFlag(const DeviceGroupView& g, const uint64_
         // a trip outside the SM.
         if ((spins & 63) == 0) {
             if (watch_abort) {
+                // A replay of a captured call compares its epoch with the
+                // latest committed one: a membership change committed while
+                // it waits may have taken out the peer it waits on. (An
+                // eager call's epoch word changes only between calls.)
+                const uint64_t current = *g.current_epoch;
+                if (current != g.epoch) {
+                    failCall(result, fail, DeviceStatus::kStaleEpoch, -1, current);
+                    return false;
+                }
                 const uint64_t abort = *g.abort_word;
                 if (abort != 0) {
                     failCall(result, fail, DeviceStatus::kAborted, peer, abort);

@@ -6,6 +6,7 @@
 // stale epoch touches no peer. Skips with the reason where no GPU is usable.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -208,17 +209,17 @@ TEST_P(DeviceCollectiveFailures, SilentPeerTimesOutAndTheSurvivorsGoOnInANewEpoc
     });
 }
 
-TEST_P(DeviceCollectiveFailures, AbortWordEndsAnUnboundedWait) {
-    SKIP_WITHOUT_GPU();
+// Rank 0 queues a call that waits, with no deadline, on rank 1, which never
+// calls; once rank 0's first flag reached rank 1, `end` acts on the host
+// words, and the call must then fail with `want` and `detail`.
+void endAnUnboundedWait(Kind kind, const std::function<void(Rank&)>& end, DeviceStatus want,
+                        uint64_t detail) {
     TempDir dir;
-    const Kind kind = GetParam();
     runRanks(2, [&](int rank) {
         Rank r;
         if (int rc = setUp(r, dir.path(), rank, 2, kSlotBytes); rc != 0)
             return rc;
         if (rank == 1) {
-            // Never calls; tells rank 0 once rank 0 signalled its first step
-            // here, so rank 0 aborts a call that waits on rank 1.
             uint64_t flag = 0;
             Deadline deadline = Deadline::afterMs(kWaitMs);
             while (flag == 0 && !deadline.expired()) {
@@ -227,26 +228,40 @@ TEST_P(DeviceCollectiveFailures, AbortWordEndsAnUnboundedWait) {
             }
             CHILD_CHECK(flag == stepTag(1, 0, 0));
             CHILD_OK(r.store->set("signalled", "1"));
-            CHILD_CHECK(!te::shm_test::waitKey(*r.store, "aborted").empty());
+            CHILD_CHECK(!te::shm_test::waitKey(*r.store, "ended").empty());
             return 0;
         }
         DeviceFloats b;
         if (int rc = allocate(b, 2); rc != 0)
             return rc;
-        r.view.timeout_ns = -1;  // only the abort word can end this call
+        r.view.timeout_ns = -1;  // only the host words can end this call
         r.clearResult();
         CHILD_OK(queueCall(kind, r, b.in, b.out, 0, false));
         CHILD_CHECK(!te::shm_test::waitKey(*r.store, "signalled").empty());
-        r.setAbort(7);
+        end(r);
         CUDA_CHILD_OK(cudaStreamSynchronize(r.stream));
-        CHILD_CHECK(r.hostResult()->status == static_cast<int32_t>(DeviceStatus::kAborted));
-        CHILD_CHECK(r.hostResult()->detail == 7);
-        // The waiting kernel names rank 1; a kernel that starts after the
-        // abort names no one.
+        CHILD_CHECK(r.hostResult()->status == static_cast<int32_t>(want));
+        CHILD_CHECK(r.hostResult()->detail == detail);
+        // The waiting kernel names rank 1 for an abort; a kernel that starts
+        // after the change names no one.
         CHILD_CHECK(r.hostResult()->culprit == 1 || r.hostResult()->culprit == -1);
-        CHILD_OK(r.store->set("aborted", "1"));
+        CHILD_OK(r.store->set("ended", "1"));
         return 0;
     });
+}
+
+TEST_P(DeviceCollectiveFailures, AbortWordEndsAnUnboundedWait) {
+    SKIP_WITHOUT_GPU();
+    endAnUnboundedWait(
+        GetParam(), [](Rank& r) { r.setAbort(7); }, DeviceStatus::kAborted, 7);
+}
+
+// A replay waiting on a peer when a membership change is committed: the
+// change may have taken the peer out, so the wait ends as stale.
+TEST_P(DeviceCollectiveFailures, AMembershipChangeWhileItWaitsEndsAnUnboundedWaitAsStale) {
+    SKIP_WITHOUT_GPU();
+    endAnUnboundedWait(
+        GetParam(), [](Rank& r) { r.setCurrentEpoch(2); }, DeviceStatus::kStaleEpoch, 2);
 }
 
 TEST_P(DeviceCollectiveFailures, StaleEpochTouchesNoPeer) {

@@ -9,7 +9,8 @@ warm-up, and an op that cannot run on the device kernels, are refused with a
 clear error and the group works afterwards. A membership change after the
 capture (a deactivation, or a rank joining back) makes the next replay's
 collectives fail as stale without touching their outputs;
-check_graph_replays raises it once. A peer SIGKILLed while the others
+check_graph_replays raises it once; replays already waiting for a member
+when it is deactivated fail as stale at once. A peer SIGKILLed while the others
 replay is found by the host's watch of the replays (long before the op
 timeout), named in the failure, and taken out by the reconciliation that
 the replay's report starts. Skipped, with the reason shown, on a machine
@@ -385,3 +386,59 @@ def test_a_peer_killed_during_replays_is_found_by_the_host_and_taken_out():
         assert r["reported_after_stale"] == r["reported"], (rank, r)
         assert r["eager_after"] == [3.0], (rank, r)
         assert r["replay_after"] == [21.0] and r["check_after"] is None, (rank, r)
+
+
+def _deactivated_while_replays_wait(ctx):
+    """Rank 2 stalls (alive, never replaying); ranks 0 and 1 replay a captured
+    all_reduce, whose kernels then wait for rank 2. Rank 0 deactivates rank 2
+    while they wait: the waiting kernels see the committed membership change
+    and fail as stale at once, not at the op timeout (a stalled peer is no
+    evidence the host could put into the abort word)."""
+    dev = use_rank_gpu(ctx.rank)
+    rank, victim = ctx.rank, 2
+    pg = _pg()
+    group = dist.group.WORLD
+    out = {}
+    x, graph, out["first"] = _captured_all_reduce(rank, dev)
+    ctx.signal(f"replayed_{rank}")
+    if rank == victim:
+        ctx.wait_for("survivors_done", JOB_TIMEOUT_S)
+        return out
+    for r in range(3):
+        ctx.wait_for(f"replayed_{r}", 60)
+    x.fill_(float(rank + 1))
+    t0 = time.monotonic()
+    graph.replay()
+    # Queued, and still running (waiting for rank 2) when the change comes.
+    out["busy"] = not torch.cuda.current_stream().query()
+    ctx.signal(f"replaying_{rank}")
+    if rank == 0:
+        ctx.wait_for("replaying_1", 60)
+        pg.deactivate_ranks(group, [victim])
+    torch.cuda.synchronize()  # the kernels returned: no hang
+    out["replay_s"] = time.monotonic() - t0
+    out["untouched"] = sorted(set(x.cpu().tolist()))
+    out["check"] = _outcome(lambda: pg.check_graph_replays(group))
+    _wait_mask(pg, group, [1, 1, 0])
+    y = torch.full((4,), float(rank + 1), device=dev)
+    dist.all_reduce(y)
+    out["eager_after"] = sorted(set(y.cpu().tolist()))
+    ctx.signal(f"done_{rank}")
+    if rank == 0:
+        ctx.wait_for("done_1", 60)
+        ctx.signal("survivors_done")
+    return out
+
+
+def test_replays_waiting_when_a_member_is_deactivated_fail_stale_at_once():
+    res = harness.run_ranks(_deactivated_while_replays_wait, 3, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            ref_group=False, env=ENV, pg_timeout_s=OP_TIMEOUT_S)
+    for rank in (0, 1):
+        r = res[rank]
+        assert r["first"] == [6.0], (rank, r)
+        assert r["busy"], (rank, r)
+        assert r["replay_s"] < WATCHED_BOUND_S, (rank, r)
+        assert r["untouched"] == [float(rank + 1)], (rank, r)
+        assert r["check"] and "membership changed after the graph was captured" in r["check"], \
+            (rank, r)
+        assert r["eager_after"] == [3.0], (rank, r)
