@@ -20,7 +20,6 @@
 namespace mooncake::ep {
 namespace {
 
-constexpr int kSendThreads = 512;
 constexpr int kRecvThreads = 256;
 
 struct CombineParams {
@@ -28,6 +27,7 @@ struct CombineParams {
     CombineArgs a;
 };
 
+template <int kSendThreads>
 __global__ void __launch_bounds__(kSendThreads) combineSend(CombineParams p) {
     const EpLayout L = epLayoutOf(p.g);
     const EpSendBlock b = epCombineSendBlock(p.g, L);
@@ -62,7 +62,13 @@ Status launchCombine(const EpGroupArgs& g, const CombineArgs& a, cudaStream_t st
     MC_RETURN_IF_ERROR(checkCombineArgs(g, a));
     const CombineParams p{g, a};
     const int nle = g.num_experts / g.num_ranks;
-    combineSend<<<nle * g.num_ranks, kSendThreads, 0, stream>>>(p);
+    const int blocks = nle * g.num_ranks;
+    // The rows this rank returns are about the rows it was sent: with uniform
+    // routing, as many as its own tokens' selections.
+    epWithSendThreads(
+        epSendThreads(static_cast<int64_t>(a.num_tokens) * a.top_k, blocks), [&](auto threads) {
+            combineSend<decltype(threads)::value><<<blocks, threads.value, 0, stream>>>(p);
+        });
     MC_RETURN_IF_ERROR(cudaLaunchStatus("combine send"));
     return launchCombineReceive(g, a, stream);
 }

@@ -2,7 +2,8 @@
 // experts it selected, and each rank packs what it received per local expert.
 //
 // Two kernels, so no block ever waits on a block of its own grid:
-//   send     one block per global expert e: finds the tokens that selected e
+//   send     one block per global expert e (4 to 16 warps: epSendThreads):
+//            finds the tokens that selected e
 //            (in token order, so slots are deterministic), writes their
 //            messages into the owner's receive region, then one signal
 //            carrying the count.
@@ -24,7 +25,6 @@
 namespace mooncake::ep {
 namespace {
 
-constexpr int kSendThreads = 512;
 constexpr int kRecvThreads = 512;
 
 // The kernels' view of the arguments, by value.
@@ -33,6 +33,7 @@ struct DispatchParams {
     DispatchArgs a;
 };
 
+template <int kSendThreads>
 __global__ void __launch_bounds__(kSendThreads) dispatchSend(DispatchParams p) {
     const EpLayout L = epLayoutOf(p.g);
     const EpSendBlock b = epDispatchSendBlock(p.g, L);
@@ -68,7 +69,12 @@ __global__ void __launch_bounds__(kRecvThreads) dispatchReceive(DispatchParams p
 Status launchDispatch(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t stream) {
     MC_RETURN_IF_ERROR(checkDispatchArgs(g, a));
     const DispatchParams p{g, a};
-    dispatchSend<<<g.num_experts, kSendThreads, 0, stream>>>(p);
+    // A block per global expert; each of this rank's tokens goes to top_k.
+    epWithSendThreads(epSendThreads(static_cast<int64_t>(a.num_tokens) * a.top_k, g.num_experts),
+                      [&](auto threads) {
+                          dispatchSend<decltype(threads)::value>
+                              <<<g.num_experts, threads.value, 0, stream>>>(p);
+                      });
     MC_RETURN_IF_ERROR(cudaLaunchStatus("dispatch send"));
     return launchDispatchReceive(g, a, stream);
 }

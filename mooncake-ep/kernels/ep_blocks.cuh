@@ -7,12 +7,32 @@
 
 #include <cuda_bf16.h>
 
+#include <type_traits>
+
 #include "mooncake-ep/core/handle.h"
 #include "mooncake-ep/kernels/device_sync.cuh"
 #include "mooncake-ep/kernels/ep_kernels.h"
 #include "mooncake-ep/kernels/message.cuh"
 
 namespace mooncake::ep {
+
+// Host: calls launch(std::integral_constant<int, T>{}) with T = `threads`,
+// one of the block sizes epSendThreads chooses, so that a send kernel is
+// compiled for each.
+template <typename Launch>
+void epWithSendThreads(int threads, Launch launch) {
+    switch (threads) {
+        case 128:
+            launch(std::integral_constant<int, 128>{});
+            break;
+        case 256:
+            launch(std::integral_constant<int, 256>{});
+            break;
+        default:
+            launch(std::integral_constant<int, kEpMaxSendThreads>{});
+            break;
+    }
+}
 
 // What one send block of an operation works on. Dispatch has a block per
 // global expert; combine a block per (local expert, destination rank).

@@ -87,6 +87,17 @@ int epCombineReceiveBlocks(const EpGroupArgs& g, int num_tokens, int sms);
 // count only when ranks share it (the grid depends on it only then).
 int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens);
 
+// Threads of a send block (dispatch: a block per global expert; combine: a
+// block per local expert and destination), which copies one row per warp:
+// the warps for the rows a block gets with uniform routing (`rows` spread
+// over `blocks`), rounded up to a power of two, from 4 to 16 warps. Warps
+// with no row still hold an SM's thread slots until their block ends, and
+// ranks sharing a GPU run short of those first. MC_EP_SEND_THREADS (128,
+// 256 or 512) overrides it, for benchmarks; any other value is ignored.
+int epSendThreads(int64_t rows, int64_t blocks);
+inline constexpr int kEpMinSendThreads = 128;
+inline constexpr int kEpMaxSendThreads = 512;
+
 // Enqueue on `stream`; kInternal when the launch itself fails.
 Status launchDispatch(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t stream);
 Status launchCombine(const EpGroupArgs& g, const CombineArgs& a, cudaStream_t stream);

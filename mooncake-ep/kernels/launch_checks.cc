@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "mooncake-ep/kernels/ep_kernels.h"
@@ -59,6 +60,21 @@ int epCombineReceiveBlocks(const EpGroupArgs& g, int num_tokens, int sms) {
     // sharing ranks is a quarter of them.
     constexpr int kSpinningBlocksPerSm = 2;
     return std::min(wanted, std::max(1, kSpinningBlocksPerSm * sms / g.ranks_per_device));
+}
+
+int epSendThreads(int64_t rows, int64_t blocks) {
+    static const int forced = [] {
+        const char* v = std::getenv("MC_EP_SEND_THREADS");
+        const int n = v ? std::atoi(v) : 0;
+        return n == 128 || n == 256 || n == 512 ? n : 0;
+    }();
+    if (forced)
+        return forced;
+    const int64_t per_block = blocks > 0 ? (std::max<int64_t>(rows, 0) + blocks - 1) / blocks : 0;
+    int threads = kEpMinSendThreads;
+    while (threads < kEpMaxSendThreads && threads / 32 < per_block)
+        threads *= 2;
+    return threads;
 }
 
 int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens) {

@@ -123,6 +123,17 @@ TEST(EpLaunchChecks, NameTheArgumentTheValueAndTheExpectation) {
     expectInvalid(launchCombine(validGroup(), cb, nullptr), "x, src_info or layout_range is null");
 }
 
+TEST(EpLaunchChecks, SendBlocksHaveAWarpPerRowTheyGetWithUniformRouting) {
+    // 128 tokens x top-8 over 256 experts: 4 rows a block.
+    EXPECT_EQ(epSendThreads(128 * 8, 256), 128);
+    EXPECT_EQ(epSendThreads(160 * 8, 256), 256);   // 5 rows: 8 warps
+    EXPECT_EQ(epSendThreads(256 * 8, 256), 256);   // 8 rows
+    EXPECT_EQ(epSendThreads(300 * 8, 256), 512);   // 10 rows
+    EXPECT_EQ(epSendThreads(4096 * 8, 256), 512);  // never more than 16 warps
+    EXPECT_EQ(epSendThreads(0, 256), kEpMinSendThreads);
+    EXPECT_EQ(epSendThreads(64, 0), kEpMinSendThreads);
+}
+
 TEST(EpLaunchChecks, CombineReceiveGridIsBoundedOnlyWhenRanksShareTheGpu) {
     constexpr int kH200Sms = 132;
     EpGroupArgs g = validGroup();                          // two ranks, one per GPU
