@@ -79,10 +79,13 @@ def build_parser():
                         "each op's latency excludes the other ranks' lateness (e.g. their expert "
                         "forward on a shared GPU); end-to-end then includes the barriers")
     p.add_argument("--launch-pad-us", type=int, default=0,
-                   help="CUDA: a GPU sleep of this many microseconds before each timed op, so "
-                        "its kernels are queued before its start event fires and its latency is "
-                        "device time (the host's Python and launch time excluded; the pad must "
-                        "outlast them, e.g. 1000); 0: eager latency, host time included")
+                   help="CUDA: a GPU wait of at least this many microseconds before each timed "
+                        "op, so its kernels are queued before its start event fires and its "
+                        "latency is device time (the host's Python and launch time excluded; the "
+                        "pad must outlast them, e.g. 1000). It ends on every rank sharing the GPU "
+                        "at once (the next multiple of twice N of the GPU clock), so with "
+                        "--align-ranks the ranks' host lateness is left out too; 0: eager "
+                        "latency, host time included")
     return p
 
 
@@ -198,6 +201,7 @@ class _Clock:
     def __init__(self, device):
         self.cuda = device.type == "cuda"
         self._cycles_per_us = None
+        self._aligned_pad = None  # the EP extension's aligned_pad, False without it
 
     def stamp(self):
         if self.cuda:
@@ -214,8 +218,21 @@ class _Clock:
             torch.cuda.synchronize()
 
     def pad(self, us):
-        """Queues a GPU sleep of about `us` microseconds (nothing on the CPU)."""
+        """Queues a GPU wait of at least `us` microseconds (nothing on the CPU).
+
+        With the EP extension, the wait ends at the next multiple of 2 * us of
+        the GPU's clock, which ranks sharing the GPU share: their timed ops
+        then start together, and a rank's latency leaves out the others' host
+        lateness (each queued its pad within the same period after the
+        barrier). Without it, a torch.cuda._sleep of about `us`."""
         if not self.cuda or us <= 0:
+            return
+        if self._aligned_pad is None:
+            from mooncake import _ep_runtime
+            runtime = _ep_runtime.runtime()
+            self._aligned_pad = runtime.aligned_pad if runtime is not None else False
+        if self._aligned_pad:
+            self._aligned_pad(float(us), float(2 * us))
             return
         if self._cycles_per_us is None:  # torch.cuda._sleep counts clock cycles
             probe = 1_000_000

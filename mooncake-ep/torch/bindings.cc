@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "mooncake-ep/torch/ep_ops.h"
 #include "mooncake-ep/torch/fast_buffer.h"
 #include "mooncake-transfer-engine/transport/rdma/rdma_transport.h"
 #ifdef MOONCAKE_EP_NCCL_DEVICE
@@ -113,6 +114,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("device_filter"),
         "(device, reason): the first IBGDA-capable device the filter admits, or \"\" and why "
         "there is none");
+    m.def("aligned_pad", &mooncake::ep::alignedPad, py::arg("min_us"), py::arg("period_us"),
+          "Benchmarks: a GPU wait on the current stream of at least min_us that ends, for every "
+          "process on this GPU, at the next multiple of period_us of the GPU's clock");
     py::class_<FastBuffer>(m, "Buffer")
         .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, std::string key_prefix,
                          std::string secret, int rank, int num_ranks, int64_t num_bytes, int device,

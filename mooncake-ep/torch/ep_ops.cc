@@ -1,5 +1,7 @@
 #include "mooncake-ep/torch/ep_ops.h"
 
+#include "mooncake-ep/kernels/aligned_pad.h"
+
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -103,6 +105,17 @@ void ErrorWord::record(EpState* state, cudaStream_t stream) {
               "copying the error word");
     cudaCheck(cudaEventRecord(event_, stream), "recording the error word's event");
     pending_ = true;
+}
+
+void alignedPad(double min_us, double period_us) {
+    if (!(min_us >= 1.0) || !(period_us >= 1.0))
+        throw std::invalid_argument("aligned_pad: min_us and period_us must be >= 1, got " +
+                                    std::to_string(min_us) + " and " + std::to_string(period_us));
+    const Status st = launchAlignedPad(static_cast<uint64_t>(min_us * 1000.0),
+                                       static_cast<uint64_t>(period_us * 1000.0),
+                                       at::cuda::getCurrentCUDAStream().stream());
+    if (!st.ok())
+        raiseStatus(st, "aligned_pad");
 }
 
 std::optional<std::pair<int32_t, int32_t>> ErrorWord::take(EpState* state, int device, bool wait) {

@@ -35,6 +35,11 @@ at::Tensor prepareCombine(const at::Tensor& x, const at::Tensor& src_info,
 void cudaCheck(cudaError_t e, const std::string& what);
 bool streamCapturing(cudaStream_t stream);
 
+// Benchmarks: queues on the current stream a GPU wait of at least `min_us`
+// that ends, for every process on this GPU, at the next multiple of
+// `period_us` of its clock (kernels/aligned_pad.h).
+void alignedPad(double min_us, double period_us);
+
 // The device error word of an EP buffer (EpState::error_code/info), copied
 // to pinned host memory after each launch and read without blocking.
 class ErrorWord {

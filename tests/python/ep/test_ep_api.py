@@ -98,6 +98,13 @@ def test_event_overlap_waits_on_cuda():
     torch.cuda.synchronize()
 
 
+@pytest.mark.skipif(_ep_runtime.runtime() is None, reason="the EP runtime is not built here")
+@pytest.mark.parametrize("min_us,period_us", [(0, 10), (10, 0), (-1, 10), (float("nan"), 10)])
+def test_the_benchmarks_aligned_pad_checks_its_arguments_before_any_cuda_call(min_us, period_us):
+    with pytest.raises(ValueError, match="min_us and period_us must be >= 1"):
+        _ep_runtime.runtime().aligned_pad(min_us, period_us)
+
+
 def test_mooncake_ep_imports_without_the_runtime_and_says_why():
     sys.modules.pop("mooncake.ep", None)
     ep = importlib.import_module("mooncake.ep")

@@ -1,0 +1,21 @@
+// A GPU wait that ends at the same instant for every process on the GPU:
+// for benchmarks that time device work alone. Processes sharing a GPU share
+// its %globaltimer, so a wait that runs at least `min_ns` and then until the
+// next multiple of `period_ns` ends together on every rank that queued it
+// within the same period; the work queued behind it then starts together,
+// whatever each rank's host lateness was.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "mooncake-transfer-engine/common/status.h"
+
+namespace mooncake::ep {
+
+// Queues the wait on `stream`; kInvalidArgument unless 0 < min_ns and
+// 0 < period_ns, kInternal when the launch fails.
+Status launchAlignedPad(uint64_t min_ns, uint64_t period_ns, cudaStream_t stream);
+
+}  // namespace mooncake::ep
