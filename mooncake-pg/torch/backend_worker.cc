@@ -10,6 +10,7 @@
 #include "mooncake-pg/core/communicator.h"
 #include "mooncake-pg/core/engine_fabric.h"
 #include "mooncake-pg/core/spin_wait.h"
+#include "mooncake-pg/control_plane/member_host.h"
 #include "mooncake-pg/torch/backend.h"
 
 namespace mooncake::pg {
@@ -136,10 +137,15 @@ void MooncakeBackend::settleBefore(const Task* next) {
     // A kernel call of the same membership view queues behind the calls in
     // flight (up to the window's result slots); anything else (a host op, a
     // view change to apply first, shutdown) waits for them, so their
-    // failures are reported and their views applied in issue order.
-    const bool may_queue = next != nullptr && next->kernel_call &&
-                           latest_epoch_.load() == kernels_in_flight_.back().launch.epoch &&
-                           applied_epoch_.load() == kernels_in_flight_.back().launch.epoch;
+    // failures are reported and their views applied in issue order. The
+    // control plane's epoch moves before the view callback raises
+    // latest_epoch_, and the next call applies that view at once: a window
+    // set up for it while calls of the old view wait would fail them as
+    // stale (their peers, already drained, would then time out on them).
+    const uint64_t in_flight_epoch = kernels_in_flight_.back().launch.epoch;
+    const bool may_queue =
+        next != nullptr && next->kernel_call && latest_epoch_.load() == in_flight_epoch &&
+        applied_epoch_.load() == in_flight_epoch && (!host_ || host_->epoch() == in_flight_epoch);
     finishKernelCalls(may_queue ? device::kMaxKernelCallsInFlight - 1 : 0);
 }
 

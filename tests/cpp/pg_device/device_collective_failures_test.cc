@@ -213,7 +213,7 @@ TEST_P(DeviceCollectiveFailures, SilentPeerTimesOutAndTheSurvivorsGoOnInANewEpoc
 // calls; once rank 0's first flag reached rank 1, `end` acts on the host
 // words, and the call must then fail with `want` and `detail`.
 void endAnUnboundedWait(Kind kind, const std::function<void(Rank&)>& end, DeviceStatus want,
-                        uint64_t detail) {
+                        uint64_t detail, int waiting_culprit) {
     TempDir dir;
     runRanks(2, [&](int rank) {
         Rank r;
@@ -242,9 +242,9 @@ void endAnUnboundedWait(Kind kind, const std::function<void(Rank&)>& end, Device
         CUDA_CHILD_OK(cudaStreamSynchronize(r.stream));
         CHILD_CHECK(r.hostResult()->status == static_cast<int32_t>(want));
         CHILD_CHECK(r.hostResult()->detail == detail);
-        // The waiting kernel names rank 1 for an abort; a kernel that starts
-        // after the change names no one.
-        CHILD_CHECK(r.hostResult()->culprit == 1 || r.hostResult()->culprit == -1);
+        // A waiting kernel names `waiting_culprit`; one that starts after the
+        // change names no one.
+        CHILD_CHECK(r.hostResult()->culprit == waiting_culprit || r.hostResult()->culprit == -1);
         CHILD_OK(r.store->set("ended", "1"));
         return 0;
     });
@@ -253,7 +253,8 @@ void endAnUnboundedWait(Kind kind, const std::function<void(Rank&)>& end, Device
 TEST_P(DeviceCollectiveFailures, AbortWordEndsAnUnboundedWait) {
     SKIP_WITHOUT_GPU();
     endAnUnboundedWait(
-        GetParam(), [](Rank& r) { r.setAbort(7); }, DeviceStatus::kAborted, 7);
+        GetParam(), [](Rank& r) { r.setAbort(7); }, DeviceStatus::kAborted, 7,
+        /*waiting_culprit=*/1);
 }
 
 // A replay waiting on a peer when a membership change is committed: the
@@ -261,7 +262,8 @@ TEST_P(DeviceCollectiveFailures, AbortWordEndsAnUnboundedWait) {
 TEST_P(DeviceCollectiveFailures, AMembershipChangeWhileItWaitsEndsAnUnboundedWaitAsStale) {
     SKIP_WITHOUT_GPU();
     endAnUnboundedWait(
-        GetParam(), [](Rank& r) { r.setCurrentEpoch(2); }, DeviceStatus::kStaleEpoch, 2);
+        GetParam(), [](Rank& r) { r.setCurrentEpoch(2); }, DeviceStatus::kStaleEpoch, 2,
+        /*waiting_culprit=*/-1);
 }
 
 TEST_P(DeviceCollectiveFailures, StaleEpochTouchesNoPeer) {
