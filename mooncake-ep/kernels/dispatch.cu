@@ -7,9 +7,11 @@
 //            (in token order, so slots are deterministic), writes their
 //            messages into the owner's receive region, then one signal
 //            carrying the count.
-//   receive  one block per local expert: waits for every source rank's
-//            count (deadline, active_ranks), then packs in source-rank order
-//            and writes the handle (src_info, layout_range).
+//   receive  a block per local expert (fewer when ranks share the GPU, each
+//            then looping over experts: epDispatchReceiveGrid): waits for
+//            every source rank's count (deadline, active_ranks), then packs
+//            in source-rank order and writes the handle (src_info,
+//            layout_range).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -81,9 +83,8 @@ Status launchDispatch(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t 
 
 Status launchDispatchReceive(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t stream) {
     const DispatchParams p{g, a};
-    const int nle = g.num_experts / g.num_ranks;
     const size_t shared_bytes = 2 * sizeof(int) * static_cast<size_t>(g.num_ranks);
-    dispatchReceive<<<nle, kRecvThreads, shared_bytes, stream>>>(p);
+    dispatchReceive<<<epDispatchReceiveGrid(g), kRecvThreads, shared_bytes, stream>>>(p);
     return cudaLaunchStatus("dispatch receive");
 }
 

@@ -128,21 +128,18 @@ __device__ int epForEachSelected(const DispatchArgs& a, int expert, Write write)
     return sent;
 }
 
-// The receive block of local expert blockIdx.x: waits for every source's
-// count with wait(src, word_offset, &count) -> EpWait, then packs in
-// source-rank order, writes the handle and finishes the operation.
-// `shared` holds 2 * num_ranks ints.
+// Packs what arrived for one local expert: waits for every source's count
+// with wait(src, word_offset, seq, &count) -> EpWait, then packs in
+// source-rank order and writes the expert's part of the handle. `shared`
+// holds 2 * num_ranks ints; every thread of the block must call it.
 template <int kThreads, typename Wait>
-__device__ void epDispatchReceiveBlock(const EpGroupArgs& g, const DispatchArgs& a, int* shared,
-                                       Wait wait) {
+__device__ void epDispatchReceiveExpert(const EpGroupArgs& g, const DispatchArgs& a, int* shared,
+                                        int local_expert, uint64_t seq, Wait wait) {
     constexpr int kWarps = kThreads / 32;
     const EpLayout L = epLayoutOf(g);
     const int num_ranks = g.num_ranks;
     int* counts = shared;
     int* begins = shared + num_ranks;
-    const int local_expert = blockIdx.x;
-    EpState* state = epState(g.local_buffer);
-    const uint64_t seq = state->dispatch_seq + 1;
     const int phase = static_cast<int>(seq & 1);
     const char* local = static_cast<const char*>(g.local_buffer);
 
@@ -178,7 +175,19 @@ __device__ void epDispatchReceiveBlock(const EpGroupArgs& g, const DispatchArgs&
             epUnpackMessage(g, a, L, msg, local_expert * capacity + begins[src] + i, lane);
         }
     }
-    __syncthreads();
+    __syncthreads();  // `shared` is reused for the block's next expert
+}
+
+// A dispatch receive block: packs local experts blockIdx.x, + gridDim.x, ...
+// (epDispatchReceiveExpert), then finishes the operation.
+template <int kThreads, typename Wait>
+__device__ void epDispatchReceiveBlock(const EpGroupArgs& g, const DispatchArgs& a, int* shared,
+                                       Wait wait) {
+    EpState* state = epState(g.local_buffer);
+    const uint64_t seq = state->dispatch_seq + 1;
+    const int nle = static_cast<int>(epLayoutOf(g).numLocalExperts());
+    for (int local_expert = blockIdx.x; local_expert < nle; local_expert += gridDim.x)
+        epDispatchReceiveExpert<kThreads>(g, a, shared, local_expert, seq, wait);
     if (threadIdx.x == 0)
         epFinishOperation(&state->dispatch_done, &state->dispatch_seq, seq);
 }

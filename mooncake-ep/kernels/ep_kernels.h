@@ -87,6 +87,20 @@ int epCombineReceiveBlocks(const EpGroupArgs& g, int num_tokens, int sms);
 // count only when ranks share it (the grid depends on it only then).
 int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens);
 
+// Blocks of a dispatch receive grid (each loops over local experts) on a
+// GPU of `sms` SMs: one per local expert, except when ranks share the GPU.
+// A receive block (512 threads, 60 to 82 registers each as builds go) holds
+// half or more of an SM's registers while it spins on its peers' counts,
+// and a 512-thread send block needs half: had the ranks' receive blocks
+// filled every SM, a rank whose send kernel had not been scheduled yet
+// would never be, and every rank would wait for it (seen on one H200 with
+// 8 processes whose kernels the benchmark's aligned pad started at once).
+// The ranks sharing a GPU together keep their receive blocks to half as
+// many as it has SMs. Pure: the launch passes the current device's SM
+// count.
+int epDispatchReceiveBlocks(const EpGroupArgs& g, int sms);
+int epDispatchReceiveGrid(const EpGroupArgs& g);
+
 // Threads of a send block (dispatch: a block per global expert; combine: a
 // block per local expert and destination), which copies one row per warp:
 // the warps for the rows a block gets with uniform routing (`rows` spread

@@ -77,6 +77,17 @@ int epSendThreads(int64_t rows, int64_t blocks) {
     return threads;
 }
 
+int epDispatchReceiveBlocks(const EpGroupArgs& g, int sms) {
+    const int wanted = std::max(1, g.num_ranks > 0 ? g.num_experts / g.num_ranks : 1);
+    if (g.ranks_per_device <= 1)
+        return wanted;  // its own send kernel finished before its receive began
+    return std::min(wanted, std::max(1, sms / (2 * g.ranks_per_device)));
+}
+
+int epDispatchReceiveGrid(const EpGroupArgs& g) {
+    return epDispatchReceiveBlocks(g, g.ranks_per_device > 1 ? currentDeviceSmCount() : 0);
+}
+
 int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens) {
     return epCombineReceiveBlocks(g, num_tokens,
                                   g.ranks_per_device > 1 ? currentDeviceSmCount() : 0);

@@ -134,6 +134,22 @@ TEST(EpLaunchChecks, SendBlocksHaveAWarpPerRowTheyGetWithUniformRouting) {
     EXPECT_EQ(epSendThreads(64, 0), kEpMinSendThreads);
 }
 
+TEST(EpLaunchChecks, DispatchReceiveBlocksOfRanksSharingTheGpuLeaveHalfItsSmsFree) {
+    constexpr int kH200Sms = 132;
+    EpGroupArgs g = validGroup();
+    g.num_ranks = 8;
+    g.num_experts = 256;  // 32 local experts
+    g.ranks_per_device = 1;
+    EXPECT_EQ(epDispatchReceiveBlocks(g, kH200Sms), 32);  // a block per local expert
+    g.ranks_per_device = 8;                               // 8 blocks each: 64 of the 132 SMs
+    EXPECT_EQ(epDispatchReceiveBlocks(g, kH200Sms), 8);
+    EXPECT_LE(g.ranks_per_device * epDispatchReceiveBlocks(g, kH200Sms), kH200Sms / 2);
+    g.ranks_per_device = 2;  // 33 each would be more than the experts
+    EXPECT_EQ(epDispatchReceiveBlocks(g, kH200Sms), 32);
+    g.ranks_per_device = 8;
+    EXPECT_EQ(epDispatchReceiveBlocks(g, 4), 1);  // never an empty grid
+}
+
 TEST(EpLaunchChecks, CombineReceiveGridIsBoundedOnlyWhenRanksShareTheGpu) {
     constexpr int kH200Sms = 132;
     EpGroupArgs g = validGroup();                          // two ranks, one per GPU
