@@ -150,6 +150,14 @@ __device__ __forceinline__ bool blockMayProceed(const DeviceGroupView& g, const 
 // Every thread of the block: waits for every member's flag of the step and
 // compares the member's call signature with ours (kMismatch names the first
 // differing member a thread sees).
+//
+// This rank's own flag comes first: the round's last block raises it with
+// this rank's flags at every member, and nothing stops that loop once it
+// has begun. A block that raced ahead of that last block and failed the
+// call on a peer's differing signature would otherwise keep this rank's
+// flags (and so its signature) from the peers, which would then wait for
+// them until the op timeout and blame this rank instead of finding the
+// mismatch themselves.
 __device__ __forceinline__ bool blockWaitStep(const DeviceGroupView& g, const StepArgs& a,
                                               DeviceOpResult* result) {
     __shared__ int failed;
@@ -157,12 +165,20 @@ __device__ __forceinline__ bool blockWaitStep(const DeviceGroupView& g, const St
         failed = 0;
     __syncthreads();
     char* own = g.windows[g.rank];
-    if (threadIdx.x < static_cast<unsigned>(g.size)) {
+    const FailWord fail = failWordOf(g, a.call_tag);
+    const auto waitMember = [&](int src) {
+        return waitFlag(g, reinterpret_cast<const uint64_t*>(own + flagOffset(a.wait_parity, src)),
+                        a.wait_tag, src, globalTimerNs(), result, fail, blockIdx.x == 0);
+    };
+    if (threadIdx.x == static_cast<unsigned>(g.rank) && !waitMember(g.rank))
+        failed = 1;
+    __syncthreads();
+    if (failed != 0)
+        return false;
+    if (threadIdx.x < static_cast<unsigned>(g.size) &&
+        threadIdx.x != static_cast<unsigned>(g.rank)) {
         const int src = static_cast<int>(threadIdx.x);
-        const uint64_t start = globalTimerNs();
-        const FailWord fail = failWordOf(g, a.call_tag);
-        if (!waitFlag(g, reinterpret_cast<const uint64_t*>(own + flagOffset(a.wait_parity, src)),
-                      a.wait_tag, src, start, result, fail, blockIdx.x == 0)) {
+        if (!waitMember(src)) {
             atomicOr(&failed, 1);
         } else {
             const uint64_t theirs =

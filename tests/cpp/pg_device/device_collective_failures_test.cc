@@ -303,6 +303,43 @@ INSTANTIATE_TEST_SUITE_P(Collectives, DeviceCollectiveFailures,
                              return kindName(info.param);
                          });
 
+// A grid of many blocks (large slots): the rank that finds the mismatch
+// must still let its peer see its own differing signature, even when its
+// first blocks find the peer's flag before its own round has ended. Rank 1
+// queues first; rank 0 queues once rank 1's first flag is in its window,
+// so rank 0's early blocks meet rank 1's signature at once.
+TEST(DeviceCollectiveFailuresManyBlocks, AMismatchFoundAheadOfTheRoundStillReachesThePeer) {
+    SKIP_WITHOUT_GPU();
+    TempDir dir;
+    constexpr uint64_t kBigSlot = 256 << 10;
+    constexpr size_t kBig = 1 << 18;  // floats per member block: 4 chunks
+    runRanks(2, [&](int rank) {
+        Rank r;
+        if (int rc = setUp(r, dir.path(), rank, 2, kBigSlot); rc != 0)
+            return rc;
+        DeviceFloats b;
+        CUDA_CHILD_OK(cudaMalloc(&b.in, 2 * (kBig + 1) * sizeof(float)));
+        CUDA_CHILD_OK(cudaMalloc(&b.out, 2 * (kBig + 1) * sizeof(float)));
+        r.clearResult();
+        if (rank == 0) {
+            uint64_t flag = 0;
+            Deadline deadline = Deadline::afterMs(kWaitMs);
+            while (flag == 0 && !deadline.expired()) {
+                CUDA_CHILD_OK(
+                    cudaMemcpy(&flag, r.window + flagOffset(0, 1), 8, cudaMemcpyDeviceToHost));
+            }
+            CHILD_CHECK(flag == stepTag(1, 0, 0));
+        }
+        CHILD_OK(allToAll(r.view, b.in, b.out, rank == 1 ? kBig + 1 : kBig, DataType::kFloat32, 0,
+                          r.deviceResult(), r.stream));
+        CUDA_CHILD_OK(cudaStreamSynchronize(r.stream));
+        CHILD_CHECK(r.hostResult()->status == static_cast<int32_t>(DeviceStatus::kMismatch));
+        CHILD_CHECK(r.hostResult()->culprit == 1 - rank);
+        CHILD_OK(barrier(*r.store, "end", 2));
+        return 0;
+    });
+}
+
 // Counts on both sides of allReduce's threshold: one rank takes the
 // one-shot, the others the two-shot; every rank still fails with kMismatch.
 TEST(DeviceCollectiveFailuresAllReduce, MismatchAcrossTheOneShotThreshold) {
