@@ -170,10 +170,9 @@ __device__ __forceinline__ bool blockWaitStep(const DeviceGroupView& g, const St
         return waitFlag(g, reinterpret_cast<const uint64_t*>(own + flagOffset(a.wait_parity, src)),
                         a.wait_tag, src, globalTimerNs(), result, fail, blockIdx.x == 0);
     };
-    if (threadIdx.x == static_cast<unsigned>(g.rank) && !waitMember(g.rank))
-        failed = 1;
-    __syncthreads();
-    if (failed != 0)
+    // One verdict for every thread (a shared word read here could already
+    // hold a peer thread's failure below, and split the block at a barrier).
+    if (__syncthreads_or(threadIdx.x == static_cast<unsigned>(g.rank) && !waitMember(g.rank)))
         return false;
     if (threadIdx.x < static_cast<unsigned>(g.size) &&
         threadIdx.x != static_cast<unsigned>(g.rank)) {

@@ -317,6 +317,7 @@ TEST(DeviceCollectiveFailuresManyBlocks, AMismatchFoundAheadOfTheRoundStillReach
         Rank r;
         if (int rc = setUp(r, dir.path(), rank, 2, kBigSlot); rc != 0)
             return rc;
+        r.view.max_blocks = 32;  // many blocks, as through torch (there: up to 66 a rank)
         DeviceFloats b;
         CUDA_CHILD_OK(cudaMalloc(&b.in, 2 * (kBig + 1) * sizeof(float)));
         CUDA_CHILD_OK(cudaMalloc(&b.out, 2 * (kBig + 1) * sizeof(float)));
