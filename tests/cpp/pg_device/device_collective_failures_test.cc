@@ -209,6 +209,18 @@ TEST_P(DeviceCollectiveFailures, SilentPeerTimesOutAndTheSurvivorsGoOnInANewEpoc
     });
 }
 
+// Waits until `src`'s flag of the epoch's first call, step 0, is in this
+// rank's window (0 once it is, else the child's failure code).
+int awaitFirstFlag(Rank& r, int src) {
+    uint64_t flag = 0;
+    Deadline deadline = Deadline::afterMs(kWaitMs);
+    while (flag == 0 && !deadline.expired()) {
+        CUDA_CHILD_OK(cudaMemcpy(&flag, r.window + flagOffset(0, src), 8, cudaMemcpyDeviceToHost));
+    }
+    CHILD_CHECK(flag == stepTag(1, 0, 0));
+    return 0;
+}
+
 // Rank 0 queues a call that waits, with no deadline, on rank 1, which never
 // calls; once rank 0's first flag reached rank 1, `end` acts on the host
 // words, and the call must then fail with `want` and `detail`.
@@ -220,13 +232,8 @@ void endAnUnboundedWait(Kind kind, const std::function<void(Rank&)>& end, Device
         if (int rc = setUp(r, dir.path(), rank, 2, kSlotBytes); rc != 0)
             return rc;
         if (rank == 1) {
-            uint64_t flag = 0;
-            Deadline deadline = Deadline::afterMs(kWaitMs);
-            while (flag == 0 && !deadline.expired()) {
-                CUDA_CHILD_OK(
-                    cudaMemcpy(&flag, r.window + flagOffset(0, 0), 8, cudaMemcpyDeviceToHost));
-            }
-            CHILD_CHECK(flag == stepTag(1, 0, 0));
+            if (int rc = awaitFirstFlag(r, 0); rc != 0)
+                return rc;
             CHILD_OK(r.store->set("signalled", "1"));
             CHILD_CHECK(!te::shm_test::waitKey(*r.store, "ended").empty());
             return 0;
@@ -323,13 +330,8 @@ TEST(DeviceCollectiveFailuresManyBlocks, AMismatchFoundAheadOfTheRoundStillReach
         CUDA_CHILD_OK(cudaMalloc(&b.out, 2 * (kBig + 1) * sizeof(float)));
         r.clearResult();
         if (rank == 0) {
-            uint64_t flag = 0;
-            Deadline deadline = Deadline::afterMs(kWaitMs);
-            while (flag == 0 && !deadline.expired()) {
-                CUDA_CHILD_OK(
-                    cudaMemcpy(&flag, r.window + flagOffset(0, 1), 8, cudaMemcpyDeviceToHost));
-            }
-            CHILD_CHECK(flag == stepTag(1, 0, 0));
+            if (int rc = awaitFirstFlag(r, 1); rc != 0)
+                return rc;
         }
         CHILD_OK(allToAll(r.view, b.in, b.out, rank == 1 ? kBig + 1 : kBig, DataType::kFloat32, 0,
                           r.deviceResult(), r.stream));
