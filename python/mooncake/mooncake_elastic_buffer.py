@@ -26,6 +26,7 @@ run the same collectives. Handles and views made before an update are
 rejected. See docs/ep-elastic-buffer.md.
 """
 
+import os
 import warnings
 
 import torch
@@ -40,7 +41,22 @@ from mooncake.mooncake_ep_buffer import Buffer, EPRankFailure, EventOverlap, _Ti
 
 __all__ = ["ElasticBuffer", "EPRankFailure", "EventOverlap"]
 
-_META_VERSION = 2  # bumps when the exchanged row changes meaning (2: GPU ids, not ordinals)
+_META_VERSION = 3  # bumps when the exchanged row changes meaning (3: NCCL_GIN_NCONTEXTS)
+# The NCCL transport's GIN contexts per communicator: NCCL reads it on every
+# rank, and ranks that disagree build communicators that cannot talk.
+_GIN_CONTEXTS_ENV = "NCCL_GIN_NCONTEXTS"
+
+
+def _gin_contexts_code():
+    """NCCL_GIN_NCONTEXTS as exchanged: its value, -1 when unset, -2 when not a count."""
+    raw = os.environ.get(_GIN_CONTEXTS_ENV)
+    if raw is None or raw.strip() == "":
+        return -1
+    try:
+        value = int(raw)
+    except ValueError:
+        return -2
+    return value if value >= 0 else -2
 
 
 class ElasticBuffer:
@@ -98,7 +114,7 @@ class ElasticBuffer:
         device = fast.device_id(torch.cuda.current_device()) if torch.cuda.is_available() else -1
         mine = [_META_VERSION, self.num_max_tokens_per_rank, self.hidden, self.num_topk,
                 mode_code, int(source != "argument"), fast.host_id(),
-                device, built, loaded, self.num_experts or 0]
+                device, built, loaded, self.num_experts or 0, _gin_contexts_code()]
         comm = fallback.comm_device(self.group, torch.device("cpu"))
         table = fast._all_gather_ints(mine, self.group, comm)
         for col, name in ((0, "ElasticBuffer metadata version"),
@@ -121,6 +137,13 @@ class ElasticBuffer:
         res = transports.resolve(requests, table[:, 6].tolist(), table[:, 7].tolist(),
                                  table[:, 8].tolist(), table[:, 9].tolist(),
                                  shapes=_ep_runtime.nccl_shapes() or transports.NCCL_SHAPES)
+        if res.transport == "nccl":
+            gin = table[:, 11].tolist()
+            if len(set(gin)) != 1 or gin[0] == -2:
+                shown = ["unset" if v == -1 else "not a count" if v == -2 else v for v in gin]
+                raise ValueError(f"{_GIN_CONTEXTS_ENV} differs across ranks or is not a count: "
+                                 f"{shown} (rank order); the NCCL transport needs one value "
+                                 f"(or none) on every rank")
         self.transport = res.transport
         self.transport_reason = res.reason
         self._resolved_mode = res.requested
