@@ -24,19 +24,8 @@ constexpr uint64_t kSingleBlockBytes = 16 << 10;
 
 __device__ __forceinline__ bool callIsCurrent(const DeviceGroupView& g, uint64_t tag,
                                               DeviceOpResult* result) {
-    // Stale first: a replay after a membership change must say so (capture
-    // again), whatever else the host has learnt meanwhile.
-    uint64_t current = *g.current_epoch;
-    if (current != g.epoch) {
-        failCall(result, failWordOf(g, tag), DeviceStatus::kStaleEpoch, -1, current);
-        return false;
-    }
-    uint64_t abort = *g.abort_word;
-    if (abort != 0) {
-        failCall(result, failWordOf(g, tag), DeviceStatus::kAborted, -1, abort);
-        return false;
-    }
-    return true;
+    const uint64_t epoch_seen = *g.current_epoch;
+    return hostWordsAllow(g, epoch_seen, *g.abort_word, result, failWordOf(g, tag), -1);
 }
 
 // The call's one step: its number (callSeq), tag and parity, worked out on

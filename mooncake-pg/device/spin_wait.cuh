@@ -50,6 +50,26 @@ __device__ __forceinline__ void failCall(DeviceOpResult* result, const FailWord&
     __threadfence();
 }
 
+// The host's verdict on a call from its two words, as read: stale first (a
+// replay after a membership change must say so, so that the user captures
+// again, whatever else the host learnt meanwhile), then the abort word
+// (blaming `abort_culprit`). Fails the call and returns false when either
+// says stop. A replay compares its epoch with the latest committed one; an
+// eager call's epoch word changes only between calls.
+__device__ __forceinline__ bool hostWordsAllow(const DeviceGroupView& g, uint64_t epoch_seen,
+                                               uint64_t abort_seen, DeviceOpResult* result,
+                                               const FailWord& fail, int abort_culprit) {
+    if (epoch_seen != g.epoch) {
+        failCall(result, fail, DeviceStatus::kStaleEpoch, -1, epoch_seen);
+        return false;
+    }
+    if (abort_seen != 0) {
+        failCall(result, fail, DeviceStatus::kAborted, abort_culprit, abort_seen);
+        return false;
+    }
+    return true;
+}
+
 // Spins until *flag == tag. On the deadline or an abort, fails the call
 // (blaming `peer`) and returns false; returns false as well once another
 // thread failed the call, or the call's epoch is no longer current (stale).
@@ -66,21 +86,12 @@ __device__ __forceinline__ bool waitFlag(const DeviceGroupView& g, const uint64_
         // The clock and the other words are read every few spins: they cost
         // a trip outside the SM.
         if ((spins & 63) == 0) {
+            // A membership change committed while a replay waits may have
+            // taken out the peer it waits on.
             if (watch_abort) {
-                // A replay of a captured call compares its epoch with the
-                // latest committed one: a membership change committed while
-                // it waits may have taken out the peer it waits on. (An
-                // eager call's epoch word changes only between calls.)
-                const uint64_t current = *g.current_epoch;
-                if (current != g.epoch) {
-                    failCall(result, fail, DeviceStatus::kStaleEpoch, -1, current);
+                const uint64_t epoch_seen = *g.current_epoch;
+                if (!hostWordsAllow(g, epoch_seen, *g.abort_word, result, fail, peer))
                     return false;
-                }
-                const uint64_t abort = *g.abort_word;
-                if (abort != 0) {
-                    failCall(result, fail, DeviceStatus::kAborted, peer, abort);
-                    return false;
-                }
             }
             if (g.timeout_ns >= 0 &&
                 globalTimerNs() - start_ns > static_cast<uint64_t>(g.timeout_ns)) {

@@ -134,15 +134,9 @@ __device__ __forceinline__ bool blockMayProceed(const DeviceGroupView& g, const 
             atomicOr(&stop, 1);
     }
     __syncthreads();
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        if (epoch_seen != g.epoch) {
-            failCall(result, fail, DeviceStatus::kStaleEpoch, -1, epoch_seen);
-            atomicOr(&stop, 1);
-        } else if (abort_seen != 0) {
-            failCall(result, fail, DeviceStatus::kAborted, -1, abort_seen);
-            atomicOr(&stop, 1);
-        }
-    }
+    if (blockIdx.x == 0 && threadIdx.x == 0 &&
+        !hostWordsAllow(g, epoch_seen, abort_seen, result, fail, -1))
+        atomicOr(&stop, 1);
     __syncthreads();
     return stop == 0;
 }
