@@ -207,40 +207,6 @@ def test_transport_selection_over_a_group(backend):
                       rank_env={1: {_ep_transport.TRANSPORT_ENV: "rdma"}})
 
 
-def _gin_contexts_worker(ctx):
-    """With the group's transport resolved to NCCL (stood in for here: no
-    NCCL device API on this host), ranks whose NCCL_GIN_NCONTEXTS disagree
-    all raise before any NCCL setup, and the group stays in step."""
-    from mooncake import mooncake_elastic_buffer as meb
-    real = meb.transports.resolve
-
-    def resolve_to_nccl(*args, **kwargs):
-        res = real(*args, **kwargs)
-        return _ep_transport.Resolution("nccl", res.requested, None, (0, 2))
-
-    meb.transports.resolve = resolve_to_nccl
-    try:
-        with pytest.raises(ValueError) as err:
-            ElasticBuffer(dist.group.WORLD, M, H, K)
-    finally:
-        meb.transports.resolve = real
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    assert t.item() == ctx.world_size
-    return str(err.value)
-
-
-def test_ranks_that_disagree_on_nccl_gin_contexts_all_raise_before_nccl_setup(backend):
-    env = "NCCL_GIN_NCONTEXTS"
-    texts = harness.run_ranks(_gin_contexts_worker, 2, backend, timeout_s=120,
-                              rank_env={0: {env: "4"}, 1: {env: "2"}})
-    assert texts == [f"{env} differs across ranks or is not a count: [4, 2] (rank order); the "
-                     f"NCCL transport needs one value (or none) on every rank"] * 2
-    texts = harness.run_ranks(_gin_contexts_worker, 2, backend, timeout_s=120,
-                              rank_env={1: {env: "many"}})
-    assert all("['unset', 'not a count']" in t for t in texts), texts
-
-
 def _update_worker(ctx):
     """update_ep_member with every rank healthy (no replacement)."""
     world, rank = ctx.world_size, ctx.rank

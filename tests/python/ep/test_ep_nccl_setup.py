@@ -190,3 +190,28 @@ def _auto_falls_back_worker(ctx):
 
 def test_auto_goes_on_without_nccl_when_its_setup_fails(backend):
     assert harness.run_ranks(_auto_falls_back_worker, 2, backend, timeout_s=120) == ["ok"] * 2
+
+
+def _gin_contexts_worker(ctx):
+    """With NCCL selected (the stand-in runtime), ranks whose NCCL_GIN_NCONTEXTS
+    disagree all raise before any NCCL setup, and the group stays in step."""
+    from mooncake.mooncake_elastic_buffer import ElasticBuffer
+
+    _install_nccl_stand_in(ctx, _FakeNcclBuffer)
+    with pytest.raises(ValueError) as err:
+        ElasticBuffer(dist.group.WORLD, 8, 256, 2)
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    assert t.item() == ctx.world_size
+    return str(err.value)
+
+
+def test_ranks_that_disagree_on_nccl_gin_contexts_all_raise_before_nccl_setup(backend):
+    env = "NCCL_GIN_NCONTEXTS"
+    texts = harness.run_ranks(_gin_contexts_worker, 2, backend, timeout_s=120,
+                              rank_env={0: {env: "4"}, 1: {env: "2"}})
+    assert texts == [f"{env} differs across ranks or is not a count: [4, 2] (rank order); the "
+                     f"NCCL transport needs one value (or none) on every rank"] * 2
+    texts = harness.run_ranks(_gin_contexts_worker, 2, backend, timeout_s=120,
+                              rank_env={1: {env: "many"}})
+    assert all("['unset', 'not a count']" in t for t in texts), texts
