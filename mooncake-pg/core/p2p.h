@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "mooncake-pg/core/fabric.h"
+#include "mooncake-pg/core/p2p_mover.h"
 #include "mooncake-transfer-engine/common/deadline.h"
 #include "mooncake-transfer-engine/common/status.h"
 
@@ -38,6 +39,10 @@ struct P2POptions {
     size_t chunk_bytes = 1 << 20;
     int ring_slots = 16;
     uint64_t window_offset = 0;
+    // The pools live outside the window (a P2PMover moves the data; the
+    // window holds only the rings): no send pool, and a send completes once
+    // its data has landed in the receiver's pool instead of once staged.
+    bool external_pools = false;
 };
 
 // Counters for monitoring and tests.
@@ -62,6 +67,8 @@ public:
     static size_t windowBytesFor(int size, const P2POptions& options);
 
     P2PEngine(std::shared_ptr<Fabric> fabric, P2POptions options);
+    // With options.external_pools: `mover` moves the data (p2p_mover.h).
+    P2PEngine(std::shared_ptr<Fabric> fabric, P2POptions options, std::shared_ptr<P2PMover> mover);
     // Fails pending operations with kAborted and joins the progress thread.
     // Destroyed on that thread (from a completion callback), it hands the
     // teardown to a thread of its own instead, which runs once the callback
@@ -74,18 +81,24 @@ public:
     // Enqueue and return. `done` fires when the operation completes or the
     // deadline passes (kTimeout) or the peer fails (kPeerFailure). A non-OK
     // return means nothing was enqueued and `done` will never be called.
-    // A send completes when its data is staged; a size mismatch found after
-    // that fails only the recv (the sender logs it). A recv's size must equal
+    // A send completes when its data is staged (external pools: once it has
+    // landed at the receiver); a size mismatch found after that fails only
+    // the recv (the sender logs it). A recv's size must equal
     // the matching send's size (kInvalidArgument on both sides otherwise).
-    Status send(const void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done);
-    Status recv(void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done);
+    // `order`: with external pools, passed to the mover with each of the
+    // op's copies (p2p_mover.h); ignored otherwise.
+    Status send(const void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done,
+                std::shared_ptr<const P2POrder> order = nullptr);
+    Status recv(void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done,
+                std::shared_ptr<const P2POrder> order = nullptr);
     // A recv that takes the first message on `tag` any active peer offers
     // (the peers active when it is posted). Per sender and tag, messages
     // still match recvs in posting order, any-source ones included: a later
     // recv from a peer on `tag` waits until this one is matched. It fails
     // (kPeerFailure) only when every candidate peer has failed. Each pending
     // any-source recv holds two ring slots per candidate peer.
-    Status recvAny(void* buf, size_t bytes, int tag, Deadline deadline, AnyCallback done);
+    Status recvAny(void* buf, size_t bytes, int tag, Deadline deadline, AnyCallback done,
+                   std::shared_ptr<const P2POrder> order = nullptr);
 
     // Applies a membership. active[r]: rank r is an active member;
     // pair_epoch[r]: the epoch of the pair (this rank, r), which both ranks

@@ -36,6 +36,15 @@ struct OutMsg {
     // Send-pool chunk of each message chunk while staged and not yet put;
     // -1 otherwise (a put chunk is owned by PeerState::unreleased).
     std::vector<int32_t> slot;
+    // External pools (P2PMover): puts queued and not yet completed, and
+    // chunks whose put has completed. A message dropped while puts still
+    // read its buffer keeps its failure here until they complete.
+    std::shared_ptr<const P2POrder> order;  // passed with each of its puts
+    uint32_t in_flight = 0;
+    uint32_t landed = 0;
+    bool dropped = false;
+    bool settled = false;  // completed and no longer counted as live
+    Status failure;
 };
 
 struct InRecv;
@@ -70,6 +79,12 @@ struct InRecv {
     std::shared_ptr<AnyRecv> any;
     bool reserved = false;    // the reservation credit was written
     bool cancel_due = false;  // `any` was resolved elsewhere: withdraw it
+    // External pools: copies out of the pool into `dst` queued and not yet
+    // completed. A recv that fails while some are queued completes (with
+    // `failure`) only once they have.
+    std::shared_ptr<const P2POrder> order;  // passed with each of its takes
+    uint32_t in_flight = 0;
+    Status failure;
 };
 
 // A credit this rank granted and has not seen acknowledged.
@@ -84,6 +99,21 @@ struct CreditRecord {
 struct Credit {
     uint64_t seq = 0;
     CreditSlot slot{};
+};
+
+// External pools: a put of one chunk, acknowledged once it has completed.
+struct QueuedPut {
+    uint64_t ticket = 0;
+    Credit credit;
+    std::shared_ptr<OutMsg> msg;
+};
+
+// External pools: a copy out of a receive-pool chunk, which is released once
+// it has completed.
+struct QueuedTake {
+    uint64_t ticket = 0;
+    std::shared_ptr<InRecv> recv;
+    uint32_t chunk = 0;
 };
 
 // Sender-side matching state of one (peer, tag).
@@ -114,10 +144,12 @@ struct PeerState {
     uint64_t credits_read = 0;
     uint64_t acks_written = 0;
     std::map<int, SendTag> tags;
-    std::deque<std::shared_ptr<OutMsg>> staging;  // not fully staged, FIFO
+    // Not fully staged, FIFO. External pools: not yet landed.
+    std::deque<std::shared_ptr<OutMsg>> staging;
     // (ack index, send-pool chunk): freed once the peer has consumed the ack,
     // which proves the put that read the chunk has landed.
     std::deque<std::pair<uint64_t, uint32_t>> unreleased;
+    std::deque<QueuedPut> puts;  // external pools, queue order
 
     // Peer -> this rank.
     ChunkPool recv_pool;
@@ -132,18 +164,22 @@ struct PeerState {
     // in any order across tags, so a ring index would alias a live record).
     std::unordered_map<uint64_t, CreditRecord> records;
     std::deque<std::shared_ptr<InRecv>> recvs;  // unfinished, posting order
+    std::deque<QueuedTake> takes;               // external pools, queue order
 };
 
 }  // namespace p2p
 
 class P2PEngine::Impl {
 public:
-    Impl(std::shared_ptr<Fabric> fabric, P2POptions options);
+    Impl(std::shared_ptr<Fabric> fabric, P2POptions options, std::shared_ptr<P2PMover> mover);
     ~Impl();
 
-    Status send(const void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done);
-    Status recv(void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done);
-    Status recvAny(void* buf, size_t bytes, int tag, Deadline deadline, AnyCallback done);
+    Status send(const void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done,
+                std::shared_ptr<const P2POrder> order);
+    Status recv(void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done,
+                std::shared_ptr<const P2POrder> order);
+    Status recvAny(void* buf, size_t bytes, int tag, Deadline deadline, AnyCallback done,
+                   std::shared_ptr<const P2POrder> order);
     Status setMembership(const std::vector<uint8_t>& active,
                          const std::vector<uint64_t>& pair_epoch);
     Status setEpoch(uint64_t epoch, const std::vector<uint8_t>* active);
@@ -178,6 +214,10 @@ private:
     void failPeer(int peer, const Status& status, bool broken);
     void resetPeer(p2p::PeerState& ps);
     void complete(Callback& done, Status status);
+    // External pools: waits for every queued copy before operations whose
+    // buffers they touch are failed (bounded; a mover that cannot drain is
+    // logged, since there is nothing left to wait for).
+    void drainMover();
     void flushCompletions(std::unique_lock<std::mutex>& lock);
     size_t chunkLength(size_t bytes, uint32_t index) const;
 
@@ -194,12 +234,21 @@ private:
     // callback with `status` if it has not fired.
     void dropMsg(p2p::PeerState& ps, std::shared_ptr<p2p::OutMsg> m, const Status& status);
     void timeoutSend(int peer, p2p::PeerState& ps, std::shared_ptr<p2p::OutMsg> m);
+    // External pools: acknowledges the chunks whose puts have completed and
+    // completes the sends whose data has landed.
+    Status completePuts(int peer, p2p::PeerState& ps, bool* progressed);
+    // Completes a send whose chunks have all landed, or a dropped one whose
+    // last queued put has completed.
+    void settleMsg(p2p::PeerState& ps, const std::shared_ptr<p2p::OutMsg>& m);
 
     // --- p2p_receiver.cc: peer -> this rank.
     Status receiverPass(int peer, p2p::PeerState& ps, bool* progressed);
     Status readAcks(int peer, p2p::PeerState& ps, bool* progressed);
     Status issueCredits(int peer, p2p::PeerState& ps, bool* progressed);
     void finishRecv(p2p::PeerState& ps, std::shared_ptr<p2p::InRecv> r, Status status);
+    // External pools: releases the chunks whose copies out have completed
+    // and completes the recvs they finish.
+    Status completeTakes(p2p::PeerState& ps, bool* progressed);
     // Writes one credit of `kind` for `r` (a data credit for its next chunk).
     Status grant(int peer, p2p::PeerState& ps, const std::shared_ptr<p2p::InRecv>& r, uint32_t kind,
                  int32_t chunk, uint64_t length);
@@ -216,6 +265,8 @@ private:
 
     std::shared_ptr<Fabric> fabric_;
     const P2POptions options_;
+    const std::shared_ptr<P2PMover> mover_;  // set exactly with external pools
+    bool mover_stuck_ = false;               // a drain failed (drainMover)
     const p2p::Layout layout_;
     const int rank_;
     const int size_;

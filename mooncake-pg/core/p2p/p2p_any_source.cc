@@ -26,7 +26,7 @@ using p2p::InRecv;
 using p2p::PeerState;
 
 Status P2PEngine::Impl::recvAny(void* buf, size_t bytes, int tag, Deadline deadline,
-                                AnyCallback done) {
+                                AnyCallback done, std::shared_ptr<const P2POrder> order) {
     if (buf == nullptr && bytes > 0)
         return InvalidArgument("recv from any rank: null buffer");
     if (!init_status_.ok())
@@ -58,6 +58,7 @@ Status P2PEngine::Impl::recvAny(void* buf, size_t bytes, int tag, Deadline deadl
         r->bytes = bytes;
         r->chunks = 1;
         r->deadline = deadline;
+        r->order = order;
         r->any = any;
         any->entries.push_back(std::move(r));
     }

@@ -18,7 +18,11 @@ using p2p::PeerState;
 
 namespace {
 
-Status validateOptions(const P2POptions& o, int size, size_t window_bytes) {
+Status validateOptions(const P2POptions& o, int size, size_t window_bytes, bool has_mover) {
+    if (o.external_pools != has_mover) {
+        return InvalidArgument(o.external_pools ? "P2P options: external_pools needs a P2PMover"
+                                                : "P2P options: a P2PMover needs external_pools");
+    }
     if (o.chunk_bytes == 0 || o.ring_slots <= 0) {
         return InvalidArgument("P2P options: chunk_bytes and ring_slots must be positive");
     }
@@ -45,14 +49,16 @@ Status validateOptions(const P2POptions& o, int size, size_t window_bytes) {
 
 // ---------------------------------------------------------------- Impl basics
 
-P2PEngine::Impl::Impl(std::shared_ptr<Fabric> fabric, P2POptions options)
+P2PEngine::Impl::Impl(std::shared_ptr<Fabric> fabric, P2POptions options,
+                      std::shared_ptr<P2PMover> mover)
     : fabric_(std::move(fabric)),
       options_(options),
+      mover_(std::move(mover)),
       layout_(fabric_->size(), options_),
       rank_(fabric_->rank()),
       size_(fabric_->size()),
       window_(fabric_->localWindow()),
-      init_status_(validateOptions(options_, size_, fabric_->windowBytes())),
+      init_status_(validateOptions(options_, size_, fabric_->windowBytes(), mover_ != nullptr)),
       active_(static_cast<size_t>(size_), 1),
       peers_(static_cast<size_t>(size_)) {
     if (init_status_.ok()) {
@@ -91,6 +97,8 @@ void P2PEngine::Impl::resetPeer(PeerState& ps) {
     ps.cancel_reserved = 0;
     ps.records.clear();
     ps.recvs.clear();
+    ps.puts.clear();
+    ps.takes.clear();
 }
 
 size_t P2PEngine::Impl::chunkLength(size_t bytes, uint32_t index) const {
@@ -103,6 +111,23 @@ void P2PEngine::Impl::complete(Callback& done, Status status) {
         return;
     completions_.emplace_back(std::move(done), std::move(status));
     done = nullptr;
+}
+
+void P2PEngine::Impl::drainMover() {
+    // Queued copies are local copies (a copy engine), done in microseconds
+    // to milliseconds; this bound only guards against a broken device.
+    constexpr int64_t kDrainTimeoutMs = 5000;
+    // Once a drain has failed, later ones would only wait out the bound
+    // again for each peer (teardown fails every pair).
+    if (mover_stuck_)
+        return;
+    const Status st = mover_->drain(Deadline::afterMs(kDrainTimeoutMs));
+    if (!st.ok()) {
+        mover_stuck_ = true;
+        MC_LOG(kError, "pg") << "P2P: queued copies did not complete before their operations "
+                                "were failed: "
+                             << st.toString();
+    }
 }
 
 void P2PEngine::Impl::flushCompletions(std::unique_lock<std::mutex>& lock) {
@@ -149,7 +174,7 @@ Status P2PEngine::Impl::postCheck(int peer) const {
 }
 
 Status P2PEngine::Impl::send(const void* buf, size_t bytes, int peer, int tag, Deadline deadline,
-                             Callback done) {
+                             Callback done, std::shared_ptr<const P2POrder> order) {
     if (buf == nullptr && bytes > 0)
         return InvalidArgument("send: null buffer");
     if (!init_status_.ok())
@@ -165,6 +190,7 @@ Status P2PEngine::Impl::send(const void* buf, size_t bytes, int peer, int tag, D
     m->src = static_cast<const uint8_t*>(buf);
     m->deadline = deadline;
     m->done = std::move(done);
+    m->order = std::move(order);
     m->slot.assign(m->chunks, -1);
 
     std::lock_guard<std::mutex> lock(mu_);
@@ -180,7 +206,7 @@ Status P2PEngine::Impl::send(const void* buf, size_t bytes, int peer, int tag, D
 }
 
 Status P2PEngine::Impl::recv(void* buf, size_t bytes, int peer, int tag, Deadline deadline,
-                             Callback done) {
+                             Callback done, std::shared_ptr<const P2POrder> order) {
     if (buf == nullptr && bytes > 0)
         return InvalidArgument("recv: null buffer");
     if (!init_status_.ok())
@@ -196,6 +222,7 @@ Status P2PEngine::Impl::recv(void* buf, size_t bytes, int peer, int tag, Deadlin
     r->chunks = bytes == 0 ? 1 : static_cast<uint32_t>((bytes - 1) / options_.chunk_bytes + 1);
     r->deadline = deadline;
     r->done = std::move(done);
+    r->order = std::move(order);
 
     std::lock_guard<std::mutex> lock(mu_);
     MC_RETURN_IF_ERROR(postCheck(peer).withContext("recv from rank " + std::to_string(peer)));
@@ -294,6 +321,9 @@ Status P2PEngine::Impl::setEpoch(uint64_t epoch, const std::vector<uint8_t>* act
 
 void P2PEngine::Impl::failPeer(int peer, const Status& status, bool broken) {
     PeerState& ps = peers_[peer];
+    // Nothing may still read or write a buffer once its operation completes.
+    if (mover_ && (!ps.puts.empty() || !ps.takes.empty()))
+        drainMover();
     // Moved out first: dropReservation may complete an any-source recv.
     auto recvs = std::move(ps.recvs);
     ps.recvs.clear();
@@ -313,6 +343,14 @@ void P2PEngine::Impl::failPeer(int peer, const Status& status, bool broken) {
             complete(m->done, status);
         }
     }
+    // External pools: sends put in full but not landed, and operations that
+    // failed earlier and waited for their copies.
+    for (auto& m : ps.staging)
+        complete(m->done, status);
+    for (auto& q : ps.puts)
+        complete(q.msg->done, q.msg->dropped ? q.msg->failure : status);
+    for (auto& q : ps.takes)
+        complete(q.recv->done, q.recv->failure.ok() ? status : q.recv->failure);
     live_ -= ps.live;
     if (!init_status_.ok())
         return;
@@ -322,6 +360,24 @@ void P2PEngine::Impl::failPeer(int peer, const Status& status, bool broken) {
 }
 
 void P2PEngine::Impl::checkDeadlines(int peer, PeerState& ps, Clock::time_point now) {
+    if (mover_) {
+        // A copy still queued at its op's deadline: the queue has stalled
+        // (the work it waits for never ends, or the device is hung). Its op
+        // would wait for it forever, so the pair fails; failPeer drains with
+        // a bound and logs what it could not wait for.
+        bool stalled = false;
+        for (const auto& q : ps.puts)
+            stalled = stalled || q.msg->deadline.at() <= now;
+        for (const auto& q : ps.takes)
+            stalled = stalled || q.recv->deadline.at() <= now;
+        if (stalled) {
+            failPeer(peer,
+                     Timeout("P2P copies with rank " + std::to_string(peer) +
+                             " were still queued at their operation's deadline"),
+                     /*broken=*/true);
+            return;
+        }
+    }
     for (size_t i = 0; i < ps.recvs.size();) {
         auto r = ps.recvs[i];
         if (r->deadline.at() > now) {
@@ -348,7 +404,9 @@ void P2PEngine::Impl::checkDeadlines(int peer, PeerState& ps, Clock::time_point 
     }
     for (size_t i = 0; i < ps.staging.size();) {
         auto m = ps.staging[i];
-        if (m->deadline.at() > now) {
+        // External pools: a send whose chunks are all queued completes as
+        // soon as its copies do.
+        if (m->deadline.at() > now || (mover_ && m->sent == m->chunks)) {
             ++i;
             continue;
         }
@@ -454,7 +512,11 @@ size_t P2PEngine::windowBytesFor(int size, const P2POptions& options) {
 }
 
 P2PEngine::P2PEngine(std::shared_ptr<Fabric> fabric, P2POptions options)
-    : impl_(std::make_unique<Impl>(std::move(fabric), options)) {}
+    : impl_(std::make_unique<Impl>(std::move(fabric), options, nullptr)) {}
+
+P2PEngine::P2PEngine(std::shared_ptr<Fabric> fabric, P2POptions options,
+                     std::shared_ptr<P2PMover> mover)
+    : impl_(std::make_unique<Impl>(std::move(fabric), options, std::move(mover))) {}
 
 P2PEngine::~P2PEngine() {
     if (impl_ && impl_->onProgressThread()) {
@@ -469,17 +531,18 @@ bool P2PEngine::onProgressThread() const {
 }
 
 Status P2PEngine::send(const void* buf, size_t bytes, int peer, int tag, Deadline deadline,
-                       Callback done) {
-    return impl_->send(buf, bytes, peer, tag, deadline, std::move(done));
+                       Callback done, std::shared_ptr<const P2POrder> order) {
+    return impl_->send(buf, bytes, peer, tag, deadline, std::move(done), std::move(order));
 }
 
-Status P2PEngine::recv(void* buf, size_t bytes, int peer, int tag, Deadline deadline,
-                       Callback done) {
-    return impl_->recv(buf, bytes, peer, tag, deadline, std::move(done));
+Status P2PEngine::recv(void* buf, size_t bytes, int peer, int tag, Deadline deadline, Callback done,
+                       std::shared_ptr<const P2POrder> order) {
+    return impl_->recv(buf, bytes, peer, tag, deadline, std::move(done), std::move(order));
 }
 
-Status P2PEngine::recvAny(void* buf, size_t bytes, int tag, Deadline deadline, AnyCallback done) {
-    return impl_->recvAny(buf, bytes, tag, deadline, std::move(done));
+Status P2PEngine::recvAny(void* buf, size_t bytes, int tag, Deadline deadline, AnyCallback done,
+                          std::shared_ptr<const P2POrder> order) {
+    return impl_->recvAny(buf, bytes, tag, deadline, std::move(done), std::move(order));
 }
 
 Status P2PEngine::setMembership(const std::vector<uint8_t>& active,
@@ -509,7 +572,12 @@ size_t P2PEngine::Impl::undeliveredSendsLocked() const {
         const p2p::PeerState& ps = peers_[p];
         if (p == rank_ || !active_[p] || !ps.broken.ok() || fabric_->peerFailed(p))
             continue;
-        // Every posted send stays in its tag's queue until delivered.
+        // Every posted send stays in its tag's queue until delivered; with
+        // external pools, in `staging` until its data has landed.
+        if (mover_) {
+            n += ps.staging.size();
+            continue;
+        }
         for (const auto& [tag, t] : ps.tags)
             n += t.msgs.size();
     }

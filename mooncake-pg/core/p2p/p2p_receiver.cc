@@ -13,6 +13,8 @@ using p2p::InRecv;
 using p2p::PeerState;
 
 Status P2PEngine::Impl::receiverPass(int peer, PeerState& ps, bool* progressed) {
+    if (mover_)
+        MC_RETURN_IF_ERROR(completeTakes(ps, progressed));
     if (ps.recvs.empty())
         return Status::OK();
     MC_RETURN_IF_ERROR(readAcks(peer, ps, progressed));
@@ -26,9 +28,37 @@ void P2PEngine::Impl::finishRecv(PeerState& ps, std::shared_ptr<InRecv> r, Statu
     auto it = std::find(ps.recvs.begin(), ps.recvs.end(), r);
     if (it != ps.recvs.end())
         ps.recvs.erase(it);
+    if (r->in_flight > 0) {
+        // Copies into its buffer are still queued: it completes after them
+        // (completeTakes). Only a failure can come while some are.
+        r->failure = std::move(status);
+        return;
+    }
     complete(r->done, std::move(status));
     --ps.live;
     --live_;
+}
+
+Status P2PEngine::Impl::completeTakes(PeerState& ps, bool* progressed) {
+    while (!ps.takes.empty()) {
+        MC_ASSIGN_OR_RETURN(const bool done, mover_->completed(ps.takes.front().ticket));
+        if (!done)
+            return Status::OK();
+        p2p::QueuedTake q = std::move(ps.takes.front());
+        ps.takes.pop_front();
+        ps.recv_pool.release(q.chunk);
+        --q.recv->in_flight;
+        *progressed = true;
+        if (!q.recv->finished) {
+            if (++q.recv->received == q.recv->chunks)
+                finishRecv(ps, q.recv, Status::OK());
+        } else if (q.recv->in_flight == 0) {
+            complete(q.recv->done, q.recv->failure);
+            --ps.live;
+            --live_;
+        }
+    }
+    return Status::OK();
 }
 
 Status P2PEngine::Impl::readAcks(int peer, PeerState& ps, bool* progressed) {
@@ -76,6 +106,16 @@ Status P2PEngine::Impl::readAcks(int peer, PeerState& ps, bool* progressed) {
                                 std::to_string(a.length) + " bytes, status " +
                                 std::to_string(a.status) + "; granted " +
                                 std::to_string(rec.length));
+            } else if (rec.length > 0 && mover_) {
+                // Counted once the copy has completed, which also releases
+                // the chunk (completeTakes).
+                const auto chunk = static_cast<uint32_t>(rec.chunk);
+                MC_ASSIGN_OR_RETURN(const uint64_t ticket,
+                                    mover_->take(peer, ps.recv_pool.offsetOf(chunk),
+                                                 r->dst + rec.offset, rec.length, r->order.get()));
+                ps.takes.push_back(p2p::QueuedTake{ticket, r, chunk});
+                ++r->in_flight;
+                rec.chunk = -1;
             } else {
                 if (rec.length > 0) {
                     std::memcpy(r->dst + rec.offset,

@@ -33,6 +33,8 @@ void eraseOne(Seq& seq, const T& value) {
 }  // namespace
 
 Status P2PEngine::Impl::senderPass(int peer, PeerState& ps, bool* progressed) {
+    if (mover_)
+        MC_RETURN_IF_ERROR(completePuts(peer, ps, progressed));
     if (ps.tags.empty() && ps.staging.empty())
         return Status::OK();
     releaseStaging(peer, ps, progressed);
@@ -177,7 +179,15 @@ Status P2PEngine::Impl::serveTag(int peer, PeerState& ps, int tag, SendTag& t, b
         }
         if (index >= m.staged)
             return Status::OK();  // wait for staging
-        if (c.slot.length > 0) {
+        if (c.slot.length > 0 && mover_) {
+            // Acknowledged once the put has completed (completePuts).
+            MC_ASSIGN_OR_RETURN(
+                const uint64_t ticket,
+                mover_->put(peer, c.slot.pool_offset, m.src + size_t{index} * options_.chunk_bytes,
+                            c.slot.length, m.order.get()));
+            ps.puts.push_back(p2p::QueuedPut{ticket, c, t.msgs.front()});
+            ++m.in_flight;
+        } else if (c.slot.length > 0) {
             auto chunk = static_cast<uint32_t>(m.slot[index]);
             MC_RETURN_IF_ERROR(
                 fabric_->put(peer, layout_.recvPool(rank_) + c.slot.pool_offset,
@@ -186,21 +196,41 @@ Status P2PEngine::Impl::serveTag(int peer, PeerState& ps, int tag, SendTag& t, b
             ps.unreleased.emplace_back(ps.acks_written, chunk);
             m.slot[index] = -1;
         }
-        MC_RETURN_IF_ERROR(writeAck(peer, ps, c, p2p::kAckOk, c.slot.length, m.bytes));
+        if (!mover_ || c.slot.length == 0) {
+            MC_RETURN_IF_ERROR(writeAck(peer, ps, c, p2p::kAckOk, c.slot.length, m.bytes));
+            if (mover_)
+                ++m.landed;
+        }
         t.credits.pop_front();
         *progressed = true;
         if (++m.sent == m.chunks) {
-            // Delivered. Staging finished earlier, so `done` has fired.
+            std::shared_ptr<OutMsg> sent = t.msgs.front();
             t.msgs.pop_front();
             t.bound = false;
-            --ps.live;
-            --live_;
+            if (mover_) {
+                settleMsg(ps, sent);  // once its data has landed
+            } else {
+                // Delivered. Staging finished earlier, so `done` has fired.
+                --ps.live;
+                --live_;
+            }
         }
     }
     return Status::OK();
 }
 
 void P2PEngine::Impl::stage(int peer, PeerState& ps, bool* progressed) {
+    if (mover_) {
+        // Nothing to stage: puts read the user's buffer, which stays the
+        // engine's until the send completes.
+        for (auto& m : ps.staging) {
+            if (m->staged < m->chunks) {
+                m->staged = m->chunks;
+                *progressed = true;
+            }
+        }
+        return;
+    }
     uint8_t* pool = window_ + layout_.sendPool(peer);
     for (auto it = ps.staging.begin(); it != ps.staging.end();) {
         OutMsg& m = **it;
@@ -256,6 +286,13 @@ void P2PEngine::Impl::dropMsg(PeerState& ps, std::shared_ptr<OutMsg> m, const St
     auto t = ps.tags.find(m->tag);
     if (t != ps.tags.end())
         eraseOne(t->second.msgs, m);
+    if (mover_) {
+        // Its queued puts still read the buffer: it completes after them.
+        m->dropped = true;
+        m->failure = status;
+        settleMsg(ps, m);
+        return;
+    }
     if (m->done) {
         complete(m->done, status);
     } else {
@@ -273,11 +310,48 @@ void P2PEngine::Impl::timeoutSend(int peer, PeerState& ps, std::shared_ptr<OutMs
         t.bound_status = p2p::kAckAbandoned;
         t.bound_sender_bytes = m->bytes;
     }
+    const std::string progress =
+        mover_ ? "put " + std::to_string(m->sent) + " of " + std::to_string(m->chunks) +
+                     " chunks (no matching recv posted?)"
+               : "staged " + std::to_string(m->staged) + " of " + std::to_string(m->chunks) +
+                     " chunks; the send pool is full (no matching recv posted?)";
     dropMsg(ps, m,
             Timeout("send of " + std::to_string(m->bytes) + " bytes to rank " +
-                    std::to_string(peer) + " (tag " + std::to_string(m->tag) + "): staged " +
-                    std::to_string(m->staged) + " of " + std::to_string(m->chunks) +
-                    " chunks; the send pool is full (no matching recv posted?)"));
+                    std::to_string(peer) + " (tag " + std::to_string(m->tag) + "): " + progress));
+}
+
+Status P2PEngine::Impl::completePuts(int peer, PeerState& ps, bool* progressed) {
+    while (!ps.puts.empty()) {
+        MC_ASSIGN_OR_RETURN(const bool done, mover_->completed(ps.puts.front().ticket));
+        if (!done)
+            return Status::OK();
+        p2p::QueuedPut q = std::move(ps.puts.front());
+        ps.puts.pop_front();
+        --q.msg->in_flight;
+        *progressed = true;
+        const bool dropped = q.msg->dropped;
+        if (!dropped)
+            ++q.msg->landed;
+        // Settled before the ack is written: should that write fail, the
+        // pair fails and the message, no longer queued anywhere, would be
+        // left without a completion.
+        settleMsg(ps, q.msg);
+        MC_RETURN_IF_ERROR(
+            dropped
+                ? writeAck(peer, ps, q.credit, p2p::kAckAbandoned, 0, q.msg->bytes)
+                : writeAck(peer, ps, q.credit, p2p::kAckOk, q.credit.slot.length, q.msg->bytes));
+    }
+    return Status::OK();
+}
+
+void P2PEngine::Impl::settleMsg(PeerState& ps, const std::shared_ptr<OutMsg>& m) {
+    if (m->settled || m->in_flight > 0 || (!m->dropped && m->landed < m->chunks))
+        return;
+    m->settled = true;
+    eraseOne(ps.staging, m);
+    complete(m->done, m->dropped ? m->failure : Status::OK());
+    --ps.live;
+    --live_;
 }
 
 }  // namespace mooncake::pg

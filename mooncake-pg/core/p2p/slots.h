@@ -94,7 +94,7 @@ class Layout {
     Layout(int size, const P2POptions& options)
         : base_(options.window_offset),
           ring_(static_cast<uint64_t>(options.ring_slots > 0 ? options.ring_slots : 0)),
-          pool_(roundUp(options.pool_bytes_per_peer)),
+          pool_(options.external_pools ? 0 : roundUp(options.pool_bytes_per_peer)),
           stride_(4 * ring_ * kSlotBytes + kAlign + 2 * pool_),
           size_(size > 0 ? static_cast<uint64_t>(size) : 0) {}
 
@@ -110,7 +110,7 @@ class Layout {
     uint64_t ackOut(int peer, uint64_t seq) const { return ringSlot(peer, 3, seq); }
     // How many of this rank's acks `peer` has consumed (written by `peer`).
     uint64_t cursor(int peer) const { return block(peer) + 4 * ring_ * kSlotBytes; }
-    // Chunks `peer` sends to this rank land here.
+    // Chunks `peer` sends to this rank land here (not with external pools).
     uint64_t recvPool(int peer) const { return cursor(peer) + kAlign; }
     // This rank's staging copy of the data it sends to `peer`.
     uint64_t sendPool(int peer) const { return recvPool(peer) + pool_; }

@@ -33,6 +33,9 @@ inline P2POptions smallOptions() {
     return o;
 }
 
+// Message sizes around smallOptions()'s chunk (1 KiB) and pool (4 KiB).
+inline const std::vector<size_t> kSizes = {0, 1, 7, 1023, 1024, 1025, 3001, 4096, 3 * 4096 + 17};
+
 // Collects one completion; shared with the callback so a late kAborted from
 // an engine's destructor never touches a dead object.
 class Completion {
@@ -124,13 +127,36 @@ inline bool eventually(const std::function<bool()>& pred, std::chrono::milliseco
 
 // Sends `bytes` of pattern(seed) from g[from] to g[to] on `tag`; both sides
 // must succeed and the bytes arrive exactly.
-inline void expectDelivered(Group& g, int from, int to, int tag, size_t bytes, int seed) {
+template <typename Engines>
+void expectDelivered(Engines& g, int from, int to, int tag, size_t bytes, int seed) {
     auto want = pattern(bytes, seed);
     std::vector<uint8_t> got(bytes);
     auto s = postSend(g[from], want, to, tag);
     ASSERT_TRUE(postRecv(g[to], got, from, tag)->wait().ok());
     EXPECT_TRUE(s->wait().ok());
     EXPECT_EQ(got, want);
+}
+
+// A 6000-byte send from g[1] meets a 5000-byte recv on g[0]: both fail
+// naming the two sizes, and the pair and the tag stay usable.
+template <typename Engines>
+void expectSizeMismatchFailsBothSides(Engines& g) {
+    auto want = pattern(6000, 1);
+    std::vector<uint8_t> got(5000);
+    auto r = postRecv(g[0], got, 1, 2);
+    auto s = postSend(g[1], want, 0, 2);
+    Status rs = r->wait(), ss = s->wait();
+    EXPECT_EQ(rs.code(), StatusCode::kInvalidArgument) << rs.toString();
+    EXPECT_EQ(ss.code(), StatusCode::kInvalidArgument) << ss.toString();
+    for (const Status* st : {&rs, &ss}) {
+        EXPECT_NE(st->message().find("6000"), std::string::npos) << st->toString();
+        EXPECT_NE(st->message().find("5000"), std::string::npos) << st->toString();
+    }
+    auto again = pattern(5000, 2);
+    auto s2 = postSend(g[1], again, 0, 2);
+    ASSERT_TRUE(postRecv(g[0], got, 1, 2)->wait().ok());
+    EXPECT_TRUE(s2->wait().ok());
+    EXPECT_EQ(got, again);
 }
 
 inline void runRanks(int n, const std::function<void(int)>& body) {
