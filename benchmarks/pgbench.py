@@ -29,8 +29,8 @@ one core's copy bandwidth is the yardstick a CPU collective is read against.
 timed as nccl-tests does, with CUDA events around each block of back-to-back
 ops. The yardstick is HBM traffic: an op must read every input byte and write
 every output byte once (all_reduce of S bytes per rank over N ranks: 2*N*S;
-all_gather and reduce_scatter: (N+1)*S with S the larger side; all_to_all:
-2*N*S), and its limit time is that traffic over the device copy bandwidth
+all_gather and reduce_scatter: (N+1)*S with S the larger side; all_to_all
+and sendrecv, a ring of isend/irecv: 2*N*S), and its limit time is that traffic over the device copy bandwidth
 (read + write) measured on rank 0 in the same run; each row prints its
 fraction of that limit. The issue_us column is the host's time per op to
 issue the block: when it is close to time_us the host, not the GPU, sets the
@@ -481,7 +481,7 @@ def traffic_bytes(coll, size, n):
         return 2 * n * size
     if coll in ("all_gather", "reduce_scatter"):
         return (n + 1) * size
-    if coll in ("all_to_all", "all_to_all_v"):
+    if coll in ("all_to_all", "all_to_all_v", "sendrecv"):
         return 2 * n * size
     return None
 

@@ -29,21 +29,37 @@ const char* cudaPathName(CudaPath path) {
     return path == CudaPath::kKernels ? "kernels" : "staged";
 }
 
-Result<uint64_t> parseSlotBytes(const char* value) {
+namespace {
+
+// A byte count from the environment: a positive multiple of `multiple` up to
+// `max`; null or empty: `fallback`.
+Result<uint64_t> parseByteCount(const char* env, const char* value, uint64_t multiple, uint64_t max,
+                                uint64_t fallback, const char* what) {
     if (value == nullptr || *value == '\0')
-        return kDefaultSlotBytes;
+        return fallback;
     errno = 0;
     char* end = nullptr;
     const unsigned long long v = std::strtoull(value, &end, 10);
     const bool digits = *value >= '0' && *value <= '9';
-    if (!digits || errno != 0 || end == value || *end != '\0' || v == 0 || v % 16 != 0 ||
-        v > kMaxSlotBytes) {
-        return InvalidArgument(std::string(kCudaSlotBytesEnv) + "='" + value +
-                               "' is not a slot size; expected a positive multiple of 16 bytes "
-                               "up to " +
-                               std::to_string(kMaxSlotBytes));
+    if (!digits || errno != 0 || end == value || *end != '\0' || v == 0 || v % multiple != 0 ||
+        v > max) {
+        return InvalidArgument(std::string(env) + "='" + value + "' is not " + what +
+                               "; expected a positive multiple of " + std::to_string(multiple) +
+                               " bytes up to " + std::to_string(max));
     }
     return static_cast<uint64_t>(v);
+}
+
+}  // namespace
+
+Result<uint64_t> parseSlotBytes(const char* value) {
+    return parseByteCount(kCudaSlotBytesEnv, value, 16, kMaxSlotBytes, kDefaultSlotBytes,
+                          "a slot size");
+}
+
+Result<uint64_t> parseP2PPoolBytes(const char* value) {
+    return parseByteCount(kCudaP2PPoolBytesEnv, value, 4096, kMaxP2PPoolBytes, kDefaultP2PPoolBytes,
+                          "a pool size");
 }
 
 Result<bool> parseBlockingWait(const char* value) {

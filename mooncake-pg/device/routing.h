@@ -44,6 +44,22 @@ inline constexpr uint64_t kMaxSlotBytes = uint64_t{1} << 30;
 // A positive multiple of 16 up to kMaxSlotBytes; null or empty: the default.
 Result<uint64_t> parseSlotBytes(const char* value);
 
+// MC_PG_CUDA_P2P_POOL_BYTES: the device pool each rank keeps per sender for
+// P2P on CUDA tensors (p2p_pools.h), default 16 MiB; messages move through
+// it in chunks of p2pChunkBytes. A positive multiple of 4096 up to
+// kMaxP2PPoolBytes; the same on every rank (checked when a group is created).
+inline constexpr const char* kCudaP2PPoolBytesEnv = "MC_PG_CUDA_P2P_POOL_BYTES";
+inline constexpr uint64_t kDefaultP2PPoolBytes = uint64_t{16} << 20;
+inline constexpr uint64_t kMaxP2PPoolBytes = uint64_t{1} << 30;
+Result<uint64_t> parseP2PPoolBytes(const char* value);
+// Up to 4 MiB: four chunks in flight per sender with the default pool, each
+// large enough that the host's per-chunk work (an event poll, an ack) stays
+// well below the copy's own time.
+inline uint64_t p2pChunkBytes(uint64_t pool_bytes) {
+    constexpr uint64_t kMaxChunk = uint64_t{4} << 20;
+    return pool_bytes < kMaxChunk ? pool_bytes : kMaxChunk;
+}
+
 // The bytes of one rank's window in a group that reserves `max_group_size`
 // slots: the window is allocated once, for every size the group may grow to.
 // kInvalidArgument for sizes outside [1, kMaxDeviceRanks].

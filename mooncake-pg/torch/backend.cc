@@ -51,10 +51,12 @@ namespace {
 // 0's when the group is created.
 void checkCudaSettingsAgree(KVStore& kv, const std::string& group_key, int rank,
                             device::CudaPath path, uint64_t slot_bytes, bool direct,
-                            const std::string& where, std::chrono::milliseconds timeout) {
+                            uint64_t p2p_pool_bytes, const std::string& where,
+                            std::chrono::milliseconds timeout) {
     const std::string mine = std::string(device::kCudaPathEnv) + "=" + device::cudaPathName(path) +
                              ", " + device::kCudaSlotBytesEnv + "=" + std::to_string(slot_bytes) +
-                             ", " + device::kCudaDirectEnv + "=" + (direct ? "1" : "0");
+                             ", " + device::kCudaDirectEnv + "=" + (direct ? "1" : "0") + ", " +
+                             device::kCudaP2PPoolBytesEnv + "=" + std::to_string(p2p_pool_bytes);
     const std::string key = group_key + "/cuda_settings/";
     Status st = kv.set(key + std::to_string(rank), mine);
     TORCH_CHECK_WITH(DistBackendError, st.ok(), "Mooncake PG: bootstrapping ", where,
@@ -66,8 +68,8 @@ void checkCudaSettingsAgree(KVStore& kv, const std::string& group_key, int rank,
                      " failed: reading rank 0's CUDA settings: ", theirs.status().toString());
     TORCH_CHECK_VALUE(theirs.value() == mine, "Mooncake PG: ", where, " has ", mine,
                       " but rank 0 has ", theirs.value(), "; every rank must set the same ",
-                      device::kCudaPathEnv, ", ", device::kCudaSlotBytesEnv, " and ",
-                      device::kCudaDirectEnv);
+                      device::kCudaPathEnv, ", ", device::kCudaSlotBytesEnv, ", ",
+                      device::kCudaDirectEnv, " and ", device::kCudaP2PPoolBytesEnv);
 }
 
 }  // namespace
@@ -223,8 +225,16 @@ void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
     const size_t comm_bytes =
         alignUp(Communicator::windowBytesFor(max_group_size_, comm_options), kWindowAlign);
     p2p_options.window_offset = comm_bytes;
-    const size_t window_bytes =
+    size_t window_bytes =
         comm_bytes + alignUp(P2PEngine::windowBytesFor(max_group_size_, p2p_options), kWindowAlign);
+    if (config_.is_cuda) {
+        // The rings of P2P on CUDA tensors (cuda_p2p.cc); its pools are in
+        // device memory.
+        P2POptions rings;
+        rings.external_pools = true;
+        device_p2p_window_offset_ = window_bytes;
+        window_bytes += alignUp(P2PEngine::windowBytesFor(max_group_size_, rings), kWindowAlign);
+    }
 
     // torch reuses a group's store prefix when a group is destroyed and
     // created again under the same name; every founding instance counts
@@ -301,9 +311,12 @@ void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
 #ifdef MC_PG_WITH_CUDA
     // Last: rank 0's creation, which waits for every rank's bootstrap and
     // control plane, completes, and only the rank that differs fails.
-    if (config_.is_cuda)
+    if (config_.is_cuda) {
+        if (!extension && config_.rank == 0)
+            publishDeviceP2PRoute();
         checkCudaSettingsAgree(*kv, group_key_, config_.rank, cuda_path_, cuda_slot_bytes_,
-                               cuda_direct_, where, config_.timeout);
+                               cuda_direct_, device_p2p_pool_bytes_, where, config_.timeout);
+    }
 #endif
 }
 
@@ -369,8 +382,14 @@ void MooncakeBackend::releaseCore(bool flush_p2p) {
     } else if (p2p_) {
         flushP2P(*p2p_, flush_ms);
     }
+    std::unique_ptr<P2PEngine> device_p2p = releaseDeviceP2P(flush_ms);
     stopControlPlane();
-    withoutGil([this] { p2p_.reset(); });
+    withoutGil([this, &device_p2p] {
+        p2p_.reset();
+        // Its destructor waits for the copies still queued on the pools.
+        device_p2p.reset();
+        device_pools_.reset();
+    });
     comm_ = nullptr;
     group_comm_.reset();
     solo_comm_.reset();

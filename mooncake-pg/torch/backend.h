@@ -52,6 +52,7 @@ class SharedEngine;
 
 namespace device {
 class GroupWindow;
+class DevicePools;
 }  // namespace device
 
 namespace control_plane {
@@ -163,6 +164,8 @@ public:
     // kernel path from the staged one by it).
     uint64_t deviceCollectiveCalls() const { return device_calls_.load(); }
     uint64_t directCollectiveCalls() const { return direct_calls_.load(); }
+    // How many P2P ops on CUDA tensors went over device pools (cuda_p2p.cc).
+    uint64_t deviceP2POps() const { return device_p2p_ops_.load(); }
     // Of those, the calls whose agreement exchange was skipped.
     uint64_t directAgreementsSkipped() const { return direct_agreements_skipped_.load(); }
     // How many device collectives were captured into CUDA graphs.
@@ -395,6 +398,32 @@ private:
     // `peer` < 0 (recv only): from any source.
     c10::intrusive_ptr<MooncakeWork> pointToPoint(bool is_send, std::vector<at::Tensor>& tensors,
                                                   int peer, int tag);
+    // The prefix of a P2P op's error text, and its Work's completion.
+    std::string p2pContext(bool is_send, int peer, int tag,
+                           std::chrono::milliseconds timeout) const;
+    static void completeP2PWork(MooncakeWork& work, bool is_send, const Status& status, int source,
+                                const std::string& context);
+    // P2P on CUDA tensors over device pools (cuda_p2p.cc). The engine for
+    // `tensor`, created at the group's first such op, or null: CPU tensors,
+    // MC_PG_CUDA_PATH=staged, or a member not on this host (decided once,
+    // alike on every rank) take the staged path.
+    P2PEngine* deviceP2PFor(const at::Tensor& tensor, const char* op);
+    c10::intrusive_ptr<MooncakeWork> devicePointToPoint(P2PEngine& engine, bool is_send,
+                                                        const at::Tensor& tensor, int peer,
+                                                        int tag);
+    // Gives the device P2P engine, if any, the latest P2P membership
+    // (p2p_active_/p2p_pair_epochs_) and the members' segments; takes
+    // device_p2p_mu_, so views reach the engine in order.
+    void applyDeviceP2PView();
+    void applyDeviceP2PViewLocked();  // device_p2p_mu_ held
+    // Bootstrap, rank 0 of the founders: publishes the group's route for
+    // P2P on CUDA tensors (every founder on this host: device pools).
+    void publishDeviceP2PRoute();
+    // releaseCore: takes the device P2P engine out of use and flushes its
+    // sends (for up to flush_ms); the caller destroys it (null when a
+    // completion callback is destroying the group: a thread of its own
+    // does then), then device_pools_.
+    std::unique_ptr<P2PEngine> releaseDeviceP2P(int64_t flush_ms);
     // The P2P engine's membership, applied apart from the collectives'
     // (backend_p2p.cc). Posts go straight to the engine while its view is
     // current; otherwise they queue, in order, for the poster thread, which
@@ -536,6 +565,28 @@ private:
     std::mutex view_mu_;
     std::atomic<uint64_t> p2p_epoch_{0};  // view_mu_ for writes
     bool p2p_view_set_ = false;           // view_mu_
+    // The membership last given to the P2P engine, for the device P2P
+    // engine (p2p_membership_mu_, a leaf lock; p2p_view_set_ says whether
+    // one was given).
+    std::mutex p2p_membership_mu_;
+    bool p2p_membership_set_ = false;
+    std::vector<uint8_t> p2p_active_;
+    std::vector<uint64_t> p2p_pair_epochs_;
+
+    // P2P on CUDA tensors over device pools (cuda_p2p.cc), created at the
+    // first such op: a second engine, its rings in the host window at
+    // device_p2p_window_offset_, its pools in device memory. device_p2p_mu_
+    // guards creating it, giving it views and taking it down.
+    std::mutex device_p2p_mu_;
+    uint64_t device_p2p_window_offset_ = 0;
+    uint64_t device_p2p_pool_bytes_ = device::kDefaultP2PPoolBytes;  // MC_PG_CUDA_P2P_POOL_BYTES
+    // The group's route, as rank 0 published it: -1 not read yet, 0 staged,
+    // 1 device pools.
+    std::atomic<int> device_p2p_route_{-1};
+    std::shared_ptr<device::DevicePools> device_pools_;
+    std::unique_ptr<P2PEngine> device_p2p_;
+    std::atomic<P2PEngine*> device_p2p_ptr_{nullptr};
+    std::atomic<uint64_t> device_p2p_ops_{0};
 
     std::mutex post_mu_;  // guards the four below
     std::condition_variable post_cv_;

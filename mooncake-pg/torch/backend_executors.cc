@@ -1,6 +1,7 @@
 // MooncakeBackend's choice of executor per op (executor.h).
 #include <c10/util/Exception.h>
 
+#include "mooncake-pg/core/p2p.h"
 #include "mooncake-pg/torch/backend.h"
 #ifdef MC_PG_WITH_CUDA
 #include "mooncake-pg/torch/cuda_executor.h"
@@ -62,6 +63,20 @@ void MooncakeBackend::finishKernelCalls(size_t) {}
 void MooncakeBackend::watchGraphReplays() {}
 void MooncakeBackend::forgetGraphFailures() {}
 void MooncakeBackend::GroupWindowDeleter::operator()(device::GroupWindow*) const {}
+// Without CUDA there are no CUDA tensors, so no P2P on device pools.
+P2PEngine* MooncakeBackend::deviceP2PFor(const at::Tensor&, const char*) {
+    return nullptr;
+}
+c10::intrusive_ptr<MooncakeWork> MooncakeBackend::devicePointToPoint(P2PEngine&, bool,
+                                                                     const at::Tensor&, int, int) {
+    TORCH_CHECK(false, "Mooncake PG: P2P on device pools needs a CUDA build");
+}
+void MooncakeBackend::applyDeviceP2PView() {}
+void MooncakeBackend::applyDeviceP2PViewLocked() {}
+void MooncakeBackend::publishDeviceP2PRoute() {}
+std::unique_ptr<P2PEngine> MooncakeBackend::releaseDeviceP2P(int64_t) {
+    return nullptr;
+}
 #endif
 
 }  // namespace mooncake::pg

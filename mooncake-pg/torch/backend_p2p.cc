@@ -155,6 +155,8 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
     const at::Tensor user = tensors[0];
     checkTensor(user, op, "tensor");
     checkDtype(user, op, "tensor");
+    if (P2PEngine* on_device = deviceP2PFor(user, op))
+        return devicePointToPoint(*on_device, is_send, user, peer, tag);
     // CUDA tensors: the engine moves host mirrors, filled (send) on the
     // group's communication stream after the caller's prior work, and copied
     // back (recv) on it after completion; the executor holds both until then.
@@ -179,12 +181,7 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
                                                   max_group_size_, device_op->devices());
     work->addFence(device_op->fence());
     const auto timeout = opTimeout(c10d::kUnsetTimeout);
-    const std::string who = any_source ? std::string("any rank") : "rank " + std::to_string(peer);
-    const std::string context = "Mooncake PG: " + std::string(op) + (is_send ? " to " : " from ") +
-                                who + " (tag " + std::to_string(tag) + ") on rank " +
-                                std::to_string(config_.rank) + " of group '" + config_.group_name +
-                                "' (" + getBackendName() + ", timeout " +
-                                std::to_string(timeout.count()) + " ms) failed: ";
+    const std::string context = p2pContext(is_send, peer, tag, timeout);
     auto done = [work, target, buffer, context, is_send, executor, device_op](Status status,
                                                                               int source) {
         if (status.ok() && !is_send && !buffer.is_same(target)) {
@@ -198,22 +195,7 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
         const Status finished = executor->finish(device_op, status.ok());
         if (status.ok())
             status = finished;
-        if (!is_send && source >= 0)
-            work->setSourceRank(source);
-        if (status.ok()) {
-            work->markSucceeded();
-            return;
-        }
-        std::vector<int> failed;
-        if (source >= 0 &&
-            (status.code() == StatusCode::kTimeout || status.code() == StatusCode::kPeerFailure)) {
-            failed.push_back(source);
-        }
-        std::string text = context + status.toString();
-        if (status.code() == StatusCode::kInvalidArgument) {
-            text += " (the send and recv sizes mismatch)";
-        }
-        work->markFailed(text, failed);
+        completeP2PWork(*work, is_send, status, source, context);
     };
     const Deadline deadline = Deadline::after(timeout);
     // The engine stages a send's data at post time, so a CUDA tensor's copy
@@ -263,6 +245,35 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
         /*on_poster_thread=*/await_inputs);
     track(work);
     return work;
+}
+
+std::string MooncakeBackend::p2pContext(bool is_send, int peer, int tag,
+                                        std::chrono::milliseconds timeout) const {
+    const std::string who = peer < 0 ? std::string("any rank") : "rank " + std::to_string(peer);
+    return "Mooncake PG: " + std::string(is_send ? "send to " : "recv from ") + who + " (tag " +
+           std::to_string(tag) + ") on rank " + std::to_string(config_.rank) + " of group '" +
+           config_.group_name + "' (" + getBackendName() + ", timeout " +
+           std::to_string(timeout.count()) + " ms) failed: ";
+}
+
+void MooncakeBackend::completeP2PWork(MooncakeWork& work, bool is_send, const Status& status,
+                                      int source, const std::string& context) {
+    if (!is_send && source >= 0)
+        work.setSourceRank(source);
+    if (status.ok()) {
+        work.markSucceeded();
+        return;
+    }
+    std::vector<int> failed;
+    if (source >= 0 &&
+        (status.code() == StatusCode::kTimeout || status.code() == StatusCode::kPeerFailure)) {
+        failed.push_back(source);
+    }
+    std::string text = context + status.toString();
+    if (status.code() == StatusCode::kInvalidArgument) {
+        text += " (the send and recv sizes mismatch)";
+    }
+    work.markFailed(text, failed);
 }
 
 // ---------------------------------------------------------------------------
@@ -363,10 +374,18 @@ Status MooncakeBackend::applyP2PView(Deadline deadline) {
     std::vector<uint64_t> since;
     for (const auto& slot : view.slots)
         since.push_back(slot.active_since);
-    Status st = p2p_->setMembership(active, pairEpochs(static_cast<uint32_t>(config_.rank), since,
-                                                       static_cast<size_t>(max_group_size_)));
+    const std::vector<uint64_t> pair_epochs = pairEpochs(static_cast<uint32_t>(config_.rank), since,
+                                                         static_cast<size_t>(max_group_size_));
+    Status st = p2p_->setMembership(active, pair_epochs);
     if (!st.ok())
         MC_LOG(kWarn, "pg") << "P2P membership of epoch " << view.epoch << ": " << st.toString();
+    {
+        std::lock_guard<std::mutex> lock(p2p_membership_mu_);
+        p2p_active_ = active;
+        p2p_pair_epochs_ = pair_epochs;
+        p2p_membership_set_ = true;
+    }
+    applyDeviceP2PView();
     p2p_epoch_.store(view.epoch);
     p2p_view_set_ = true;
     return Status::OK();

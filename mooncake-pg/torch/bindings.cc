@@ -309,6 +309,11 @@ Forms (seed API):
         py::arg("group"),
         "How many of those read the members' own buffers (the direct path); for tests.");
     m.def(
+        "_device_p2p_ops",
+        [](const py::handle& group) { return backendOf(group, "_device_p2p_ops")->deviceP2POps(); },
+        py::arg("group"),
+        "How many P2P ops on CUDA tensors of the group went over device pools; for tests.");
+    m.def(
         "_direct_agreements_skipped",
         [](const py::handle& group) {
             return backendOf(group, "_direct_agreements_skipped")->directAgreementsSkipped();

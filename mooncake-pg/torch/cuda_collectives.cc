@@ -85,6 +85,9 @@ void MooncakeBackend::configureCuda() {
     TORCH_CHECK_VALUE(blocking.ok(), "Mooncake PG: ", blocking.status().message());
     auto direct = device::parseDirect(std::getenv(device::kCudaDirectEnv));
     TORCH_CHECK_VALUE(direct.ok(), "Mooncake PG: ", direct.status().message());
+    auto p2p_pool = device::parseP2PPoolBytes(std::getenv(device::kCudaP2PPoolBytesEnv));
+    TORCH_CHECK_VALUE(p2p_pool.ok(), "Mooncake PG: ", p2p_pool.status().message());
+    device_p2p_pool_bytes_ = p2p_pool.value();
     cuda_direct_ = direct.value();
     cuda_path_ = path.value();
     cuda_slot_bytes_ = slot.value();

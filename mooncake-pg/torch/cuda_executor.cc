@@ -182,6 +182,13 @@ public:
             c10::cuda::getStreamFromExternal(stream_, device_.index()));
         fn();
     }
+    Status arm() {
+        c10::cuda::CUDAGuard guard(device_);
+        const cudaError_t e = cudaEventRecord(event_, stream_);
+        if (e == cudaSuccess)
+            return Status::OK();
+        return Internal(std::string("recording the op's completion: ") + cudaGetErrorString(e));
+    }
 
 private:
     const c10::Device device_;
@@ -388,6 +395,14 @@ Status CudaExecutor::finish(const std::shared_ptr<DeviceOp>& device_op, bool ok)
         takeFinishedLocked(&done);
     }
     return status;
+}
+
+std::shared_ptr<DeviceFence> CudaExecutor::fenceOn(cudaStream_t stream) {
+    return std::make_shared<CudaFence>(device_, stream, events_, /*captured=*/false);
+}
+
+Status CudaExecutor::armFence(DeviceFence& fence) {
+    return static_cast<CudaFence&>(fence).arm();
 }
 
 void CudaExecutor::reap() {

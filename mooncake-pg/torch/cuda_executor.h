@@ -82,6 +82,13 @@ public:
     Status awaitInputs(DeviceOp& op, Deadline deadline,
                        const std::atomic<bool>* cancel = nullptr) override;
 
+    // A fence for device work the executor does not queue itself (the P2P
+    // copies on device pools, cuda_p2p.cc), on `stream`. Until armFence
+    // records its event there (after that work), it reads as complete.
+    std::shared_ptr<DeviceFence> fenceOn(cudaStream_t stream);
+    // `fence` must come from fenceOn.
+    static Status armFence(DeviceFence& fence);
+
     class EventPool;
 
 private:

@@ -51,6 +51,25 @@ TEST(DeviceRouting, SlotBytesSetting) {
     }
 }
 
+TEST(DeviceRouting, P2PPoolBytesSetting) {
+    EXPECT_EQ(parseP2PPoolBytes(nullptr).value(), uint64_t{16} << 20);
+    EXPECT_EQ(parseP2PPoolBytes("").value(), uint64_t{16} << 20);
+    EXPECT_EQ(parseP2PPoolBytes("4096").value(), 4096u);
+    EXPECT_EQ(parseP2PPoolBytes("1073741824").value(), uint64_t{1} << 30);
+    for (const char* bad : {"0", "4000", "-4096", "4k", "1073745920", "99999999999999999999"}) {
+        auto r = parseP2PPoolBytes(bad);
+        ASSERT_FALSE(r.ok()) << bad;
+        EXPECT_NE(r.status().message().find("MC_PG_CUDA_P2P_POOL_BYTES='" + std::string(bad) + "'"),
+                  std::string::npos)
+            << r.status().message();
+        EXPECT_NE(r.status().message().find("multiple of 4096"), std::string::npos);
+    }
+    // Chunks: the whole pool while it is small, else 4 MiB (four in flight
+    // with the default pool).
+    EXPECT_EQ(p2pChunkBytes(4096), 4096u);
+    EXPECT_EQ(p2pChunkBytes(uint64_t{16} << 20), uint64_t{4} << 20);
+}
+
 TEST(DeviceRouting, DirectSettingDefaultsToOnAndNamesBadValues) {
     EXPECT_TRUE(parseDirect(nullptr).value());
     EXPECT_TRUE(parseDirect("").value());

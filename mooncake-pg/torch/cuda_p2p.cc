@@ -1,0 +1,280 @@
+// MooncakeBackend's P2P on CUDA tensors over device pools
+// (device/p2p_pools.h, docs/design/pg-cuda.md "P2P on device pools").
+//
+// A second P2PEngine, its rings in the host window like the first one's,
+// its pools in device memory: a send's chunks are copied by the copy
+// engine from the user's tensor straight into the pool its receiver keeps
+// for it, and out of that pool into the receiver's tensor; the host only
+// runs the credit protocol. Both copies wait, on the pools' stream, for the
+// work the caller had queued on its current stream when it posted the op.
+//
+// Which path a group's CUDA P2P takes must be the same on every rank, or a
+// send on one engine would wait for a recv posted on the other: it depends
+// on MC_PG_CUDA_PATH (compared across ranks when the group is created) and
+// on whether every member this rank is connected to is on this host, which
+// is the same answer everywhere (ranks on one host map each other's
+// windows, and a rank elsewhere is unmapped for every other rank). It is
+// decided at the group's first CUDA P2P op; a rank joining later from
+// another host is refused at its first put (mapping its pools fails).
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mooncake-pg/core/engine_fabric.h"
+#include "mooncake-pg/core/p2p.h"
+#include "mooncake-pg/device/p2p_pools.h"
+#include "mooncake-pg/torch/backend.h"
+#include "mooncake-pg/torch/cuda_executor.h"
+#include "mooncake-pg/torch/store_adapter.h"
+#include "mooncake-transfer-engine/common/logging.h"
+
+namespace mooncake::pg {
+
+namespace {
+
+std::string segmentOf(const std::string& endpoint) {
+    return endpoint.substr(0, endpoint.find('#'));
+}
+
+constexpr const char* kRouteDevicePools = "device_pools";
+constexpr const char* kRouteStaged = "staged";
+
+std::string routeKey(const std::string& group_key) {
+    return group_key + "/cuda_p2p_route";
+}
+
+}  // namespace
+
+void MooncakeBackend::publishDeviceP2PRoute() {
+    // Every founder is connected by now; ranks on one host map each other's
+    // windows, so rank 0 maps them all exactly when all are on its host.
+    bool local = true;
+    for (int r = 0; r < config_.size; ++r) {
+        if (r != config_.rank)
+            local = local && fabric_->peerWindow(r) != nullptr;
+    }
+    const Status st = store_->set(routeKey(group_key_), local ? kRouteDevicePools : kRouteStaged);
+    TORCH_CHECK_WITH(DistBackendError, st.ok(), "Mooncake PG: bootstrapping group '",
+                     config_.group_name,
+                     "' failed: publishing its CUDA P2P route: ", st.toString());
+}
+
+P2PEngine* MooncakeBackend::deviceP2PFor(const at::Tensor& tensor, const char* op) {
+    if (!tensor.is_cuda() || !config_.is_cuda || cuda_path_ != device::CudaPath::kKernels)
+        return nullptr;
+    if (P2PEngine* engine = device_p2p_ptr_.load(std::memory_order_acquire))
+        return engine;
+    int route = device_p2p_route_.load(std::memory_order_acquire);
+    if (route < 0) {
+        // One answer for the whole group, rank 0's, published at bootstrap:
+        // a rank deciding from its own connections could differ from its
+        // peers (a joiner from another host, a slot connected later).
+        auto value = store_->get(routeKey(group_key_), Deadline::afterMs(timeout_ms_.load()));
+        TORCH_CHECK_WITH(DistBackendError, value.ok(), "Mooncake PG: ", op, " on group '",
+                         config_.group_name,
+                         "': reading the group's CUDA P2P route: ", value.status().toString());
+        route = value.value() == kRouteDevicePools ? 1 : 0;
+        device_p2p_route_.store(route, std::memory_order_release);
+        MC_LOG(kInfo, "pg") << "group '" << config_.group_name << "': P2P on CUDA tensors "
+                            << (route == 1 ? "on device pools"
+                                           : "staged through the host (a member is on another "
+                                             "host)");
+    }
+    if (route == 0)
+        return nullptr;
+    std::lock_guard<std::mutex> lock(device_p2p_mu_);
+    if (device_p2p_)
+        return device_p2p_.get();
+    // The group's founders share this host; a member connected from
+    // another one (a later join) cannot take part.
+    for (int r = 0; r < max_group_size_; ++r) {
+        TORCH_CHECK_VALUE(r == config_.rank || fabric_->peerEndpoint(r).empty() ||
+                              fabric_->peerWindow(r) != nullptr,
+                          "Mooncake PG: ", op, " on group '", config_.group_name,
+                          "': the group runs P2P on CUDA tensors over device pools (its founders "
+                          "share one host), but rank ",
+                          r,
+                          " is on another host; set MC_PG_CUDA_PATH=staged on every rank of "
+                          "groups that span hosts");
+    }
+    Staging st(op);
+    st.onDevice(tensor, "tensor");
+    auto* exec = static_cast<CudaExecutor*>(executorFor(st, op));
+    device::DevicePoolsOptions o;
+    o.rank = config_.rank;
+    o.max_group_size = max_group_size_;
+    o.cuda_device = exec->device().index();
+    o.pool_bytes_per_peer = device_p2p_pool_bytes_;
+    o.key_prefix = group_key_;
+    o.segment = segmentOf(fabric_->endpoint());
+    // The pools are memory of the fabric's engine, published in the group's
+    // store: both stay alive as long as the pools.
+    auto owner = std::make_shared<
+        std::pair<std::shared_ptr<EngineFabric>, std::shared_ptr<C10dStoreAdapter>>>(fabric_,
+                                                                                     store_);
+    auto pools = device::DevicePools::create(owner, fabric_->engine(), *store_, o);
+    TORCH_CHECK_WITH(DistBackendError, pools.ok(), "Mooncake PG: ", op, " on group '",
+                     config_.group_name,
+                     "': setting up P2P on device pools: ", pools.status().toString());
+    device_pools_ = std::move(pools).value();
+    P2POptions options;
+    options.external_pools = true;
+    options.pool_bytes_per_peer = device_p2p_pool_bytes_;
+    options.chunk_bytes = device::p2pChunkBytes(device_p2p_pool_bytes_);
+    options.window_offset = device_p2p_window_offset_;
+    device_p2p_ = std::make_unique<P2PEngine>(fabric_, options, device_pools_);
+    applyDeviceP2PViewLocked();
+    device_p2p_ptr_.store(device_p2p_.get(), std::memory_order_release);
+    return device_p2p_.get();
+}
+
+void MooncakeBackend::applyDeviceP2PView() {
+    std::lock_guard<std::mutex> lock(device_p2p_mu_);
+    applyDeviceP2PViewLocked();
+}
+
+void MooncakeBackend::applyDeviceP2PViewLocked() {
+    if (!device_p2p_)
+        return;
+    std::vector<std::string> segments(static_cast<size_t>(max_group_size_));
+    for (int r = 0; r < max_group_size_; ++r) {
+        if (r != config_.rank)
+            segments[r] = segmentOf(fabric_->peerEndpoint(r));
+    }
+    device_pools_->setPeerSegments(std::move(segments));
+    std::vector<uint8_t> active;
+    std::vector<uint64_t> pair_epochs;
+    {
+        std::lock_guard<std::mutex> lock(p2p_membership_mu_);
+        if (!p2p_membership_set_)
+            return;  // every rank active in pair epoch 0, as the engine starts
+        active = p2p_active_;
+        pair_epochs = p2p_pair_epochs_;
+    }
+    // Under device_p2p_mu_, so a later view is never overtaken by an older
+    // one; the engine skips a view it already has.
+    const Status st = device_p2p_->setMembership(active, pair_epochs);
+    if (!st.ok())
+        MC_LOG(kWarn, "pg") << "device P2P membership: " << st.toString();
+}
+
+c10::intrusive_ptr<MooncakeWork> MooncakeBackend::devicePointToPoint(P2PEngine& engine,
+                                                                     bool is_send,
+                                                                     const at::Tensor& user,
+                                                                     int peer, int tag) {
+    const bool any_source = peer < 0;
+    const char* op = is_send ? "send" : "recv";
+    Staging st(op);
+    st.onDevice(user, "tensor");
+    auto* exec = static_cast<CudaExecutor*>(executorFor(st, op));
+    TORCH_CHECK(!exec->callerCapturing(), "Mooncake PG: ", op, " on group '", config_.group_name,
+                "' cannot be captured in a CUDA graph (only all_reduce, all_gather_into_tensor, "
+                "reduce_scatter_tensor and all_to_all_single can)");
+    c10::cuda::CUDAGuard guard(exec->device());
+    // The engine reads a send's buffer and writes a recv's until the op
+    // completes; a contiguous stand-in, made on the caller's stream, is
+    // held by the completion callback.
+    at::Tensor buffer = user;
+    if (!user.is_contiguous())
+        buffer = is_send ? user.contiguous() : at::empty_like(user, at::MemoryFormat::Contiguous);
+    // The op's copies wait for what the caller has queued so far, and for
+    // nothing it queues later.
+    const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(exec->device().index()).stream();
+    auto ordered = device_pools_->orderAfter(caller);
+    TORCH_CHECK_WITH(DistBackendError, ordered.ok(), "Mooncake PG: ", op, " on group '",
+                     config_.group_name, "': ", ordered.status().toString());
+    std::shared_ptr<const P2POrder> order = std::move(ordered).value();
+
+    const c10d::OpType type = is_send      ? c10d::OpType::SEND
+                              : any_source ? c10d::OpType::RECVANYSOURCE
+                                           : c10d::OpType::RECV;
+    auto work = c10::make_intrusive<MooncakeWork>(rank_, type, std::vector<at::Tensor>{user},
+                                                  max_group_size_,
+                                                  std::vector<c10::Device>{exec->device()});
+    // Armed once the copies have completed: synchronize() and the Future's
+    // events follow them, as the staged path's fences follow its copies.
+    std::shared_ptr<DeviceFence> fence = exec->fenceOn(device_pools_->stream());
+    work->addFence(fence);
+    const auto timeout = opTimeout(c10d::kUnsetTimeout);
+    std::string context = p2pContext(is_send, peer, tag, timeout);
+    auto done = [work, user, buffer, fence, context, is_send](Status status, int source) {
+        if (status.ok() && !is_send && !buffer.is_same(user)) {
+            // On the pools' stream, after the copies into the stand-in,
+            // which the allocator must not hand out again before this copy
+            // has read it.
+            try {
+                at::NoGradGuard no_grad;
+                fence->onStream([&] {
+                    user.copy_(buffer, /*non_blocking=*/true);
+                    buffer.record_stream(c10::cuda::getCurrentCUDAStream(buffer.device().index()));
+                });
+            } catch (const std::exception& e) {
+                status = Internal(std::string("copying into the recv tensor: ") + e.what());
+            }
+        }
+        const Status armed = CudaExecutor::armFence(*fence);
+        if (status.ok())
+            status = armed;
+        if (status.code() == StatusCode::kTimeout) {
+            status = status.withContext(
+                "on this group a send of a CUDA tensor is matched only by a recv of a CUDA "
+                "tensor");
+        }
+        completeP2PWork(*work, is_send, status, source, context);
+    };
+    const Deadline deadline = Deadline::after(timeout);
+    const size_t bytes = static_cast<size_t>(buffer.numel()) * buffer.element_size();
+    void* data = buffer.data_ptr();
+    P2PEngine* posted_to = &engine;
+    device_p2p_ops_.fetch_add(1);
+    // Nothing to wait for before posting: the copies wait on the device.
+    postP2P([=](Status view) {
+        Status posted = view;
+        if (posted.ok()) {
+            if (is_send) {
+                posted = posted_to->send(
+                    data, bytes, peer, tag, deadline,
+                    [done, peer](Status s) { done(std::move(s), peer); }, order);
+            } else if (any_source) {
+                posted = posted_to->recvAny(data, bytes, tag, deadline, done, order);
+            } else {
+                posted = posted_to->recv(
+                    data, bytes, peer, tag, deadline,
+                    [done, peer](Status s) { done(std::move(s), peer); }, order);
+            }
+        }
+        if (!posted.ok()) {
+            (void)CudaExecutor::armFence(*fence);
+            work->markFailed(context + posted.toString(), {});
+        }
+    });
+    track(work);
+    return work;
+}
+
+std::unique_ptr<P2PEngine> MooncakeBackend::releaseDeviceP2P(int64_t flush_ms) {
+    std::unique_ptr<P2PEngine> engine;
+    {
+        std::lock_guard<std::mutex> lock(device_p2p_mu_);
+        device_p2p_ptr_.store(nullptr, std::memory_order_release);
+        engine = std::move(device_p2p_);
+    }
+    if (engine && engine->onProgressThread()) {
+        // Destroyed from one of its completion callbacks: as for the host
+        // P2P engine (releaseCore), a thread of its own flushes and joins it.
+        std::thread([engine = std::move(engine), flush_ms]() mutable {
+            flushP2P(*engine, flush_ms);
+            engine.reset();
+        }).detach();
+    } else if (engine) {
+        flushP2P(*engine, flush_ms);
+    }
+    return engine;
+}
+
+}  // namespace mooncake::pg
