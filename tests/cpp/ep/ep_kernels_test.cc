@@ -562,6 +562,17 @@ TEST(EpKernels, FourProcessesSharingTheGpuLoopOverTokens) {
               /*inactive_rank=*/3, /*absent_rank=*/1});
 }
 
+// More local experts than the dispatch receive grid has blocks when ranks
+// share the GPU (sms / (2 * ranks per GPU) blocks: 33 on an H200 for two
+// ranks, against 128 local experts), so each receive block loops over
+// several experts (epDispatchReceiveBlocks).
+TEST(EpKernels, TwoProcessesSharingTheGpuLoopOverExperts) {
+    SKIP_WITHOUT_GPU();
+    runRanks({Shape{/*num_ranks=*/2, /*num_experts=*/256, /*max_tokens=*/16, /*hidden=*/1024,
+                    /*top_k=*/8},
+              /*inactive_rank=*/1, /*absent_rank=*/1});
+}
+
 TEST(EpKernels, GraphReplayTwoProcesses) {
     SKIP_WITHOUT_GPU();
     runRanks({Shape{/*num_ranks=*/2, /*num_experts=*/8, /*max_tokens=*/32, /*hidden=*/1024,

@@ -314,12 +314,16 @@ INSTANTIATE_TEST_SUITE_P(Collectives, DeviceCollectiveFailures,
 // must still let its peer see its own differing signature, even when its
 // first blocks find the peer's flag before its own round has ended. Rank 1
 // queues first; rank 0 queues once rank 1's first flag is in its window,
-// so rank 0's early blocks meet rank 1's signature at once.
+// so rank 0's early blocks meet rank 1's signature at once. That makes the
+// race likely, not certain: a run can pass without the fix, so the test
+// was written to be rerun (--gtest_repeat) with the fix reverted once.
 TEST(DeviceCollectiveFailuresManyBlocks, AMismatchFoundAheadOfTheRoundStillReachesThePeer) {
     SKIP_WITHOUT_GPU();
     TempDir dir;
-    constexpr uint64_t kBigSlot = 256 << 10;
-    constexpr size_t kBig = 1 << 18;  // floats per member block: 4 chunks
+    // 1 MiB slots: 2 MiB a round over 2 ranks, which gridBlocks spreads over
+    // 64 blocks, capped at max_blocks (32).
+    constexpr uint64_t kBigSlot = 1 << 20;
+    constexpr size_t kBig = 1 << 20;  // floats per member block: 4 chunks
     runRanks(2, [&](int rank) {
         Rank r;
         if (int rc = setUp(r, dir.path(), rank, 2, kBigSlot); rc != 0)
