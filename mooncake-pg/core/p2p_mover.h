@@ -25,10 +25,10 @@
 namespace mooncake::pg {
 
 // What the copies of one operation must wait for (for a GPU: the work queued
-// on the caller's stream when the op was posted). Made by the mover's owner,
-// handed to the engine with the op, and passed back with each of its copies,
-// so a copy waits for its own op's predecessors only, not for work the
-// caller queued after posting it.
+// on the caller's stream when the op was posted). Made by the mover's owner
+// and handed to the engine with the op; the engine queues none of the op's
+// copies before the mover says the order is ready, so on the mover's one
+// queue no copy waits behind another op's predecessors.
 class P2POrder {
 public:
     virtual ~P2POrder() = default;
@@ -47,6 +47,9 @@ public:
     // rank keeps for `peer` to `dst`, after what `order` names.
     virtual Result<uint64_t> take(int peer, uint64_t pool_offset, void* dst, size_t bytes,
                                   const P2POrder* order) = 0;
+    // Whether the copies of an op posted with `order` (null: none) may be
+    // queued now. Polled by the progress thread until it is.
+    virtual bool ready(const P2POrder* order) = 0;
     // Whether copy `ticket` (and so every earlier one) has completed; an
     // error if the copies cannot complete (the engine then fails the pair).
     virtual Result<bool> completed(uint64_t ticket) = 0;

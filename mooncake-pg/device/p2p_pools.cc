@@ -43,12 +43,13 @@ private:
 // An op's place in its caller's stream: an event recorded there at post.
 class StreamOrder final : public P2POrder {
 public:
-    StreamOrder(cudaEvent_t event, uint64_t id) : event(event), id(id) {}
-    // Released once the waits queued on it have taken its state (CUDA
-    // allows destroying an event that queued work still waits for).
-    ~StreamOrder() override { cudaEventDestroy(event); }
+    StreamOrder(int device, cudaEvent_t event) : device(device), event(event) {}
+    ~StreamOrder() override {
+        DeviceScope scope(device);
+        cudaEventDestroy(event);
+    }
+    const int device;
     const cudaEvent_t event;
-    const uint64_t id;
 };
 
 // How long the destructor waits for copies still queued (the engine drained
@@ -141,13 +142,9 @@ Result<std::shared_ptr<const P2POrder>> DevicePools::orderAfter(cudaStream_t str
     cudaEvent_t e = nullptr;
     MC_RETURN_IF_ERROR(cudaStatus(cudaEventCreateWithFlags(&e, cudaEventDisableTiming),
                                   "creating a P2P order event"));
-    std::shared_ptr<const P2POrder> order;
-    {
-        std::lock_guard<std::mutex> lock(mu_);
-        order = std::make_shared<const StreamOrder>(e, ++orders_made_);
-    }
+    auto order = std::make_shared<const StreamOrder>(options_.cuda_device, e);
     MC_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(e, stream), "recording the caller's stream"));
-    return order;
+    return std::shared_ptr<const P2POrder>(std::move(order));
 }
 
 Result<char*> DevicePools::peerPoolLocked(int peer) {
@@ -194,14 +191,9 @@ Result<uint64_t> DevicePools::copyLocked(void* dst, const void* src, size_t byte
     MC_RETURN_IF_ERROR(broken_);
     DeviceScope scope(options_.cuda_device);
     MC_RETURN_IF_ERROR(scope.status());
-    // Each op's first copy waits for its caller's stream as it was at post;
-    // the op's later copies follow it on the stream.
-    const auto* caller = dynamic_cast<const StreamOrder*>(order);
-    if (caller != nullptr && caller->id != last_order_) {
-        MC_RETURN_IF_ERROR(cudaStatus(cudaStreamWaitEvent(stream_, caller->event, 0),
-                                      "ordering a P2P copy after the caller's stream"));
-        last_order_ = caller->id;
-    }
+    // The engine queues an op's copies only once ready(order) said so:
+    // nothing on this one stream ever waits for a caller's work.
+    (void)order;
     MC_ASSIGN_OR_RETURN(cudaEvent_t e, eventLocked());
     Status st =
         cudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), what);
@@ -257,6 +249,15 @@ Status DevicePools::reapLocked() {
         pending_.pop_front();
     }
     return Status::OK();
+}
+
+bool DevicePools::ready(const P2POrder* order) {
+    const auto* caller = dynamic_cast<const StreamOrder*>(order);
+    if (caller == nullptr)
+        return true;
+    DeviceScope scope(options_.cuda_device);
+    // An error here is the device's: the copy queued next reports it.
+    return cudaEventQuery(caller->event) != cudaErrorNotReady;
 }
 
 Result<bool> DevicePools::completed(uint64_t ticket) {

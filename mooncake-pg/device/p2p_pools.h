@@ -13,8 +13,10 @@
 //
 // Stream order with the caller: orderAfter(stream), on the caller's thread
 // when the op is posted, records the work already on the caller's stream
-// (the producer of a send, the last reader of a recv's tensor); the op's
-// copies wait for it, and for nothing the caller queued later. The engine
+// (the producer of a send, the last reader of a recv's tensor); the engine
+// queues the op's copies once that has run (ready()), so they wait for
+// nothing the caller queued later, and no copy on the one stream waits
+// behind another op's predecessors. The engine
 // completes an op only once its copies have, so its tensors are free (and a
 // recv's data visible) when the Work completes.
 #pragma once
@@ -74,6 +76,8 @@ public:
                          const P2POrder* order) override;
     Result<uint64_t> take(int peer, uint64_t pool_offset, void* dst, size_t bytes,
                           const P2POrder* order) override;
+    // Whether the caller's stream has passed the point orderAfter recorded.
+    bool ready(const P2POrder* order) override;
     Result<bool> completed(uint64_t ticket) override;
     Status drain(Deadline deadline) override;
 
@@ -112,8 +116,6 @@ private:
     std::vector<cudaEvent_t> spare_events_;
     uint64_t queued_ = 0;
     uint64_t done_ = 0;
-    uint64_t orders_made_ = 0;  // ids of orderAfter's tokens
-    uint64_t last_order_ = 0;   // the token the stream last waited for
     Status broken_;             // a copy that failed: every later query fails
 };
 

@@ -415,7 +415,7 @@ private:
     // (p2p_active_/p2p_pair_epochs_) and the members' segments; takes
     // device_p2p_mu_, so views reach the engine in order.
     void applyDeviceP2PView();
-    void applyDeviceP2PViewLocked();  // device_p2p_mu_ held
+    void applyDeviceP2PViewLocked(P2PEngine& engine);  // p2p_apply_mu_ held
     // Bootstrap, rank 0 of the founders: publishes the group's route for
     // P2P on CUDA tensors (every founder on this host: device pools).
     void publishDeviceP2PRoute();
@@ -576,8 +576,11 @@ private:
     // P2P on CUDA tensors over device pools (cuda_p2p.cc), created at the
     // first such op: a second engine, its rings in the host window at
     // device_p2p_window_offset_, its pools in device memory. device_p2p_mu_
-    // guards creating it, giving it views and taking it down.
+    // guards creating it and taking it down.
     std::mutex device_p2p_mu_;
+    // Serializes giving the engine views (held while its setMembership
+    // completes ops, never while creating or taking it down).
+    std::mutex p2p_apply_mu_;
     uint64_t device_p2p_window_offset_ = 0;
     uint64_t device_p2p_pool_bytes_ = device::kDefaultP2PPoolBytes;  // MC_PG_CUDA_P2P_POOL_BYTES
     // The group's route, as rank 0 published it: -1 not read yet, 0 staged,

@@ -72,7 +72,7 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::devicePointToPoint(P2PEngine&,
     TORCH_CHECK(false, "Mooncake PG: P2P on device pools needs a CUDA build");
 }
 void MooncakeBackend::applyDeviceP2PView() {}
-void MooncakeBackend::applyDeviceP2PViewLocked() {}
+void MooncakeBackend::applyDeviceP2PViewLocked(P2PEngine&) {}
 void MooncakeBackend::publishDeviceP2PRoute() {}
 std::unique_ptr<P2PEngine> MooncakeBackend::releaseDeviceP2P(int64_t) {
     return nullptr;

@@ -90,18 +90,16 @@ P2PEngine* MooncakeBackend::deviceP2PFor(const at::Tensor& tensor, const char* o
     std::lock_guard<std::mutex> lock(device_p2p_mu_);
     if (device_p2p_)
         return device_p2p_.get();
-    // The group's founders share this host; a member connected from
-    // another one (a later join) cannot take part.
-    for (int r = 0; r < max_group_size_; ++r) {
-        TORCH_CHECK_VALUE(r == config_.rank || fabric_->peerEndpoint(r).empty() ||
-                              fabric_->peerWindow(r) != nullptr,
-                          "Mooncake PG: ", op, " on group '", config_.group_name,
-                          "': the group runs P2P on CUDA tensors over device pools (its founders "
-                          "share one host), but rank ",
-                          r,
-                          " is on another host; set MC_PG_CUDA_PATH=staged on every rank of "
-                          "groups that span hosts");
-    }
+    // The group's founders share rank 0's host; this rank, if it joined
+    // from another one, cannot take part (the others may: only this rank
+    // refuses).
+    TORCH_CHECK_VALUE(config_.rank == 0 || fabric_->peerWindow(0) != nullptr, "Mooncake PG: ", op,
+                      " on group '", config_.group_name,
+                      "': the group runs P2P on CUDA tensors over device pools (its founders share "
+                      "one host), but this rank (",
+                      config_.rank,
+                      ") is on another host; set MC_PG_CUDA_PATH=staged on every rank of groups "
+                      "that span hosts");
     Staging st(op);
     st.onDevice(tensor, "tensor");
     auto* exec = static_cast<CudaExecutor*>(executorFor(st, op));
@@ -128,19 +126,23 @@ P2PEngine* MooncakeBackend::deviceP2PFor(const at::Tensor& tensor, const char* o
     options.chunk_bytes = device::p2pChunkBytes(device_p2p_pool_bytes_);
     options.window_offset = device_p2p_window_offset_;
     device_p2p_ = std::make_unique<P2PEngine>(fabric_, options, device_pools_);
-    applyDeviceP2PViewLocked();
+    // Published under p2p_apply_mu_ after the latest view: a view stored
+    // since is applied by applyDeviceP2PView, which then finds the engine.
+    std::lock_guard<std::mutex> apply(p2p_apply_mu_);
+    applyDeviceP2PViewLocked(*device_p2p_);
     device_p2p_ptr_.store(device_p2p_.get(), std::memory_order_release);
     return device_p2p_.get();
 }
 
 void MooncakeBackend::applyDeviceP2PView() {
-    std::lock_guard<std::mutex> lock(device_p2p_mu_);
-    applyDeviceP2PViewLocked();
+    // Not under device_p2p_mu_: setMembership completes ops, and a
+    // completion may post the next op or let the group go.
+    std::lock_guard<std::mutex> apply(p2p_apply_mu_);
+    if (P2PEngine* engine = device_p2p_ptr_.load(std::memory_order_acquire))
+        applyDeviceP2PViewLocked(*engine);
 }
 
-void MooncakeBackend::applyDeviceP2PViewLocked() {
-    if (!device_p2p_)
-        return;
+void MooncakeBackend::applyDeviceP2PViewLocked(P2PEngine& engine) {
     std::vector<std::string> segments(static_cast<size_t>(max_group_size_));
     for (int r = 0; r < max_group_size_; ++r) {
         if (r != config_.rank)
@@ -156,9 +158,9 @@ void MooncakeBackend::applyDeviceP2PViewLocked() {
         active = p2p_active_;
         pair_epochs = p2p_pair_epochs_;
     }
-    // Under device_p2p_mu_, so a later view is never overtaken by an older
+    // Under p2p_apply_mu_, so a later view is never overtaken by an older
     // one; the engine skips a view it already has.
-    const Status st = device_p2p_->setMembership(active, pair_epochs);
+    const Status st = engine.setMembership(active, pair_epochs);
     if (!st.ok())
         MC_LOG(kWarn, "pg") << "device P2P membership: " << st.toString();
 }
@@ -189,6 +191,14 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::devicePointToPoint(P2PEngine& 
     TORCH_CHECK_WITH(DistBackendError, ordered.ok(), "Mooncake PG: ", op, " on group '",
                      config_.group_name, "': ", ordered.status().toString());
     std::shared_ptr<const P2POrder> order = std::move(ordered).value();
+    // Should a stalled copy queue make the engine give up on the op, its
+    // copies may still read or write these later: the allocator must not
+    // hand their memory out before the pools' stream has passed them.
+    const c10::Stream pool_stream =
+        c10::cuda::getStreamFromExternal(device_pools_->stream(), exec->device().index());
+    user.record_stream(pool_stream);
+    if (!buffer.is_same(user))
+        buffer.record_stream(pool_stream);
 
     const c10d::OpType type = is_send      ? c10d::OpType::SEND
                               : any_source ? c10d::OpType::RECVANYSOURCE
@@ -204,22 +214,20 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::devicePointToPoint(P2PEngine& 
     std::string context = p2pContext(is_send, peer, tag, timeout);
     auto done = [work, user, buffer, fence, context, is_send](Status status, int source) {
         if (status.ok() && !is_send && !buffer.is_same(user)) {
-            // On the pools' stream, after the copies into the stand-in,
-            // which the allocator must not hand out again before this copy
-            // has read it.
+            // On the pools' stream, after the copies into the stand-in (its
+            // memory is held for that stream: record_stream at post).
             try {
                 at::NoGradGuard no_grad;
-                fence->onStream([&] {
-                    user.copy_(buffer, /*non_blocking=*/true);
-                    buffer.record_stream(c10::cuda::getCurrentCUDAStream(buffer.device().index()));
-                });
+                fence->onStream([&] { user.copy_(buffer, /*non_blocking=*/true); });
             } catch (const std::exception& e) {
                 status = Internal(std::string("copying into the recv tensor: ") + e.what());
             }
         }
-        const Status armed = CudaExecutor::armFence(*fence);
+        // Armed on success only: a failed op's copies may be stuck, and a
+        // fence behind them would never complete (unarmed, it reads as
+        // complete; these ops are never captured in a graph).
         if (status.ok())
-            status = armed;
+            status = CudaExecutor::armFence(*fence);
         if (status.code() == StatusCode::kTimeout) {
             status = status.withContext(
                 "on this group a send of a CUDA tensor is matched only by a recv of a CUDA "
@@ -232,7 +240,8 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::devicePointToPoint(P2PEngine& 
     void* data = buffer.data_ptr();
     P2PEngine* posted_to = &engine;
     device_p2p_ops_.fetch_add(1);
-    // Nothing to wait for before posting: the copies wait on the device.
+    // Nothing to wait for before posting: the engine queues the copies once
+    // the caller's stream has passed `order`.
     postP2P([=](Status view) {
         Status posted = view;
         if (posted.ok()) {
@@ -248,10 +257,8 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::devicePointToPoint(P2PEngine& 
                     [done, peer](Status s) { done(std::move(s), peer); }, order);
             }
         }
-        if (!posted.ok()) {
-            (void)CudaExecutor::armFence(*fence);
+        if (!posted.ok())
             work->markFailed(context + posted.toString(), {});
-        }
     });
     track(work);
     return work;

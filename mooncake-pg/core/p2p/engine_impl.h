@@ -106,6 +106,7 @@ struct QueuedPut {
     uint64_t ticket = 0;
     Credit credit;
     std::shared_ptr<OutMsg> msg;
+    Deadline::Clock::time_point queued_at;
 };
 
 // External pools: a copy out of a receive-pool chunk, which is released once
@@ -114,6 +115,16 @@ struct QueuedTake {
     uint64_t ticket = 0;
     std::shared_ptr<InRecv> recv;
     uint32_t chunk = 0;
+    Deadline::Clock::time_point queued_at;
+};
+
+// External pools: an acknowledged chunk whose copy out waits for its recv's
+// order to be ready (P2PMover::ready); the pool chunk stays allocated.
+struct ParkedTake {
+    std::shared_ptr<InRecv> recv;
+    uint32_t chunk = 0;
+    uint64_t offset = 0;  // in the message
+    uint64_t length = 0;
 };
 
 // Sender-side matching state of one (peer, tag).
@@ -165,6 +176,7 @@ struct PeerState {
     std::unordered_map<uint64_t, CreditRecord> records;
     std::deque<std::shared_ptr<InRecv>> recvs;  // unfinished, posting order
     std::deque<QueuedTake> takes;               // external pools, queue order
+    std::deque<ParkedTake> parked;              // external pools, order not ready
 };
 
 }  // namespace p2p
@@ -249,6 +261,9 @@ private:
     // External pools: releases the chunks whose copies out have completed
     // and completes the recvs they finish.
     Status completeTakes(p2p::PeerState& ps, bool* progressed);
+    // External pools: queues the copies out of acknowledged chunks whose
+    // recvs' orders are ready (and frees those of failed recvs).
+    Status startTakes(int peer, p2p::PeerState& ps, bool* progressed);
     // Writes one credit of `kind` for `r` (a data credit for its next chunk).
     Status grant(int peer, p2p::PeerState& ps, const std::shared_ptr<p2p::InRecv>& r, uint32_t kind,
                  int32_t chunk, uint64_t length);
@@ -267,6 +282,10 @@ private:
     const P2POptions options_;
     const std::shared_ptr<P2PMover> mover_;  // set exactly with external pools
     bool mover_stuck_ = false;               // a drain failed (drainMover)
+    // A copy queued this long that has not completed while its op is past
+    // its deadline means the queue has stalled: the copies are local (a copy
+    // engine) and start only once their op's order is ready.
+    static constexpr auto kCopyStallGrace = std::chrono::seconds(2);
     const p2p::Layout layout_;
     const int rank_;
     const int size_;

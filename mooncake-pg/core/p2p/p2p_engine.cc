@@ -99,6 +99,7 @@ void P2PEngine::Impl::resetPeer(PeerState& ps) {
     ps.recvs.clear();
     ps.puts.clear();
     ps.takes.clear();
+    ps.parked.clear();
 }
 
 size_t P2PEngine::Impl::chunkLength(size_t bytes, uint32_t index) const {
@@ -117,11 +118,9 @@ void P2PEngine::Impl::drainMover() {
     // Queued copies are local copies (a copy engine), done in microseconds
     // to milliseconds; this bound only guards against a broken device.
     constexpr int64_t kDrainTimeoutMs = 5000;
-    // Once a drain has failed, later ones would only wait out the bound
-    // again for each peer (teardown fails every pair).
-    if (mover_stuck_)
-        return;
-    const Status st = mover_->drain(Deadline::afterMs(kDrainTimeoutMs));
+    // Once a drain has failed, later ones only look (teardown fails every
+    // pair: waiting out the bound again for each would add up).
+    const Status st = mover_->drain(Deadline::afterMs(mover_stuck_ ? 0 : kDrainTimeoutMs));
     if (!st.ok()) {
         mover_stuck_ = true;
         MC_LOG(kError, "pg") << "P2P: queued copies did not complete before their operations "
@@ -361,15 +360,19 @@ void P2PEngine::Impl::failPeer(int peer, const Status& status, bool broken) {
 
 void P2PEngine::Impl::checkDeadlines(int peer, PeerState& ps, Clock::time_point now) {
     if (mover_) {
-        // A copy still queued at its op's deadline: the queue has stalled
-        // (the work it waits for never ends, or the device is hung). Its op
-        // would wait for it forever, so the pair fails; failPeer drains with
-        // a bound and logs what it could not wait for.
+        // A copy queued long ago and still not complete at its op's
+        // deadline: the queue has stalled (the device hangs). Its op would
+        // wait for it forever, so the pair fails; failPeer drains with a
+        // bound and logs what it could not wait for. (An op whose deadline
+        // passes while its copies merely run completes after them.)
+        const auto stuck = [now](Clock::time_point queued_at, const Deadline& deadline) {
+            return deadline.at() <= now && now - queued_at > kCopyStallGrace;
+        };
         bool stalled = false;
         for (const auto& q : ps.puts)
-            stalled = stalled || q.msg->deadline.at() <= now;
+            stalled = stalled || stuck(q.queued_at, q.msg->deadline);
         for (const auto& q : ps.takes)
-            stalled = stalled || q.recv->deadline.at() <= now;
+            stalled = stalled || stuck(q.queued_at, q.recv->deadline);
         if (stalled) {
             failPeer(peer,
                      Timeout("P2P copies with rank " + std::to_string(peer) +

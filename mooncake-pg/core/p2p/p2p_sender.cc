@@ -179,13 +179,15 @@ Status P2PEngine::Impl::serveTag(int peer, PeerState& ps, int tag, SendTag& t, b
         }
         if (index >= m.staged)
             return Status::OK();  // wait for staging
+        if (c.slot.length > 0 && mover_ && !mover_->ready(m.order.get()))
+            return Status::OK();  // its producer is still running
         if (c.slot.length > 0 && mover_) {
             // Acknowledged once the put has completed (completePuts).
             MC_ASSIGN_OR_RETURN(
                 const uint64_t ticket,
                 mover_->put(peer, c.slot.pool_offset, m.src + size_t{index} * options_.chunk_bytes,
                             c.slot.length, m.order.get()));
-            ps.puts.push_back(p2p::QueuedPut{ticket, c, t.msgs.front()});
+            ps.puts.push_back(p2p::QueuedPut{ticket, c, t.msgs.front(), Clock::now()});
             ++m.in_flight;
         } else if (c.slot.length > 0) {
             auto chunk = static_cast<uint32_t>(m.slot[index]);

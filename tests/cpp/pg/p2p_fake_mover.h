@@ -23,6 +23,12 @@
 
 namespace mooncake::pg::p2p_test {
 
+// An op's order that a test opens when it likes (the stand-in for a
+// producer kernel still running on the caller's stream).
+struct Gate : P2POrder {
+    std::atomic<bool> open{false};
+};
+
 // Receive pools of every rank: rank `owner` keeps one pool per sender.
 class FakePools {
 public:
@@ -66,6 +72,10 @@ public:
         MC_RETURN_IF_ERROR(checkInPool(pool_offset, bytes));
         return queue(static_cast<uint8_t*>(dst), pools_->pool(rank_, peer) + pool_offset, bytes,
                      order);
+    }
+    bool ready(const P2POrder* order) override {
+        const auto* gate = dynamic_cast<const Gate*>(order);
+        return gate == nullptr || gate->open.load();
     }
     Result<bool> completed(uint64_t ticket) override {
         std::lock_guard<std::mutex> lock(mu_);

@@ -142,9 +142,10 @@ TEST(P2PExternalPools, AFailedRecvCompletesOnlyAfterTheCopiesIntoItsBuffer) {
     EXPECT_EQ(ran_at_completion.load(), 3u);
 }
 
-// Copies still queued at their op's deadline (a stalled queue) fail the pair
-// rather than leave the op waiting: the engine drains (here the drain is let
-// through), then fails the recv with a timeout.
+// Copies queued for longer than the stall grace (2 s) and still not done at
+// their op's deadline (a stalled queue) fail the pair rather than leave the
+// op waiting: the engine drains (here the drain is let through), then fails
+// the recv with its own timeout.
 TEST(P2PExternalPools, CopiesQueuedPastTheDeadlineFailThePair) {
     MoverGroup g(2, externalOptions());
     auto want = pattern(3001, 10);
@@ -158,8 +159,42 @@ TEST(P2PExternalPools, CopiesQueuedPastTheDeadlineFailThePair) {
     g.movers[0]->release();
     Status st = r->wait();
     EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.toString();
-    EXPECT_NE(st.message().find("still queued at their operation's deadline"), std::string::npos)
-        << st.toString();
+    EXPECT_NE(st.message().find("got 0 of 3 chunks"), std::string::npos) << st.toString();
+    // The pair failed: a new send to rank 0 is refused until its epoch moves.
+    auto again = pattern(10, 1);
+    auto s2 = Completion::make();
+    Status refused =
+        g[1].send(again.data(), again.size(), 0, 8, Deadline::after(1s), Completion::callback(s2));
+    Status posted_on_0 = g[0].recv(got.data(), 10, 1, 8, Deadline::after(1s), [](Status) {});
+    EXPECT_EQ(posted_on_0.code(), StatusCode::kTimeout) << posted_on_0.toString();
+    EXPECT_NE(posted_on_0.message().find("still queued"), std::string::npos)
+        << posted_on_0.toString();
+    if (refused.ok())
+        (void)s2->wait();
+}
+
+// A deadline that passes while the op's copies are queued (within the stall
+// grace) fails that op alone, once its copies are done: the pair goes on.
+TEST(P2PExternalPools, ADeadlinePassingWhileCopiesRunFailsOnlyThatOp) {
+    MoverGroup g(2, externalOptions());
+    auto want = pattern(3001, 15);
+    std::vector<uint8_t> got(want.size(), 0);
+    g.movers[0]->hold();
+    const Deadline deadline = Deadline::after(300ms);
+    auto r = postRecv(g[0], got, 1, 13, deadline);
+    auto s = postSend(g[1], want, 0, 13);
+    ASSERT_TRUE(s->wait().ok());
+    ASSERT_TRUE(eventually([&] { return g.movers[0]->queued() == 3; }));
+    ASSERT_TRUE(eventually([&] { return deadline.expired(); }));
+    // Two passes of the progress thread after the deadline: it has seen it.
+    const uint64_t passes = g[0].stats().progress_passes;
+    ASSERT_TRUE(eventually([&] { return g[0].stats().progress_passes >= passes + 2; }));
+    EXPECT_FALSE(r->done());  // its copies still write its buffer
+    g.movers[0]->release();
+    Status st = r->wait();
+    EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.toString();
+    EXPECT_EQ(g.movers[0]->drains(), 0);
+    expectDelivered(g, 1, 0, 13, 5000, 16);
 }
 
 // A queue that never drains still ends the op, after the drain's bound
@@ -202,6 +237,39 @@ TEST(P2PExternalPools, EveryCopyCarriesItsOperationsOrder) {
     EXPECT_EQ(got, want);
     EXPECT_EQ(g.movers[1]->orders(), std::vector<const P2POrder*>(3, send_order.get()));
     EXPECT_EQ(g.movers[0]->orders(), std::vector<const P2POrder*>(3, recv_order.get()));
+}
+
+// An op whose order is not ready (its producer, or its buffer's last
+// reader, still running) holds back its own copies only: later ops of the
+// pair, on both sides, go ahead.
+TEST(P2PExternalPools, AnOpWhoseOrderIsNotReadyHoldsBackOnlyItsOwnCopies) {
+    MoverGroup g(2, externalOptions());
+    for (bool gate_the_send : {true, false}) {
+        SCOPED_TRACE(gate_the_send ? "send gated" : "recv gated");
+        auto gate = std::make_shared<Gate>();
+        auto a = pattern(3001, 13), b = pattern(2500, 14);
+        std::vector<uint8_t> got_a(a.size(), 0), got_b(b.size(), 0);
+        auto ra = Completion::make(), sa = Completion::make();
+        ASSERT_TRUE(g[0].recv(got_a.data(), got_a.size(), 1, 11, Deadline::after(20s),
+                              Completion::callback(ra),
+                              gate_the_send ? nullptr : std::shared_ptr<const P2POrder>(gate))
+                        .ok());
+        ASSERT_TRUE(g[1].send(a.data(), a.size(), 0, 11, Deadline::after(20s),
+                              Completion::callback(sa),
+                              gate_the_send ? std::shared_ptr<const P2POrder>(gate) : nullptr)
+                        .ok());
+        auto rb = postRecv(g[0], got_b, 1, 12);
+        auto sb = postSend(g[1], b, 0, 12);
+        ASSERT_TRUE(rb->wait().ok());
+        ASSERT_TRUE(sb->wait().ok());
+        EXPECT_EQ(got_b, b);
+        EXPECT_FALSE(ra->done());
+        EXPECT_EQ(sa->done(), !gate_the_send);  // a gated recv holds only its takes
+        gate->open = true;
+        ASSERT_TRUE(ra->wait().ok());
+        ASSERT_TRUE(sa->wait().ok());
+        EXPECT_EQ(got_a, a);
+    }
 }
 
 TEST(P2PExternalPools, AnUnmatchedSendTimesOutNamingTheChunksPut) {
