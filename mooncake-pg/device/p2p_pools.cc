@@ -20,13 +20,17 @@ Status cudaStatus(cudaError_t e, const char* what) {
     return Internal(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-// Makes `device` current for a scope and restores the thread's own after:
-// the calls come from the user's threads and the P2P progress thread.
+// Makes `device` current for a scope. On a user's thread (`restore`) the
+// thread's own device comes back after; the P2P progress thread, which is
+// ours, keeps it: restoring the default device there would create a context
+// on GPU 0 in every process of a multi-GPU host.
 class DeviceScope {
 public:
-    explicit DeviceScope(int device) {
-        if (cudaGetDevice(&saved_) != cudaSuccess)
-            saved_ = -1;
+    explicit DeviceScope(int device, bool restore = true) {
+        int current = -1;
+        if (cudaGetDevice(&current) == cudaSuccess && current == device)
+            return;
+        saved_ = restore ? current : -1;
         status_ = cudaStatus(cudaSetDevice(device), "selecting the group's GPU");
     }
     ~DeviceScope() {
@@ -107,7 +111,11 @@ DevicePools::~DevicePools() {
         // (the engine has failed every op by now, and logged it).
         Status st = drain(Deadline::afterMs(kTeardownWaitMs));
         (void)st;
-        cudaStreamDestroy(stream_);
+        // A stream the caching allocator knows (streamInUse) stays: freeing
+        // a tensor recorded on it records an event there, even after the
+        // group is gone. One stream per group that ran P2P on the device.
+        if (!stream_in_use_.load())
+            cudaStreamDestroy(stream_);
     }
     for (auto& [ticket, event] : pending_)
         cudaEventDestroy(event);
@@ -189,7 +197,7 @@ Result<char*> DevicePools::peerPoolLocked(int peer) {
 Result<uint64_t> DevicePools::copyLocked(void* dst, const void* src, size_t bytes,
                                          const P2POrder* order, const char* what) {
     MC_RETURN_IF_ERROR(broken_);
-    DeviceScope scope(options_.cuda_device);
+    DeviceScope scope(options_.cuda_device, /*restore=*/false);
     MC_RETURN_IF_ERROR(scope.status());
     // The engine queues an op's copies only once ready(order) said so:
     // nothing on this one stream ever waits for a caller's work.
@@ -255,7 +263,7 @@ bool DevicePools::ready(const P2POrder* order) {
     const auto* caller = dynamic_cast<const StreamOrder*>(order);
     if (caller == nullptr)
         return true;
-    DeviceScope scope(options_.cuda_device);
+    DeviceScope scope(options_.cuda_device, /*restore=*/false);
     // An error here is the device's: the copy queued next reports it.
     return cudaEventQuery(caller->event) != cudaErrorNotReady;
 }
@@ -264,7 +272,7 @@ Result<bool> DevicePools::completed(uint64_t ticket) {
     std::lock_guard<std::mutex> lock(mu_);
     if (done_ >= ticket)
         return true;
-    DeviceScope scope(options_.cuda_device);
+    DeviceScope scope(options_.cuda_device, /*restore=*/false);
     MC_RETURN_IF_ERROR(scope.status());
     MC_RETURN_IF_ERROR(reapLocked());
     return done_ >= ticket;

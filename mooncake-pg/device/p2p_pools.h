@@ -23,6 +23,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -86,6 +87,9 @@ public:
     // The copy stream: an event recorded on it after an op completed
     // follows the op's copies.
     cudaStream_t stream() const { return stream_; }
+    // Tensors were recorded on the stream (the caching allocator's
+    // record_stream): it must outlive this object, so it is never destroyed.
+    void streamInUse() { stream_in_use_.store(true); }
 
 private:
     DevicePools(std::shared_ptr<void> owner, te::TransferEngine& engine, KVStore& store,
@@ -107,6 +111,7 @@ private:
     uint64_t pools_bytes_ = 0;
     char* pools_ = nullptr;
     cudaStream_t stream_ = nullptr;
+    std::atomic<bool> stream_in_use_{false};
 
     std::mutex mu_;
     std::vector<std::string> segments_;    // by rank

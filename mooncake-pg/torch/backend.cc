@@ -382,7 +382,7 @@ void MooncakeBackend::releaseCore(bool flush_p2p) {
     } else if (p2p_) {
         flushP2P(*p2p_, flush_ms);
     }
-    std::unique_ptr<P2PEngine> device_p2p = releaseDeviceP2P(flush_ms);
+    std::shared_ptr<P2PEngine> device_p2p = releaseDeviceP2P(flush_ms);
     stopControlPlane();
     withoutGil([this, &device_p2p] {
         p2p_.reset();

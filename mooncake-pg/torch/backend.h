@@ -423,7 +423,7 @@ private:
     // sends (for up to flush_ms); the caller destroys it (null when a
     // completion callback is destroying the group: a thread of its own
     // does then), then device_pools_.
-    std::unique_ptr<P2PEngine> releaseDeviceP2P(int64_t flush_ms);
+    std::shared_ptr<P2PEngine> releaseDeviceP2P(int64_t flush_ms);
     // The P2P engine's membership, applied apart from the collectives'
     // (backend_p2p.cc). Posts go straight to the engine while its view is
     // current; otherwise they queue, in order, for the poster thread, which
@@ -587,7 +587,9 @@ private:
     // 1 device pools.
     std::atomic<int> device_p2p_route_{-1};
     std::shared_ptr<device::DevicePools> device_pools_;
-    std::unique_ptr<P2PEngine> device_p2p_;
+    // Shared: applying a view holds it, so a completion that lets the group
+    // go cannot destroy it under its own setMembership.
+    std::shared_ptr<P2PEngine> device_p2p_;
     std::atomic<P2PEngine*> device_p2p_ptr_{nullptr};
     std::atomic<uint64_t> device_p2p_ops_{0};
 

@@ -74,7 +74,7 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::devicePointToPoint(P2PEngine&,
 void MooncakeBackend::applyDeviceP2PView() {}
 void MooncakeBackend::applyDeviceP2PViewLocked(P2PEngine&) {}
 void MooncakeBackend::publishDeviceP2PRoute() {}
-std::unique_ptr<P2PEngine> MooncakeBackend::releaseDeviceP2P(int64_t) {
+std::shared_ptr<P2PEngine> MooncakeBackend::releaseDeviceP2P(int64_t) {
     return nullptr;
 }
 #endif

@@ -32,6 +32,7 @@
 #include "mooncake-pg/torch/cuda_executor.h"
 #include "mooncake-pg/torch/store_adapter.h"
 #include "mooncake-transfer-engine/common/logging.h"
+#include "mooncake-transfer-engine/engine/segment.h"
 
 namespace mooncake::pg {
 
@@ -58,7 +59,11 @@ void MooncakeBackend::publishDeviceP2PRoute() {
         if (r != config_.rank)
             local = local && fabric_->peerWindow(r) != nullptr;
     }
-    const Status st = store_->set(routeKey(group_key_), local ? kRouteDevicePools : kRouteStaged);
+    // With the host's identity: a rank joining later from another host
+    // refuses the route instead of failing at its first put.
+    const Status st = store_->set(routeKey(group_key_),
+                                  local ? std::string(kRouteDevicePools) + " " + te::localHostId()
+                                        : std::string(kRouteStaged));
     TORCH_CHECK_WITH(DistBackendError, st.ok(), "Mooncake PG: bootstrapping group '",
                      config_.group_name,
                      "' failed: publishing its CUDA P2P route: ", st.toString());
@@ -78,7 +83,18 @@ P2PEngine* MooncakeBackend::deviceP2PFor(const at::Tensor& tensor, const char* o
         TORCH_CHECK_WITH(DistBackendError, value.ok(), "Mooncake PG: ", op, " on group '",
                          config_.group_name,
                          "': reading the group's CUDA P2P route: ", value.status().toString());
-        route = value.value() == kRouteDevicePools ? 1 : 0;
+        const std::string& published = value.value();
+        const std::string device_pools = std::string(kRouteDevicePools) + " ";
+        route = published.compare(0, device_pools.size(), device_pools) == 0 ? 1 : 0;
+        // The founders share rank 0's host; this rank, if it joined from
+        // another one, cannot take part (only this rank refuses).
+        TORCH_CHECK_VALUE(route == 0 || published.substr(device_pools.size()) == te::localHostId(),
+                          "Mooncake PG: ", op, " on group '", config_.group_name,
+                          "': the group runs P2P on CUDA tensors over device pools (its founders "
+                          "share one host), but this rank (",
+                          config_.rank,
+                          ") is on another host; set MC_PG_CUDA_PATH=staged on every rank of "
+                          "groups that span hosts");
         device_p2p_route_.store(route, std::memory_order_release);
         MC_LOG(kInfo, "pg") << "group '" << config_.group_name << "': P2P on CUDA tensors "
                             << (route == 1 ? "on device pools"
@@ -90,16 +106,6 @@ P2PEngine* MooncakeBackend::deviceP2PFor(const at::Tensor& tensor, const char* o
     std::lock_guard<std::mutex> lock(device_p2p_mu_);
     if (device_p2p_)
         return device_p2p_.get();
-    // The group's founders share rank 0's host; this rank, if it joined
-    // from another one, cannot take part (the others may: only this rank
-    // refuses).
-    TORCH_CHECK_VALUE(config_.rank == 0 || fabric_->peerWindow(0) != nullptr, "Mooncake PG: ", op,
-                      " on group '", config_.group_name,
-                      "': the group runs P2P on CUDA tensors over device pools (its founders share "
-                      "one host), but this rank (",
-                      config_.rank,
-                      ") is on another host; set MC_PG_CUDA_PATH=staged on every rank of groups "
-                      "that span hosts");
     Staging st(op);
     st.onDevice(tensor, "tensor");
     auto* exec = static_cast<CudaExecutor*>(executorFor(st, op));
@@ -125,7 +131,7 @@ P2PEngine* MooncakeBackend::deviceP2PFor(const at::Tensor& tensor, const char* o
     options.pool_bytes_per_peer = device_p2p_pool_bytes_;
     options.chunk_bytes = device::p2pChunkBytes(device_p2p_pool_bytes_);
     options.window_offset = device_p2p_window_offset_;
-    device_p2p_ = std::make_unique<P2PEngine>(fabric_, options, device_pools_);
+    device_p2p_ = std::make_shared<P2PEngine>(fabric_, options, device_pools_);
     // Published under p2p_apply_mu_ after the latest view: a view stored
     // since is applied by applyDeviceP2PView, which then finds the engine.
     std::lock_guard<std::mutex> apply(p2p_apply_mu_);
@@ -137,8 +143,13 @@ P2PEngine* MooncakeBackend::deviceP2PFor(const at::Tensor& tensor, const char* o
 void MooncakeBackend::applyDeviceP2PView() {
     // Not under device_p2p_mu_: setMembership completes ops, and a
     // completion may post the next op or let the group go.
+    std::shared_ptr<P2PEngine> engine;
+    {
+        std::lock_guard<std::mutex> lock(device_p2p_mu_);
+        engine = device_p2p_;
+    }
     std::lock_guard<std::mutex> apply(p2p_apply_mu_);
-    if (P2PEngine* engine = device_p2p_ptr_.load(std::memory_order_acquire))
+    if (engine)
         applyDeviceP2PViewLocked(*engine);
 }
 
@@ -196,6 +207,7 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::devicePointToPoint(P2PEngine& 
     // hand their memory out before the pools' stream has passed them.
     const c10::Stream pool_stream =
         c10::cuda::getStreamFromExternal(device_pools_->stream(), exec->device().index());
+    device_pools_->streamInUse();
     user.record_stream(pool_stream);
     if (!buffer.is_same(user))
         buffer.record_stream(pool_stream);
@@ -264,8 +276,8 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::devicePointToPoint(P2PEngine& 
     return work;
 }
 
-std::unique_ptr<P2PEngine> MooncakeBackend::releaseDeviceP2P(int64_t flush_ms) {
-    std::unique_ptr<P2PEngine> engine;
+std::shared_ptr<P2PEngine> MooncakeBackend::releaseDeviceP2P(int64_t flush_ms) {
+    std::shared_ptr<P2PEngine> engine;
     {
         std::lock_guard<std::mutex> lock(device_p2p_mu_);
         device_p2p_ptr_.store(nullptr, std::memory_order_release);

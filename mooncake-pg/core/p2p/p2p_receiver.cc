@@ -229,6 +229,13 @@ Status P2PEngine::Impl::issueCredits(int peer, PeerState& ps, bool* progressed) 
             ++i;
             continue;
         }
+        if (mover_ && r.credited == 0 && !mover_->ready(r.order.get())) {
+            // No pool space for it until its buffer's earlier readers have
+            // run: a recv that cannot take data yet holds none of the pool.
+            blocked.push_back(r.tag);
+            ++i;
+            continue;
+        }
         while (r.credited < r.chunks) {
             if (!room(1))
                 return Status::OK();

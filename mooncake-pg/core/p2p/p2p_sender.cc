@@ -306,17 +306,32 @@ void P2PEngine::Impl::dropMsg(PeerState& ps, std::shared_ptr<OutMsg> m, const St
 
 void P2PEngine::Impl::timeoutSend(int peer, PeerState& ps, std::shared_ptr<OutMsg> m) {
     SendTag& t = ps.tags[m->tag];
-    if (t.bound && t.bound_status == p2p::kAckOk && !t.msgs.empty() && t.msgs.front() == m) {
+    const bool bound =
+        t.bound && t.bound_status == p2p::kAckOk && !t.msgs.empty() && t.msgs.front() == m;
+    const bool data_not_ready = mover_ && bound && !mover_->ready(m->order.get());
+    if (bound) {
         // The receiver is mid-message: answer its remaining credits with
-        // "abandoned" so it fails now rather than at its own deadline.
+        // "abandoned" so it fails now rather than at its own deadline. Those
+        // already here are answered at once: with the message gone the pair
+        // may have nothing else in flight, and an idle pair is not polled.
         t.bound_status = p2p::kAckAbandoned;
         t.bound_sender_bytes = m->bytes;
+        while (!t.credits.empty() && t.credits.front().slot.recv_id == t.bound_id &&
+               t.credits.front().slot.kind == p2p::kCreditData) {
+            if (!writeAck(peer, ps, t.credits.front(), p2p::kAckAbandoned, 0, m->bytes).ok())
+                break;  // the pair is failing anyway
+            t.credits.pop_front();
+        }
     }
+    const std::string chunks = std::to_string(m->chunks) + " chunks";
     const std::string progress =
-        mover_ ? "put " + std::to_string(m->sent) + " of " + std::to_string(m->chunks) +
-                     " chunks (no matching recv posted?)"
-               : "staged " + std::to_string(m->staged) + " of " + std::to_string(m->chunks) +
-                     " chunks; the send pool is full (no matching recv posted?)";
+        data_not_ready ? "its recv was posted, but its data never became ready (put " +
+                             std::to_string(m->sent) + " of " + chunks +
+                             "; its producer on the caller's stream had not finished)"
+        : mover_
+            ? "put " + std::to_string(m->sent) + " of " + chunks + " (no matching recv posted?)"
+            : "staged " + std::to_string(m->staged) + " of " + chunks +
+                  "; the send pool is full (no matching recv posted?)";
     dropMsg(ps, m,
             Timeout("send of " + std::to_string(m->bytes) + " bytes to rank " +
                     std::to_string(peer) + " (tag " + std::to_string(m->tag) + "): " + progress));

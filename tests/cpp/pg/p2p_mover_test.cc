@@ -241,13 +241,14 @@ TEST(P2PExternalPools, EveryCopyCarriesItsOperationsOrder) {
 
 // An op whose order is not ready (its producer, or its buffer's last
 // reader, still running) holds back its own copies only: later ops of the
-// pair, on both sides, go ahead.
+// pair, on both sides, go ahead. A recv that is not ready is granted no
+// pool space, so even one the size of the whole pool holds none of it.
 TEST(P2PExternalPools, AnOpWhoseOrderIsNotReadyHoldsBackOnlyItsOwnCopies) {
     MoverGroup g(2, externalOptions());
     for (bool gate_the_send : {true, false}) {
         SCOPED_TRACE(gate_the_send ? "send gated" : "recv gated");
         auto gate = std::make_shared<Gate>();
-        auto a = pattern(3001, 13), b = pattern(2500, 14);
+        auto a = pattern(gate_the_send ? 3001 : 4096, 13), b = pattern(2500, 14);
         std::vector<uint8_t> got_a(a.size(), 0), got_b(b.size(), 0);
         auto ra = Completion::make(), sa = Completion::make();
         ASSERT_TRUE(g[0].recv(got_a.data(), got_a.size(), 1, 11, Deadline::after(20s),
@@ -264,12 +265,34 @@ TEST(P2PExternalPools, AnOpWhoseOrderIsNotReadyHoldsBackOnlyItsOwnCopies) {
         ASSERT_TRUE(sb->wait().ok());
         EXPECT_EQ(got_b, b);
         EXPECT_FALSE(ra->done());
-        EXPECT_EQ(sa->done(), !gate_the_send);  // a gated recv holds only its takes
+        EXPECT_FALSE(sa->done());
         gate->open = true;
         ASSERT_TRUE(ra->wait().ok());
         ASSERT_TRUE(sa->wait().ok());
         EXPECT_EQ(got_a, a);
     }
+}
+
+// A send whose data never becomes ready times out saying so, and its
+// receiver, whose credits it holds, is told at once (abandoned), not at its
+// own deadline.
+TEST(P2PExternalPools, ASendWhoseDataNeverBecomesReadyAbandonsItsRecvAtOnce) {
+    MoverGroup g(2, externalOptions());
+    auto gate = std::make_shared<Gate>();
+    auto want = pattern(3001, 17);
+    std::vector<uint8_t> got(want.size(), 0);
+    auto r = postRecv(g[0], got, 1, 14, Deadline::after(20s));
+    auto s = Completion::make();
+    ASSERT_TRUE(g[1].send(want.data(), want.size(), 0, 14, Deadline::after(300ms),
+                          Completion::callback(s), gate)
+                    .ok());
+    Status ss = s->wait();
+    EXPECT_EQ(ss.code(), StatusCode::kTimeout) << ss.toString();
+    EXPECT_NE(ss.message().find("never became ready"), std::string::npos) << ss.toString();
+    Status rs = r->wait(5s);
+    EXPECT_EQ(rs.code(), StatusCode::kAborted) << rs.toString();
+    EXPECT_NE(rs.message().find("gave up on its send"), std::string::npos) << rs.toString();
+    expectDelivered(g, 1, 0, 14, 3001, 18);
 }
 
 TEST(P2PExternalPools, AnUnmatchedSendTimesOutNamingTheChunksPut) {
