@@ -241,9 +241,10 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::devicePointToPoint(P2PEngine& 
         if (status.ok())
             status = CudaExecutor::armFence(*fence);
         if (status.code() == StatusCode::kTimeout) {
-            status = status.withContext(
-                "on this group a send of a CUDA tensor is matched only by a recv of a CUDA "
-                "tensor");
+            status = Status(status.code(),
+                            status.message() +
+                                " (a CUDA tensor's send or recv on this group matches only a CUDA "
+                                "tensor's: is the peer's op on a CPU tensor?)");
         }
         completeP2PWork(*work, is_send, status, source, context);
     };
