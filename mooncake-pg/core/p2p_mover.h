@@ -48,7 +48,8 @@ public:
     virtual Result<uint64_t> take(int peer, uint64_t pool_offset, void* dst, size_t bytes,
                                   const P2POrder* order) = 0;
     // Whether the copies of an op posted with `order` (null: none) may be
-    // queued now. Polled by the progress thread until it is.
+    // queued now. Polled by the progress thread until it is; once true it
+    // must stay true.
     virtual bool ready(const P2POrder* order) = 0;
     // Whether copy `ticket` (and so every earlier one) has completed; an
     // error if the copies cannot complete (the engine then fails the pair).

@@ -118,15 +118,6 @@ struct QueuedTake {
     Deadline::Clock::time_point queued_at;
 };
 
-// External pools: an acknowledged chunk whose copy out waits for its recv's
-// order to be ready (P2PMover::ready); the pool chunk stays allocated.
-struct ParkedTake {
-    std::shared_ptr<InRecv> recv;
-    uint32_t chunk = 0;
-    uint64_t offset = 0;  // in the message
-    uint64_t length = 0;
-};
-
 // Sender-side matching state of one (peer, tag).
 struct SendTag {
     std::deque<Credit> credits;
@@ -176,7 +167,6 @@ struct PeerState {
     std::unordered_map<uint64_t, CreditRecord> records;
     std::deque<std::shared_ptr<InRecv>> recvs;  // unfinished, posting order
     std::deque<QueuedTake> takes;               // external pools, queue order
-    std::deque<ParkedTake> parked;              // external pools, order not ready
 };
 
 }  // namespace p2p
@@ -261,9 +251,6 @@ private:
     // External pools: releases the chunks whose copies out have completed
     // and completes the recvs they finish.
     Status completeTakes(p2p::PeerState& ps, bool* progressed);
-    // External pools: queues the copies out of acknowledged chunks whose
-    // recvs' orders are ready (and frees those of failed recvs).
-    Status startTakes(int peer, p2p::PeerState& ps, bool* progressed);
     // Writes one credit of `kind` for `r` (a data credit for its next chunk).
     Status grant(int peer, p2p::PeerState& ps, const std::shared_ptr<p2p::InRecv>& r, uint32_t kind,
                  int32_t chunk, uint64_t length);

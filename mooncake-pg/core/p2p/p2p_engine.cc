@@ -99,7 +99,6 @@ void P2PEngine::Impl::resetPeer(PeerState& ps) {
     ps.recvs.clear();
     ps.puts.clear();
     ps.takes.clear();
-    ps.parked.clear();
 }
 
 size_t P2PEngine::Impl::chunkLength(size_t bytes, uint32_t index) const {

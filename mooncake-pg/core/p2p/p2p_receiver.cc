@@ -13,38 +13,12 @@ using p2p::InRecv;
 using p2p::PeerState;
 
 Status P2PEngine::Impl::receiverPass(int peer, PeerState& ps, bool* progressed) {
-    if (mover_) {
+    if (mover_)
         MC_RETURN_IF_ERROR(completeTakes(ps, progressed));
-        MC_RETURN_IF_ERROR(startTakes(peer, ps, progressed));
-    }
     if (ps.recvs.empty())
         return Status::OK();
     MC_RETURN_IF_ERROR(readAcks(peer, ps, progressed));
-    if (mover_)
-        MC_RETURN_IF_ERROR(startTakes(peer, ps, progressed));
     return issueCredits(peer, ps, progressed);
-}
-
-Status P2PEngine::Impl::startTakes(int peer, PeerState& ps, bool* progressed) {
-    for (auto it = ps.parked.begin(); it != ps.parked.end();) {
-        const std::shared_ptr<InRecv>& r = it->recv;
-        if (r->finished) {
-            // Failed meanwhile: nothing was copied into its buffer.
-            ps.recv_pool.release(it->chunk);
-        } else if (mover_->ready(r->order.get())) {
-            MC_ASSIGN_OR_RETURN(const uint64_t ticket,
-                                mover_->take(peer, ps.recv_pool.offsetOf(it->chunk),
-                                             r->dst + it->offset, it->length, r->order.get()));
-            ps.takes.push_back(p2p::QueuedTake{ticket, r, it->chunk, Clock::now()});
-            ++r->in_flight;
-        } else {
-            ++it;  // the earlier readers of its buffer are still running
-            continue;
-        }
-        *progressed = true;
-        it = ps.parked.erase(it);
-    }
-    return Status::OK();
 }
 
 void P2PEngine::Impl::finishRecv(PeerState& ps, std::shared_ptr<InRecv> r, Status status) {
@@ -133,11 +107,15 @@ Status P2PEngine::Impl::readAcks(int peer, PeerState& ps, bool* progressed) {
                                 std::to_string(a.status) + "; granted " +
                                 std::to_string(rec.length));
             } else if (rec.length > 0 && mover_) {
-                // Copied out once its recv's order is ready (startTakes),
-                // counted once that copy has completed, which also releases
-                // the chunk (completeTakes).
-                ps.parked.push_back(
-                    p2p::ParkedTake{r, static_cast<uint32_t>(rec.chunk), rec.offset, rec.length});
+                // Its order is ready: the recv was granted this chunk only
+                // once it was (issueCredits). Counted once the copy has
+                // completed, which also releases the chunk (completeTakes).
+                const auto chunk = static_cast<uint32_t>(rec.chunk);
+                MC_ASSIGN_OR_RETURN(const uint64_t ticket,
+                                    mover_->take(peer, ps.recv_pool.offsetOf(chunk),
+                                                 r->dst + rec.offset, rec.length, r->order.get()));
+                ps.takes.push_back(p2p::QueuedTake{ticket, r, chunk, Clock::now()});
+                ++r->in_flight;
                 rec.chunk = -1;
             } else {
                 if (rec.length > 0) {
@@ -231,7 +209,9 @@ Status P2PEngine::Impl::issueCredits(int peer, PeerState& ps, bool* progressed) 
         }
         if (mover_ && r.credited == 0 && !mover_->ready(r.order.get())) {
             // No pool space for it until its buffer's earlier readers have
-            // run: a recv that cannot take data yet holds none of the pool.
+            // run: a recv that cannot take data yet holds none of the pool,
+            // and its chunks can be copied out as soon as they arrive (an
+            // order once ready stays ready).
             blocked.push_back(r.tag);
             ++i;
             continue;
