@@ -198,6 +198,19 @@ std::string EngineFabric::peerEndpoint(int peer) const {
     return peerRecord(peer).endpoint;
 }
 
+std::string EngineFabric::segmentOf(const std::string& endpoint) {
+    return endpoint.substr(0, endpoint.find('#'));
+}
+
+std::vector<std::string> EngineFabric::peerSegments(int ranks) const {
+    std::vector<std::string> segments(static_cast<size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) {
+        if (r != options_.rank)
+            segments[r] = segmentOf(peerEndpoint(r));
+    }
+    return segments;
+}
+
 void EngineFabric::publishPeer(int peer, Peer record) {
     peer_records_.push_back(std::make_unique<const Peer>(std::move(record)));
     peers_[peer].store(peer_records_.back().get(), std::memory_order_release);

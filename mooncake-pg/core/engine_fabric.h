@@ -85,6 +85,12 @@ public:
     Status connectPeer(int peer, const std::string& endpoint, Deadline deadline);
     // The endpoint `peer` was last connected with ("" if never).
     std::string peerEndpoint(int peer) const;
+    // The engine segment an endpoint names (what peers map device memory
+    // of that process through).
+    static std::string segmentOf(const std::string& endpoint);
+    // segmentOf each of ranks [0, ranks)'s endpoints, this rank's own and
+    // those never connected empty.
+    std::vector<std::string> peerSegments(int ranks) const;
 
     // Records transport or protocol evidence that `peer` is dead.
     void markPeerFailed(int peer);

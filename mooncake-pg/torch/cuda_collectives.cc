@@ -43,10 +43,6 @@ namespace {
 // Bounds the deadline arithmetic (Deadline::never() has no end).
 constexpr std::chrono::nanoseconds kMaxKernelWait = std::chrono::hours(24 * 365);
 
-std::string segmentOf(const std::string& endpoint) {
-    return endpoint.substr(0, endpoint.find('#'));
-}
-
 bool movesBlocks(device::CudaCollective c) {
     return c == device::CudaCollective::kAllGather || c == device::CudaCollective::kReduceScatter ||
            c == device::CudaCollective::kAllToAll || c == device::CudaCollective::kAllToAllV;
@@ -386,7 +382,7 @@ Status MooncakeBackend::setUpDeviceWindow(int size, Deadline deadline) {
         o.cuda_device = exec->device().index();
         o.slot_bytes = cuda_slot_bytes_;
         o.key_prefix = group_key_;
-        o.segment = segmentOf(fabric_->endpoint());
+        o.segment = EngineFabric::segmentOf(fabric_->endpoint());
         auto created = device::GroupWindow::create(fabric_->engine(), *store_, o);
         if (!created.ok())
             return created.status().withContext("setting up the group's device collectives");
@@ -397,12 +393,7 @@ Status MooncakeBackend::setUpDeviceWindow(int size, Deadline deadline) {
     if (device_window_->hasView() && device_window_->epoch() == epoch &&
         device_window_->size() == size)
         return Status::OK();
-    std::vector<std::string> segments(static_cast<size_t>(size));
-    for (int p = 0; p < size; ++p) {
-        if (p != config_.rank)
-            segments[p] = segmentOf(fabric_->peerEndpoint(p));
-    }
-    return device_window_->applyView(segments, epoch, deadline);
+    return device_window_->applyView(fabric_->peerSegments(size), epoch, deadline);
 }
 
 Status MooncakeBackend::runOnHost(const KernelCall& call, Deadline deadline) {

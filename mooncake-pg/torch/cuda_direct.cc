@@ -43,10 +43,6 @@ ProcessBuffers& processBuffers() {
     return *buffers;
 }
 
-std::string segmentOf(const std::string& endpoint) {
-    return endpoint.substr(0, endpoint.find('#'));
-}
-
 }  // namespace
 
 Result<bool> MooncakeBackend::maybeDirect(const KernelCall& call, uint64_t bytes, const void* in,
@@ -108,7 +104,7 @@ Result<bool> MooncakeBackend::shareDirectBuffers(const void* in, uint64_t in_byt
                 mapped = 0;
                 break;
             }
-            const std::string peer = segmentOf(fabric_->peerEndpoint(p));
+            const std::string peer = EngineFabric::segmentOf(fabric_->peerEndpoint(p));
             auto peer_in =
                 pb.peers.map(peer, offers[p].in, peer_in_bytes ? (*peer_in_bytes)[p] : in_bytes);
             Result<char*> peer_out = static_cast<char*>(nullptr);

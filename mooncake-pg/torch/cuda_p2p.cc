@@ -38,10 +38,6 @@ namespace mooncake::pg {
 
 namespace {
 
-std::string segmentOf(const std::string& endpoint) {
-    return endpoint.substr(0, endpoint.find('#'));
-}
-
 constexpr const char* kRouteDevicePools = "device_pools";
 constexpr const char* kRouteStaged = "staged";
 
@@ -115,7 +111,7 @@ P2PEngine* MooncakeBackend::deviceP2PFor(const at::Tensor& tensor, const char* o
     o.cuda_device = exec->device().index();
     o.pool_bytes_per_peer = device_p2p_pool_bytes_;
     o.key_prefix = group_key_;
-    o.segment = segmentOf(fabric_->endpoint());
+    o.segment = EngineFabric::segmentOf(fabric_->endpoint());
     // The pools are memory of the fabric's engine, published in the group's
     // store: both stay alive as long as the pools.
     auto owner = std::make_shared<
@@ -154,12 +150,7 @@ void MooncakeBackend::applyDeviceP2PView() {
 }
 
 void MooncakeBackend::applyDeviceP2PViewLocked(P2PEngine& engine) {
-    std::vector<std::string> segments(static_cast<size_t>(max_group_size_));
-    for (int r = 0; r < max_group_size_; ++r) {
-        if (r != config_.rank)
-            segments[r] = segmentOf(fabric_->peerEndpoint(r));
-    }
-    device_pools_->setPeerSegments(std::move(segments));
+    device_pools_->setPeerSegments(fabric_->peerSegments(max_group_size_));
     std::vector<uint8_t> active;
     std::vector<uint64_t> pair_epochs;
     {

@@ -82,6 +82,25 @@ std::vector<std::shared_ptr<EngineFabric>> makeGroup(std::shared_ptr<KVStore> st
     return fabrics;
 }
 
+// The segments device windows are mapped through: each connected peer's,
+// following a reconnect to another process.
+TEST(EngineFabricReconnect, PeerSegmentsFollowTheConnections) {
+    auto store = std::make_shared<InProcessKVStore>();
+    auto f = makeGroup(store);
+    for (const auto& fabric : f)
+        ASSERT_TRUE(fabric);
+    const std::string ep1 = f[1]->endpoint();
+    const std::string ep2 = f[2]->endpoint();
+    const std::string seg1 = ep1.substr(0, ep1.find('#'));
+    const std::string seg2 = ep2.substr(0, ep2.find('#'));
+    ASSERT_FALSE(seg1.empty());
+    ASSERT_NE(seg1, seg2);
+    EXPECT_EQ(EngineFabric::segmentOf(ep1), seg1);
+    EXPECT_EQ(f[0]->peerSegments(kRanks), (std::vector<std::string>{"", seg1, seg2}));
+    ASSERT_TRUE(f[0]->connectPeer(1, ep2, Deadline::after(std::chrono::seconds(10))).ok());
+    EXPECT_EQ(f[0]->peerSegments(kRanks), (std::vector<std::string>{"", seg2, seg2}));
+}
+
 TEST(EngineFabricReconnect, ConnectPeerWhilePutsRun) {
     auto store = std::make_shared<InProcessKVStore>();
     auto f = makeGroup(store);
