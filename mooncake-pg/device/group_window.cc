@@ -5,22 +5,12 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
-#include <sstream>
 #include <utility>
 
+#include "mooncake-pg/device/published_region.h"
 #include "mooncake-pg/device/routing.h"
 
 namespace mooncake::pg::device {
-
-namespace {
-
-Status cudaStatus(cudaError_t e, const char* what) {
-    if (e == cudaSuccess)
-        return Status::OK();
-    return Internal(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-}  // namespace
 
 GroupWindow::GroupWindow(te::TransferEngine& engine, KVStore& store, GroupWindowOptions options)
     : engine_(engine), store_(store), options_(std::move(options)) {}
@@ -75,10 +65,8 @@ Status GroupWindow::init() {
 
     // Peers check the layout before they map: every member must have the
     // same slot size (MC_PG_CUDA_SLOT_BYTES) and reservation.
-    std::ostringstream value;
-    value << reinterpret_cast<uint64_t>(window_) << ' ' << options_.slot_bytes << ' '
-          << window_bytes_;
-    return store_.set(addressKey(options_.key_prefix, options_.segment), value.str());
+    return publishRegion(store_, addressKey(options_.key_prefix, options_.segment),
+                         {reinterpret_cast<uint64_t>(window_), options_.slot_bytes, window_bytes_});
 }
 
 GroupWindow::~GroupWindow() {
@@ -94,15 +82,10 @@ Result<char*> GroupWindow::mapPeer(const std::string& segment, Deadline deadline
     auto it = mapped_.find(segment);
     if (it != mapped_.end())
         return it->second;
-    MC_ASSIGN_OR_RETURN(std::string value,
-                        store_.get(addressKey(options_.key_prefix, segment), deadline));
-    std::istringstream in(value);
-    uint64_t addr = 0, slot = 0, bytes = 0;
-    in >> addr >> slot >> bytes;
-    if (!in || addr == 0) {
-        return Internal("device window of peer segment '" + segment + "' published as '" + value +
-                        "'");
-    }
+    MC_ASSIGN_OR_RETURN(const PublishedRegion region,
+                        readRegion(store_, addressKey(options_.key_prefix, segment),
+                                   "device window of peer segment '" + segment + "'", deadline));
+    const uint64_t slot = region.unit, bytes = region.bytes;
     if (slot != options_.slot_bytes || bytes != window_bytes_) {
         return InvalidArgument("peer segment '" + segment + "' has a device window of " +
                                std::to_string(bytes) + " bytes with " + std::to_string(slot) +
@@ -110,16 +93,12 @@ Result<char*> GroupWindow::mapPeer(const std::string& segment, Deadline deadline
                                " bytes with " + std::to_string(options_.slot_bytes) +
                                "-byte slots; every rank must set the same " + kCudaSlotBytesEnv);
     }
-    MC_ASSIGN_OR_RETURN(te::SegmentID id, engine_.openSegment(segment, deadline));
-    // Opened before the peer registered its window, the cached descriptor
-    // lacks it.
-    MC_RETURN_IF_ERROR(engine_.refreshSegment(id, deadline));
-    auto mapped = engine_.mapRemote(id, addr, window_bytes_);
+    auto mapped = mapRegion(engine_, segment, region.addr, window_bytes_, deadline);
     if (!mapped.ok()) {
         return mapped.status().withContext("mapping the device window of peer segment '" + segment +
                                            "'");
     }
-    char* p = static_cast<char*>(mapped.value());
+    char* p = mapped.value();
     mapped_.emplace(segment, p);
     return p;
 }

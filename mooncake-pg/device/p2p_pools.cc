@@ -2,8 +2,9 @@
 
 #include <sched.h>
 
-#include <sstream>
 #include <utility>
+
+#include "mooncake-pg/device/published_region.h"
 
 namespace mooncake::pg::device {
 
@@ -13,12 +14,6 @@ namespace {
 // rank map them, so the store answers at once; the bound covers opening
 // the peer's segment.
 constexpr int64_t kMapTimeoutMs = 10000;
-
-Status cudaStatus(cudaError_t e, const char* what) {
-    if (e == cudaSuccess)
-        return Status::OK();
-    return Internal(std::string(what) + ": " + cudaGetErrorString(e));
-}
 
 // Makes `device` current for a scope. On a user's thread (`restore`) the
 // thread's own device comes back after; the P2P progress thread, which is
@@ -98,10 +93,9 @@ Status DevicePools::init() {
                                   "creating the P2P copy stream"));
     // Peers check the layout before they map: every rank must reserve the
     // same pool per sender.
-    std::ostringstream value;
-    value << reinterpret_cast<uint64_t>(pools_) << ' ' << options_.pool_bytes_per_peer << ' '
-          << pools_bytes_;
-    return store_.set(addressKey(options_.key_prefix, options_.segment), value.str());
+    return publishRegion(
+        store_, addressKey(options_.key_prefix, options_.segment),
+        {reinterpret_cast<uint64_t>(pools_), options_.pool_bytes_per_peer, pools_bytes_});
 }
 
 DevicePools::~DevicePools() {
@@ -166,30 +160,25 @@ Result<char*> DevicePools::peerPoolLocked(int peer) {
     auto it = mapped_.find(segment);
     if (it == mapped_.end()) {
         const Deadline deadline = Deadline::afterMs(kMapTimeoutMs);
-        MC_ASSIGN_OR_RETURN(std::string value,
-                            store_.get(addressKey(options_.key_prefix, segment), deadline));
-        std::istringstream in(value);
-        uint64_t addr = 0, per_peer = 0, bytes = 0;
-        in >> addr >> per_peer >> bytes;
-        if (!in || addr == 0)
-            return Internal("device P2P pools of rank " + std::to_string(peer) + " published as '" +
-                            value + "'");
+        MC_ASSIGN_OR_RETURN(
+            const PublishedRegion region,
+            readRegion(store_, addressKey(options_.key_prefix, segment),
+                       "device P2P pools of rank " + std::to_string(peer), deadline));
+        const uint64_t per_peer = region.unit, bytes = region.bytes;
         if (per_peer != options_.pool_bytes_per_peer || bytes != pools_bytes_) {
             return InvalidArgument("rank " + std::to_string(peer) + " has device P2P pools of " +
                                    std::to_string(per_peer) + " bytes per sender, this rank " +
                                    std::to_string(options_.pool_bytes_per_peer) +
                                    "; every rank must set the same MC_PG_CUDA_P2P_POOL_BYTES");
         }
-        MC_ASSIGN_OR_RETURN(te::SegmentID id, engine_.openSegment(segment, deadline));
-        MC_RETURN_IF_ERROR(engine_.refreshSegment(id, deadline));
-        auto mapped = engine_.mapRemote(id, addr, pools_bytes_);
+        auto mapped = mapRegion(engine_, segment, region.addr, pools_bytes_, deadline);
         if (!mapped.ok()) {
             return mapped.status().withContext(
                 "mapping the device P2P pools of rank " + std::to_string(peer) +
                 " (CUDA P2P on device pools needs every member on this host; set "
                 "MC_PG_CUDA_PATH=staged for groups that span hosts)");
         }
-        it = mapped_.emplace(segment, static_cast<char*>(mapped.value())).first;
+        it = mapped_.emplace(segment, mapped.value()).first;
     }
     return it->second + static_cast<uint64_t>(options_.rank) * options_.pool_bytes_per_peer;
 }
