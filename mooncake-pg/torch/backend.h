@@ -412,8 +412,8 @@ private:
                                                         const at::Tensor& tensor, int peer,
                                                         int tag);
     // Gives the device P2P engine, if any, the latest P2P membership
-    // (p2p_active_/p2p_pair_epochs_) and the members' segments; takes
-    // device_p2p_mu_, so views reach the engine in order.
+    // (p2p_active_/p2p_pair_epochs_) and the members' segments, under
+    // p2p_apply_mu_, so views reach the engine in order.
     void applyDeviceP2PView();
     void applyDeviceP2PViewLocked(P2PEngine& engine);  // p2p_apply_mu_ held
     // Bootstrap, rank 0 of the founders: publishes the group's route for
@@ -566,10 +566,8 @@ private:
     std::atomic<uint64_t> p2p_epoch_{0};  // view_mu_ for writes
     bool p2p_view_set_ = false;           // view_mu_
     // The membership last given to the P2P engine, for the device P2P
-    // engine (p2p_membership_mu_, a leaf lock; p2p_view_set_ says whether
-    // one was given).
+    // engine (p2p_membership_mu_, a leaf lock; empty until one was given).
     std::mutex p2p_membership_mu_;
-    bool p2p_membership_set_ = false;
     std::vector<uint8_t> p2p_active_;
     std::vector<uint64_t> p2p_pair_epochs_;
 

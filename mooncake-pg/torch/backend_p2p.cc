@@ -383,7 +383,6 @@ Status MooncakeBackend::applyP2PView(Deadline deadline) {
         std::lock_guard<std::mutex> lock(p2p_membership_mu_);
         p2p_active_ = active;
         p2p_pair_epochs_ = pair_epochs;
-        p2p_membership_set_ = true;
     }
     applyDeviceP2PView();
     p2p_epoch_.store(view.epoch);

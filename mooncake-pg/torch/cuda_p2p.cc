@@ -155,7 +155,7 @@ void MooncakeBackend::applyDeviceP2PViewLocked(P2PEngine& engine) {
     std::vector<uint64_t> pair_epochs;
     {
         std::lock_guard<std::mutex> lock(p2p_membership_mu_);
-        if (!p2p_membership_set_)
+        if (p2p_active_.empty())
             return;  // every rank active in pair epoch 0, as the engine starts
         active = p2p_active_;
         pair_epochs = p2p_pair_epochs_;
