@@ -291,6 +291,7 @@ class EPBenchmarkWorker:
             self.x, self.topk_idx, self.active_ranks, a.num_tokens, a.num_experts, a.timeout_us,
             use_fp8=a.dtype == "fp8", async_finish=a.async_finish,
             return_recv_hook=a.return_recv_hook)
+        d_sent = self.clock.stamp() if a.return_recv_hook else None
         self._complete(event, hook)
         t1 = self.clock.stamp()
         expert_out = self.mock_expert_forward(recv_x)
@@ -306,11 +307,16 @@ class EPBenchmarkWorker:
             combine_in, self.topk_idx, self.topk_weights, self.active_ranks, a.timeout_us, handle,
             zero_copy=self.zero_copy, async_finish=a.async_finish,
             return_recv_hook=a.return_recv_hook, out=self.out)
+        c_sent = self.clock.stamp() if a.return_recv_hook else None
         self._complete(event, hook)
         t3 = self.clock.stamp()
         self.clock.sync()
         e = self.clock.elapsed_ms
-        return e(t0, t1), e(t2, t3), e(t0, t3)
+        times = (e(t0, t1), e(t2, t3), e(t0, t3))
+        if a.return_recv_hook:
+            # Where the time goes: the send half (up to the hook) of each op.
+            times += (e(t0, d_sent), e(t2, c_sent))
+        return times
 
     def warmup(self):
         for _ in range(self.args.warmup_iters):
@@ -319,7 +325,8 @@ class EPBenchmarkWorker:
 
     def run_measured(self):
         samples = [self.step() for _ in range(self.args.iters)]
-        return [torch.tensor([s[i] for s in samples], dtype=torch.float64) for i in range(3)]
+        return [torch.tensor([s[i] for s in samples], dtype=torch.float64)
+                for i in range(len(samples[0]))]
 
     def gathered(self, local):
         return [metrics.gather_latencies(t, self.group) for t in local]
@@ -432,7 +439,13 @@ def run_worker(args, rank, world_size, local_rank):
             d_ms = metrics.latency_stats(metrics.critical_path(per_rank[0]))["p50"]
             c_ms = metrics.latency_stats(metrics.critical_path(per_rank[1]))["p50"]
             extra["bandwidth"] = metrics.bandwidth_summary(d_bytes, c_bytes, d_ms, c_ms, copy_rate)
-            docs[name] = (metrics.assemble_json_output(args, world_size, *per_rank, load, extra),
+            if len(per_rank) == 5:
+                # Each op's send half (launch pad to hook, slowest rank); the
+                # rest of its latency is the receive half.
+                extra["send_half_latency_ms"] = {
+                    op: metrics.latency_stats(metrics.critical_path(t))
+                    for op, t in (("dispatch", per_rank[3]), ("combine", per_rank[4]))}
+            docs[name] = (metrics.assemble_json_output(args, world_size, *per_rank[:3], load, extra),
                           per_rank, counts)
         if rank == 0:
             _emit(args, docs, phases, notice)
@@ -471,7 +484,7 @@ def _emit(args, docs, phases, notice):
         print(text)
     if args.plot:
         from plots import plot_results
-        crit = [metrics.critical_path(t) for t in per_rank]
+        crit = [metrics.critical_path(t) for t in per_rank[:3]]
         plot_results(args.plot, *crit, counts,
                      f"{args.routing_mode}, {doc['world_size']} ranks, {args.dtype}, {first}")
 

@@ -209,6 +209,10 @@ def test_cpu_smoke_mooncake_cpu_zipf_hook(tmp_path):
     bw = doc["bandwidth"]
     assert bw["dispatch_payload_bytes"] == bw["combine_payload_bytes"] == 32 * 2 * doc["hidden_size"]
     assert bw["device_copy_bytes_per_s"] is None and "dispatch_fraction_of_copy_rate" not in bw
+    # With hooks each op's send half is timed apart: it ends before the op does.
+    halves = doc["send_half_latency_ms"]
+    for op in ("dispatch", "combine"):
+        assert 0 < halves[op]["p50"] <= doc["metrics"][f"{op}_latency_ms"]["p50"], (op, doc)
 
 
 def test_payload_bytes_and_bandwidth_by_hand():
