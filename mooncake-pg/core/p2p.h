@@ -117,7 +117,9 @@ public:
     // token epoch is unsafe). The entries for this rank itself only count
     // through active[rank]. A pair epoch that changes to a value equal
     // modulo 2^16 (the token's epoch bits) makes the call fail with
-    // kInvalidArgument, and nothing changes.
+    // kInvalidArgument, and nothing changes. The callbacks of the operations
+    // it fails run on the engine's progress thread, soon after it returns,
+    // never inside it (so one may drop the caller's last reference).
     Status setMembership(const std::vector<uint8_t>& active,
                          const std::vector<uint64_t>& pair_epoch);
 

@@ -185,9 +185,10 @@ public:
     Status setMembership(const std::vector<uint8_t>& active,
                          const std::vector<uint64_t>& pair_epoch);
     Status setEpoch(uint64_t epoch, const std::vector<uint8_t>* active);
-    // setMembership with mu_ held and the sizes checked.
-    Status applyMembership(std::unique_lock<std::mutex>& lock, const std::vector<uint8_t>& active,
-                           const std::vector<uint64_t>& pair_epoch);
+    // setMembership with mu_ held and the sizes checked. The operations it
+    // fails complete on the progress thread, never on the caller's.
+    Status applyMembershipLocked(const std::vector<uint8_t>& active,
+                                 const std::vector<uint64_t>& pair_epoch);
     P2PStats stats() const;
     Status flushSends(Deadline deadline);
     bool onProgressThread() const { return thread_.get_id() == std::this_thread::get_id(); }

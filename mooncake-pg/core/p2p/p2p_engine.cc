@@ -243,12 +243,11 @@ Status P2PEngine::Impl::setMembership(const std::vector<uint8_t>& active,
                                ", expected one per rank (" + std::to_string(n) + ")");
     }
     std::unique_lock<std::mutex> lock(mu_);
-    return applyMembership(lock, active, pair_epoch);
+    return applyMembershipLocked(active, pair_epoch);
 }
 
-Status P2PEngine::Impl::applyMembership(std::unique_lock<std::mutex>& lock,
-                                        const std::vector<uint8_t>& active,
-                                        const std::vector<uint64_t>& pair_epoch) {
+Status P2PEngine::Impl::applyMembershipLocked(const std::vector<uint8_t>& active,
+                                              const std::vector<uint64_t>& pair_epoch) {
     const bool self_now = active[rank_] != 0;
     // Checked before anything changes: a pair restarted in an epoch equal to
     // its previous one modulo 2^16 (the token's epoch bits) could take the
@@ -301,7 +300,11 @@ Status P2PEngine::Impl::applyMembership(std::unique_lock<std::mutex>& lock,
         }
     }
     active_ = active;
-    flushCompletions(lock);
+    // The progress thread runs these, not the caller: a completion may drop
+    // the last reference to the caller's owner, whose membership change is
+    // still under way on this stack.
+    if (!completions_.empty())
+        cv_.notify_all();
     return Status::OK();
 }
 
@@ -312,7 +315,7 @@ Status P2PEngine::Impl::setEpoch(uint64_t epoch, const std::vector<uint8_t>* act
     }
     std::unique_lock<std::mutex> lock(mu_);
     const std::vector<uint8_t> mask = active != nullptr ? *active : active_;
-    return applyMembership(lock, mask, std::vector<uint64_t>(static_cast<size_t>(size_), epoch));
+    return applyMembershipLocked(mask, std::vector<uint64_t>(static_cast<size_t>(size_), epoch));
 }
 
 // ---------------------------------------------------------------- failures
@@ -465,9 +468,15 @@ void P2PEngine::Impl::run() {
     auto sleep = kMinSleep;
     auto last_progress = Clock::now();
     while (!stop_) {
+        if (!completions_.empty()) {
+            flushCompletions(lock);
+            continue;
+        }
         if (live_ == 0 || !init_status_.ok()) {
             stats_.parked = true;
-            cv_.wait(lock, [this] { return stop_ || (live_ > 0 && init_status_.ok()); });
+            cv_.wait(lock, [this] {
+                return stop_ || !completions_.empty() || (live_ > 0 && init_status_.ok());
+            });
             stats_.parked = false;
             idle = 0;
             sleep = kMinSleep;

@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mooncake-pg/core/p2p.h"
@@ -228,6 +230,33 @@ TEST(P2PMembership, ResumingInTheSamePairEpochKeepsThePairClosed) {
               StatusCode::kAborted);
     applyAll(g, View{{1, 1}, {1, 2}});
     expectDelivered(g, 0, 1, 0, 8, 1);
+}
+
+// The operations a membership change fails complete on the progress thread
+// after setMembership has returned, never inside it: a callback may drop the
+// last reference to the caller's owner (a backend applying the view).
+TEST(P2PMembership, FailedOpsCompleteOffTheCallersStackAfterItReturns) {
+    Group g(3, smallOptions());
+    applyAll(g, View{{1, 1, 1}, {1, 1, 1}});
+    std::vector<uint8_t> buf(16);
+    std::atomic<bool> returned{false};
+    auto done = Completion::make();
+    std::thread::id ran_on;
+    bool ran_after_return = false;
+    auto cb = Completion::callback(done);
+    ASSERT_TRUE(g[0].recv(buf.data(), buf.size(), 2, 0, Deadline::after(20s),
+                          [&, cb](Status s) {
+                              ran_on = std::this_thread::get_id();
+                              // Inside setMembership this waits in vain.
+                              ran_after_return = eventually([&] { return returned.load(); }, 2s);
+                              cb(std::move(s));
+                          })
+                    .ok());
+    ASSERT_TRUE(apply(g[0], 0, View{{1, 1, 0}, {1, 1, 0}}).ok());
+    returned = true;
+    EXPECT_EQ(done->wait().code(), StatusCode::kPeerFailure);
+    EXPECT_NE(ran_on, std::this_thread::get_id());
+    EXPECT_TRUE(ran_after_return) << "the callback ran inside setMembership";
 }
 
 }  // namespace
