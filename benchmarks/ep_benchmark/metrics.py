@@ -182,8 +182,10 @@ def payload_bytes(num_copies, hidden, use_fp8):
 def bandwidth_summary(dispatch_bytes, combine_bytes, dispatch_ms, combine_ms, copy_bytes_per_s):
     """Payload bytes/s at the median critical-path latency, and their fraction of the copy rate.
 
-    copy_bytes_per_s counts a device-to-device copy's reads and writes (what one
-    HBM shared by every rank can move), as measured in the same run.
+    copy_bytes_per_s: the bytes a device-to-device copy copies per second, as
+    measured in the same run. A payload byte moved between ranks on one GPU
+    is such a copy (read once, written once), so the fraction compares like
+    with like; the HBM traffic of either is twice its bytes.
     """
     d = dispatch_bytes / (float(dispatch_ms) / 1000.0)
     c = combine_bytes / (float(combine_ms) / 1000.0)
@@ -193,6 +195,7 @@ def bandwidth_summary(dispatch_bytes, combine_bytes, dispatch_ms, combine_ms, co
         "dispatch_payload_bytes_per_s": d,
         "combine_payload_bytes_per_s": c,
         "device_copy_bytes_per_s": copy_bytes_per_s,
+        "device_copy_traffic_bytes_per_s": 2 * copy_bytes_per_s if copy_bytes_per_s else None,
     }
     if copy_bytes_per_s:
         out["dispatch_fraction_of_copy_rate"] = d / copy_bytes_per_s

@@ -356,10 +356,12 @@ def _summary(doc):
 
 
 def measure_copy_rate(device, group, rank, nbytes=1 << 30, reps=10):
-    """Bytes read + written per second by a large device-to-device copy on rank 0.
+    """Bytes copied per second by a large device-to-device copy on rank 0.
 
-    The other ranks wait at a barrier meanwhile, so the copy has the GPU (and
-    its HBM, which every rank on it shares) to itself. None on CPU.
+    A byte copied is read and written once, as a payload byte moved between
+    two ranks sharing the GPU is; the HBM traffic is twice this. The other
+    ranks wait at a barrier meanwhile, so the copy has the GPU (and its HBM,
+    which every rank on it shares) to itself. None on CPU.
     """
     rate = None
     dist.barrier(group=group)
@@ -375,7 +377,7 @@ def measure_copy_rate(device, group, rank, nbytes=1 << 30, reps=10):
             b.record()
             b.synchronize()
             times.append(a.elapsed_time(b) / 1000.0)
-        rate = 2 * nbytes / sorted(times)[len(times) // 2]
+        rate = nbytes / sorted(times)[len(times) // 2]
         del src, dst
         torch.cuda.empty_cache()
     dist.barrier(group=group)

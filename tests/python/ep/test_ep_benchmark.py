@@ -209,6 +209,7 @@ def test_cpu_smoke_mooncake_cpu_zipf_hook(tmp_path):
     bw = doc["bandwidth"]
     assert bw["dispatch_payload_bytes"] == bw["combine_payload_bytes"] == 32 * 2 * doc["hidden_size"]
     assert bw["device_copy_bytes_per_s"] is None and "dispatch_fraction_of_copy_rate" not in bw
+    assert bw["device_copy_traffic_bytes_per_s"] is None
     # With hooks each op's send half is timed apart: it ends before the op does.
     halves = doc["send_half_latency_ms"]
     for op in ("dispatch", "combine"):
@@ -222,6 +223,7 @@ def test_payload_bytes_and_bandwidth_by_hand():
     bw = metrics.bandwidth_summary(2000, 4000, 2.0, 4.0, 4e6)
     assert bw["dispatch_payload_bytes_per_s"] == 1e6 and bw["combine_payload_bytes_per_s"] == 1e6
     assert bw["dispatch_fraction_of_copy_rate"] == 0.25 == bw["combine_fraction_of_copy_rate"]
+    assert bw["device_copy_traffic_bytes_per_s"] == 8e6  # read + write of each byte copied
 
 
 def test_cpu_smoke_elastic_buffer_names_its_transport(tmp_path):
