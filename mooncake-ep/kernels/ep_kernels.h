@@ -99,6 +99,9 @@ int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens);
 // many as it has SMs. Pure: the launch passes the current device's SM
 // count.
 int epDispatchReceiveBlocks(const EpGroupArgs& g, int sms);
+// The launch's grid: epDispatchReceiveBlocks, or MC_EP_DISPATCH_RECV_BLOCKS
+// (clamped to [1, local experts]) for benchmarks that probe the bound; a
+// value that lets spinning blocks fill the GPU can hang ranks sharing it.
 int epDispatchReceiveGrid(const EpGroupArgs& g);
 
 // Threads of a send block (dispatch: a block per global expert; combine: a

@@ -85,6 +85,14 @@ int epDispatchReceiveBlocks(const EpGroupArgs& g, int sms) {
 }
 
 int epDispatchReceiveGrid(const EpGroupArgs& g) {
+    static const int forced = [] {
+        const char* v = std::getenv("MC_EP_DISPATCH_RECV_BLOCKS");
+        return v ? std::max(0, std::atoi(v)) : 0;
+    }();
+    if (forced > 0) {
+        const int local_experts = g.num_ranks > 0 ? g.num_experts / g.num_ranks : 1;
+        return std::min(forced, std::max(1, local_experts));
+    }
     return epDispatchReceiveBlocks(g, g.ranks_per_device > 1 ? currentDeviceSmCount() : 0);
 }
 
