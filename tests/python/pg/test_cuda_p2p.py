@@ -105,18 +105,21 @@ def _values(ctx):
     eq("batch from the right", got_r, _payload(right, rank, 70_000, torch.float16, dev, 3))
 
     # Any-source recvs on rank 0: one message from each other rank, each
-    # reported with its sender.
+    # reported with its sender. Their own tag: a rank done with its send
+    # goes on to the next step, whose message to rank 0 (tag 0) an
+    # any-source recv of tag 0 may rightly take first (seen with 3 ranks).
+    any_tag = 4
     if rank == 0:
         seen = []
         for _ in range(ws - 1):
             got = torch.empty(5000, dtype=torch.int32, device=dev)
-            src = dist.recv(got)
+            src = dist.recv(got, tag=any_tag)
             seen.append(src)
             eq(f"any-source recv from {src}", got, _payload(src, 0, 5000, torch.int32, dev, 4))
         if sorted(seen) != list(range(1, ws)):
             failures.append(f"rank 0: any-source recvs came from {seen}")
     else:
-        dist.send(_payload(rank, 0, 5000, torch.int32, dev, 4), 0)
+        dist.send(_payload(rank, 0, 5000, torch.int32, dev, 4), 0, tag=any_tag)
 
     # synchronize() orders the current stream after the recv: a consumer
     # queued right after it sees the data without any host synchronization.
