@@ -15,7 +15,28 @@ __global__ void alignedPad(uint64_t min_ns, uint64_t period_ns) {
         __nanosleep(1000);
 }
 
+__global__ void padUntil(uint64_t target_ns) {
+    while (globalTimerNs() < target_ns)
+        __nanosleep(1000);
+}
+
+__global__ void readGpuClock(uint64_t* out) {
+    *out = globalTimerNs();
+}
+
 }  // namespace
+
+Status launchPadUntil(uint64_t target_ns, cudaStream_t stream) {
+    padUntil<<<1, 1, 0, stream>>>(target_ns);
+    return cudaLaunchStatus("pad until");
+}
+
+Status launchReadGpuClock(uint64_t* out, cudaStream_t stream) {
+    if (out == nullptr)
+        return InvalidArgument("reading the GPU clock needs a device word to write, got null");
+    readGpuClock<<<1, 1, 0, stream>>>(out);
+    return cudaLaunchStatus("read GPU clock");
+}
 
 Status launchAlignedPad(uint64_t min_ns, uint64_t period_ns, cudaStream_t stream) {
     if (min_ns == 0 || period_ns == 0)

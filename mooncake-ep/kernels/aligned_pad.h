@@ -18,4 +18,12 @@ namespace mooncake::ep {
 // 0 < period_ns, kInternal when the launch fails.
 Status launchAlignedPad(uint64_t min_ns, uint64_t period_ns, cudaStream_t stream);
 
+// A wait that ends when the GPU's clock reaches `target_ns`, the same
+// instant for every process on the GPU once they agree on the target (one
+// reads the clock, launchReadGpuClock, adds a margin and tells the others):
+// unlike a period, no rank can land one period later than the others.
+Status launchPadUntil(uint64_t target_ns, cudaStream_t stream);
+// Writes the GPU's clock (%globaltimer, ns) into the device word `out`.
+Status launchReadGpuClock(uint64_t* out, cudaStream_t stream);
+
 }  // namespace mooncake::ep

@@ -118,6 +118,26 @@ void alignedPad(double min_us, double period_us) {
         raiseStatus(st, "aligned_pad");
 }
 
+int64_t gpuClockNs() {
+    const at::Tensor word = at::empty(
+        {1}, at::TensorOptions().dtype(at::kLong).device(at::kCUDA, at::cuda::current_device()));
+    const Status st = launchReadGpuClock(reinterpret_cast<uint64_t*>(word.data_ptr<int64_t>()),
+                                         at::cuda::getCurrentCUDAStream().stream());
+    if (!st.ok())
+        raiseStatus(st, "gpu_clock_ns");
+    return word.item<int64_t>();
+}
+
+void padUntil(int64_t target_ns) {
+    if (target_ns <= 0)
+        throw std::invalid_argument("pad_until: target_ns must be > 0 (a GPU clock reading), got " +
+                                    std::to_string(target_ns));
+    const Status st =
+        launchPadUntil(static_cast<uint64_t>(target_ns), at::cuda::getCurrentCUDAStream().stream());
+    if (!st.ok())
+        raiseStatus(st, "pad_until");
+}
+
 std::optional<std::pair<int32_t, int32_t>> ErrorWord::take(EpState* state, int device, bool wait) {
     if (!pending_)
         return std::nullopt;

@@ -39,6 +39,11 @@ bool streamCapturing(cudaStream_t stream);
 // that ends, for every process on this GPU, at the next multiple of
 // `period_us` of its clock (kernels/aligned_pad.h).
 void alignedPad(double min_us, double period_us);
+// Benchmarks: the current device's GPU clock in ns (synchronizes the current
+// stream), and a wait on the current stream until it reaches target_ns
+// (kernels/aligned_pad.h).
+int64_t gpuClockNs();
+void padUntil(int64_t target_ns);
 
 // The device error word of an EP buffer (EpState::error_code/info), copied
 // to pinned host memory after each launch and read without blocking.

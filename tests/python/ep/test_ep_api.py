@@ -105,6 +105,13 @@ def test_the_benchmarks_aligned_pad_checks_its_arguments_before_any_cuda_call(mi
         _ep_runtime.runtime().aligned_pad(min_us, period_us)
 
 
+@pytest.mark.skipif(_ep_runtime.runtime() is None, reason="the EP runtime is not built here")
+@pytest.mark.parametrize("target_ns", [0, -5])
+def test_the_benchmarks_pad_until_checks_its_target_before_any_cuda_call(target_ns):
+    with pytest.raises(ValueError, match=rf"target_ns must be > 0 .*got {target_ns}"):
+        _ep_runtime.runtime().pad_until(target_ns)
+
+
 def test_mooncake_ep_imports_without_the_runtime_and_says_why():
     sys.modules.pop("mooncake.ep", None)
     ep = importlib.import_module("mooncake.ep")
