@@ -221,24 +221,33 @@ class _Clock:
         from mooncake import _ep_runtime
         return _ep_runtime.runtime()
 
+    def can_pad_together(self, device, group):
+        """Whether every rank of `group` is on this one GPU (one clock) with the
+        EP extension's pad_until: agreed by all ranks, so that they all take
+        pad_together() or none does (its broadcast would otherwise wait)."""
+        runtime = self._runtime() if self.cuda else None
+        mine = (str(torch.cuda.get_device_properties(device).uuid) if self.cuda else "",
+                runtime is not None and hasattr(runtime, "pad_until"))
+        everyone = [None] * dist.get_world_size(group)
+        dist.all_gather_object(everyone, mine, group=group)
+        return self.cuda and all(ok for _, ok in everyone) and len({u for u, _ in everyone}) == 1
+
     def pad_together(self, us, group, rank):
         """Queues a GPU wait that ends at one instant for every rank of `group`
-        sharing this GPU: rank 0 reads the GPU's clock and adds `us`, every rank
-        waits until the clock reaches that target. (The period of pad() can put
-        a rank that queued its pad just past a period's boundary one period
-        behind the others: steps of 2 * us more were seen, 1 in 10 to 100.)
-        Without the EP extension, pad()."""
-        if not self.cuda or us <= 0:
+        (all on this GPU: can_pad_together): rank 0 reads the GPU's clock and
+        adds `us`, every rank waits until the clock reaches that target, at
+        most 4 * us. (The period of pad() can put a rank that queued its pad
+        just past a period's boundary one period behind the others: steps of
+        2 * us more were seen, 1 in 10 to 100.) A rank that queues its wait
+        after the target starts late, and its latency shows it."""
+        if us <= 0:
             return
         runtime = self._runtime()
-        if runtime is None or not hasattr(runtime, "pad_until"):
-            self.pad(us)
-            return
         target = torch.zeros(1, dtype=torch.int64, device=metrics._collective_device(group))
         if rank == 0:
             target.fill_(runtime.gpu_clock_ns() + int(us * 1000))
         dist.broadcast(target, 0, group=group)
-        runtime.pad_until(int(target.item()))
+        runtime.pad_until(int(target.item()), int(4 * us * 1000))
 
     def pad(self, us):
         """Queues a GPU wait of at least `us` microseconds (nothing on the CPU).
@@ -272,6 +281,9 @@ class EPBenchmarkWorker:
         self.args, self.rank, self.world = args, rank, world_size
         self.device, self.group = device, group
         self.clock = _Clock(device)
+        # Ranks sharing one GPU start each timed op at one instant of its clock.
+        self.pads_together = bool(args.align_ranks and args.launch_pad_us
+                                  and self.clock.can_pad_together(device, group))
         self.num_local = args.num_experts // world_size
         self.buffer = make_buffer(args, group, world_size, buffer_cls)
         self.zero_copy = args.zero_copy
@@ -305,7 +317,7 @@ class EPBenchmarkWorker:
             dist.barrier(group=self.group)
 
     def _pad(self):
-        if self.args.align_ranks:
+        if self.pads_together:
             self.clock.pad_together(self.args.launch_pad_us, self.group, self.rank)
         else:
             self.clock.pad(self.args.launch_pad_us)
@@ -463,7 +475,7 @@ def run_worker(args, rank, world_size, local_rank):
                 "fast_path_unavailable_reason": None if w.buffer.use_fast_path else w.buffer.fast_path_reason,
                 "timer": ("wall_clock" if device.type != "cuda" else
                           f"cuda_events_after_{args.launch_pad_us}us_launch_pad"
-                          + ("_to_a_shared_instant" if args.align_ranks else "")
+                          + ("_to_a_shared_instant" if w.pads_together else "")
                           if args.launch_pad_us else "cuda_events"),
             }
             d_bytes, c_bytes = metrics.payload_bytes(copies, args.hidden_size, args.dtype == "fp8")

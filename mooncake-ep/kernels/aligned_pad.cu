@@ -15,8 +15,9 @@ __global__ void alignedPad(uint64_t min_ns, uint64_t period_ns) {
         __nanosleep(1000);
 }
 
-__global__ void padUntil(uint64_t target_ns) {
-    while (globalTimerNs() < target_ns)
+__global__ void padUntil(uint64_t target_ns, uint64_t max_wait_ns) {
+    const uint64_t start = globalTimerNs();
+    for (uint64_t now = start; now < target_ns && now - start < max_wait_ns; now = globalTimerNs())
         __nanosleep(1000);
 }
 
@@ -26,8 +27,10 @@ __global__ void readGpuClock(uint64_t* out) {
 
 }  // namespace
 
-Status launchPadUntil(uint64_t target_ns, cudaStream_t stream) {
-    padUntil<<<1, 1, 0, stream>>>(target_ns);
+Status launchPadUntil(uint64_t target_ns, uint64_t max_wait_ns, cudaStream_t stream) {
+    if (max_wait_ns == 0)
+        return InvalidArgument("a pad until an instant needs max_wait_ns > 0, got 0");
+    padUntil<<<1, 1, 0, stream>>>(target_ns, max_wait_ns);
     return cudaLaunchStatus("pad until");
 }
 

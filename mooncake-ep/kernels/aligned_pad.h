@@ -19,10 +19,13 @@ namespace mooncake::ep {
 Status launchAlignedPad(uint64_t min_ns, uint64_t period_ns, cudaStream_t stream);
 
 // A wait that ends when the GPU's clock reaches `target_ns`, the same
-// instant for every process on the GPU once they agree on the target (one
-// reads the clock, launchReadGpuClock, adds a margin and tells the others):
-// unlike a period, no rank can land one period later than the others.
-Status launchPadUntil(uint64_t target_ns, cudaStream_t stream);
+// instant for every process on this GPU once they agree on the target (one
+// reads the clock, launchReadGpuClock, adds a margin and tells the others;
+// processes on other GPUs have other clocks):
+// unlike a period, no rank can land one period later than the others. It
+// never waits longer than `max_wait_ns` (a target from another GPU's clock
+// could be far off); kInvalidArgument for 0.
+Status launchPadUntil(uint64_t target_ns, uint64_t max_wait_ns, cudaStream_t stream);
 // Writes the GPU's clock (%globaltimer, ns) into the device word `out`.
 Status launchReadGpuClock(uint64_t* out, cudaStream_t stream);
 

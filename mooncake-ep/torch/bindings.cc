@@ -120,9 +120,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def("gpu_clock_ns", &mooncake::ep::gpuClockNs,
           "Benchmarks: the current GPU's clock (%globaltimer) in ns, read after the current "
           "stream's earlier work");
-    m.def("pad_until", &mooncake::ep::padUntil, py::arg("target_ns"),
+    m.def("pad_until", &mooncake::ep::padUntil, py::arg("target_ns"), py::arg("max_wait_ns"),
           "Benchmarks: a GPU wait on the current stream until the GPU's clock reaches target_ns "
-          "(from gpu_clock_ns); processes that agree on the target start what follows together");
+          "(from gpu_clock_ns), of at most max_wait_ns; processes on one GPU that agree on the "
+          "target start what follows together");
     py::class_<FastBuffer>(m, "Buffer")
         .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, std::string key_prefix,
                          std::string secret, int rank, int num_ranks, int64_t num_bytes, int device,

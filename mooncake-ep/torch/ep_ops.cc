@@ -128,12 +128,16 @@ int64_t gpuClockNs() {
     return word.item<int64_t>();
 }
 
-void padUntil(int64_t target_ns) {
+void padUntil(int64_t target_ns, int64_t max_wait_ns) {
     if (target_ns <= 0)
         throw std::invalid_argument("pad_until: target_ns must be > 0 (a GPU clock reading), got " +
                                     std::to_string(target_ns));
+    if (max_wait_ns <= 0)
+        throw std::invalid_argument("pad_until: max_wait_ns must be > 0, got " +
+                                    std::to_string(max_wait_ns));
     const Status st =
-        launchPadUntil(static_cast<uint64_t>(target_ns), at::cuda::getCurrentCUDAStream().stream());
+        launchPadUntil(static_cast<uint64_t>(target_ns), static_cast<uint64_t>(max_wait_ns),
+                       at::cuda::getCurrentCUDAStream().stream());
     if (!st.ok())
         raiseStatus(st, "pad_until");
 }

@@ -40,10 +40,10 @@ bool streamCapturing(cudaStream_t stream);
 // `period_us` of its clock (kernels/aligned_pad.h).
 void alignedPad(double min_us, double period_us);
 // Benchmarks: the current device's GPU clock in ns (synchronizes the current
-// stream), and a wait on the current stream until it reaches target_ns
-// (kernels/aligned_pad.h).
+// stream), and a wait on the current stream until it reaches target_ns, of
+// at most max_wait_ns (kernels/aligned_pad.h).
 int64_t gpuClockNs();
-void padUntil(int64_t target_ns);
+void padUntil(int64_t target_ns, int64_t max_wait_ns);
 
 // The device error word of an EP buffer (EpState::error_code/info), copied
 // to pinned host memory after each launch and read without blocking.

@@ -106,10 +106,13 @@ def test_the_benchmarks_aligned_pad_checks_its_arguments_before_any_cuda_call(mi
 
 
 @pytest.mark.skipif(_ep_runtime.runtime() is None, reason="the EP runtime is not built here")
-@pytest.mark.parametrize("target_ns", [0, -5])
-def test_the_benchmarks_pad_until_checks_its_target_before_any_cuda_call(target_ns):
-    with pytest.raises(ValueError, match=rf"target_ns must be > 0 .*got {target_ns}"):
-        _ep_runtime.runtime().pad_until(target_ns)
+@pytest.mark.parametrize("target_ns,max_wait_ns,message", [
+    (0, 10, r"target_ns must be > 0 .*got 0"), (-5, 10, r"target_ns must be > 0 .*got -5"),
+    (10, 0, r"max_wait_ns must be > 0, got 0")])
+def test_the_benchmarks_pad_until_checks_its_arguments_before_any_cuda_call(target_ns, max_wait_ns,
+                                                                             message):
+    with pytest.raises(ValueError, match=message):
+        _ep_runtime.runtime().pad_until(target_ns, max_wait_ns)
 
 
 def test_mooncake_ep_imports_without_the_runtime_and_says_why():
