@@ -4,6 +4,7 @@
 
 #include <utility>
 
+#include "mooncake-pg/device/copy_bytes.h"
 #include "mooncake-pg/device/published_region.h"
 
 namespace mooncake::pg::device {
@@ -193,7 +194,9 @@ Result<uint64_t> DevicePools::copyLocked(void* dst, const void* src, size_t byte
     (void)order;
     MC_ASSIGN_OR_RETURN(cudaEvent_t e, eventLocked());
     Status st =
-        cudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), what);
+        options_.copy_with_kernel
+            ? launchCopyBytes(dst, src, bytes, stream_).withContext(what)
+            : cudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), what);
     if (st.ok())
         st = cudaStatus(cudaEventRecord(e, stream_), what);
     if (!st.ok()) {

@@ -47,6 +47,8 @@ struct DevicePoolsOptions {
     int max_group_size = 0;
     int cuda_device = 0;
     uint64_t pool_bytes_per_peer = 0;
+    // Copies by a kernel instead of cudaMemcpyAsync (MC_PG_CUDA_P2P_COPY).
+    bool copy_with_kernel = false;
     // Store key prefix unique to the group instance.
     std::string key_prefix;
     // This process's engine segment (peers map the pools through it).

@@ -82,6 +82,16 @@ Result<bool> parseDirect(const char* value) {
                            "buffers directly) or '0' (always through the windows)");
 }
 
+Result<bool> parseP2PCopyWithKernel(const char* value) {
+    if (value == nullptr || *value == '\0' || std::strcmp(value, "memcpy") == 0)
+        return false;
+    if (std::strcmp(value, "kernel") == 0)
+        return true;
+    return InvalidArgument(std::string(kCudaP2PCopyEnv) + "='" + value +
+                           "' is not a setting; expected 'memcpy' (cudaMemcpyAsync, the default) "
+                           "or 'kernel' (a copy kernel on the SMs)");
+}
+
 Result<uint64_t> groupWindowBytes(int max_group_size, uint64_t slot_bytes) {
     if (max_group_size < 1 || max_group_size > kMaxDeviceRanks) {
         return InvalidArgument(

@@ -60,6 +60,12 @@ inline uint64_t p2pChunkBytes(uint64_t pool_bytes) {
     return pool_bytes < kMaxChunk ? pool_bytes : kMaxChunk;
 }
 
+// MC_PG_CUDA_P2P_COPY: how P2P on device pools copies into and out of the
+// pools: "memcpy" (default: cudaMemcpyAsync) or "kernel" (a copy kernel,
+// copy_bytes.h). Each rank's own choice; true for "kernel".
+inline constexpr const char* kCudaP2PCopyEnv = "MC_PG_CUDA_P2P_COPY";
+Result<bool> parseP2PCopyWithKernel(const char* value);
+
 // The bytes of one rank's window in a group that reserves `max_group_size`
 // slots: the window is allocated once, for every size the group may grow to.
 // kInvalidArgument for sizes outside [1, kMaxDeviceRanks].

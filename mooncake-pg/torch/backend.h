@@ -581,6 +581,7 @@ private:
     std::mutex p2p_apply_mu_;
     uint64_t device_p2p_window_offset_ = 0;
     uint64_t device_p2p_pool_bytes_ = device::kDefaultP2PPoolBytes;  // MC_PG_CUDA_P2P_POOL_BYTES
+    bool device_p2p_copy_with_kernel_ = false;                       // MC_PG_CUDA_P2P_COPY
     // The group's route, as rank 0 published it: -1 not read yet, 0 staged,
     // 1 device pools.
     std::atomic<int> device_p2p_route_{-1};

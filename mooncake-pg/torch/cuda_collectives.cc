@@ -84,6 +84,9 @@ void MooncakeBackend::configureCuda() {
     auto p2p_pool = device::parseP2PPoolBytes(std::getenv(device::kCudaP2PPoolBytesEnv));
     TORCH_CHECK_VALUE(p2p_pool.ok(), "Mooncake PG: ", p2p_pool.status().message());
     device_p2p_pool_bytes_ = p2p_pool.value();
+    auto p2p_copy = device::parseP2PCopyWithKernel(std::getenv(device::kCudaP2PCopyEnv));
+    TORCH_CHECK_VALUE(p2p_copy.ok(), "Mooncake PG: ", p2p_copy.status().message());
+    device_p2p_copy_with_kernel_ = p2p_copy.value();
     cuda_direct_ = direct.value();
     cuda_path_ = path.value();
     cuda_slot_bytes_ = slot.value();

@@ -110,6 +110,7 @@ P2PEngine* MooncakeBackend::deviceP2PFor(const at::Tensor& tensor, const char* o
     o.max_group_size = max_group_size_;
     o.cuda_device = exec->device().index();
     o.pool_bytes_per_peer = device_p2p_pool_bytes_;
+    o.copy_with_kernel = device_p2p_copy_with_kernel_;
     o.key_prefix = group_key_;
     o.segment = EngineFabric::segmentOf(fabric_->endpoint());
     // The pools are memory of the fabric's engine, published in the group's

@@ -70,6 +70,21 @@ TEST(DeviceRouting, P2PPoolBytesSetting) {
     EXPECT_EQ(p2pChunkBytes(uint64_t{16} << 20), uint64_t{4} << 20);
 }
 
+TEST(DeviceRouting, P2PCopySettingDefaultsToMemcpyAndNamesBadValues) {
+    EXPECT_FALSE(parseP2PCopyWithKernel(nullptr).value());
+    EXPECT_FALSE(parseP2PCopyWithKernel("").value());
+    EXPECT_FALSE(parseP2PCopyWithKernel("memcpy").value());
+    EXPECT_TRUE(parseP2PCopyWithKernel("kernel").value());
+    for (const char* bad : {"Kernel", "1", "sm"}) {
+        auto r = parseP2PCopyWithKernel(bad);
+        ASSERT_FALSE(r.ok()) << bad;
+        EXPECT_NE(r.status().message().find("MC_PG_CUDA_P2P_COPY='" + std::string(bad) +
+                                            "' is not a setting; expected 'memcpy'"),
+                  std::string::npos)
+            << r.status().message();
+    }
+}
+
 TEST(DeviceRouting, DirectSettingDefaultsToOnAndNamesBadValues) {
     EXPECT_TRUE(parseDirect(nullptr).value());
     EXPECT_TRUE(parseDirect("").value());

@@ -30,8 +30,11 @@ from cuda_common import BACKEND, JOB_TIMEOUT_S, PATHS, use_rank_gpu
 # A pool of 1 MiB per sender (chunks of 1 MiB): a 9 MiB message crosses it
 # nine times, and the default 16 MiB pools are covered by the kernels path.
 SMALL_POOLS = {"MC_PG_CUDA_PATH": "kernels", "MC_PG_CUDA_P2P_POOL_BYTES": str(1 << 20)}
+# The same through the copy kernel (MC_PG_CUDA_P2P_COPY=kernel): odd sizes
+# take its byte tail, the rest its 16-byte words.
+COPY_KERNEL = {**SMALL_POOLS, "MC_PG_CUDA_P2P_COPY": "kernel"}
 P2P_PATHS = {"staged": PATHS["staged"], "kernels": PATHS["kernels"],
-             "kernels-small-pools": SMALL_POOLS}
+             "kernels-small-pools": SMALL_POOLS, "kernels-copy-kernel": COPY_KERNEL}
 
 
 def _device_p2p_ops():
