@@ -13,18 +13,6 @@
 
 namespace mooncake::pg::device {
 
-Result<CudaPath> parseCudaPath(const char* value) {
-    if (value == nullptr || *value == '\0')
-        return kDefaultCudaPath;
-    if (std::strcmp(value, "staged") == 0)
-        return CudaPath::kStaged;
-    if (std::strcmp(value, "kernels") == 0)
-        return CudaPath::kKernels;
-    return InvalidArgument(std::string(kCudaPathEnv) + "='" + value +
-                           "' is not a CUDA data path; expected 'staged' (device -> host -> "
-                           "device through the host core) or 'kernels' (the device kernels)");
-}
-
 const char* cudaPathName(CudaPath path) {
     return path == CudaPath::kKernels ? "kernels" : "staged";
 }
@@ -50,7 +38,39 @@ Result<uint64_t> parseByteCount(const char* env, const char* value, uint64_t mul
     return static_cast<uint64_t>(v);
 }
 
+// One of a setting's two values: its name, what it means, what it parses to.
+struct Choice {
+    const char* name;
+    const char* meaning;
+    bool value;
+};
+
+// A setting from the environment that takes `first` or `second` (named in
+// that order in the error); null or empty: `fallback`.
+Result<bool> parseChoice(const char* env, const char* value, const char* what, Choice first,
+                         Choice second, bool fallback) {
+    if (value == nullptr || *value == '\0')
+        return fallback;
+    for (const Choice& c : {first, second}) {
+        if (std::strcmp(value, c.name) == 0)
+            return c.value;
+    }
+    return InvalidArgument(std::string(env) + "='" + value + "' is not " + what + "; expected '" +
+                           first.name + "' (" + first.meaning + ") or '" + second.name + "' (" +
+                           second.meaning + ")");
+}
+
 }  // namespace
+
+Result<CudaPath> parseCudaPath(const char* value) {
+    MC_ASSIGN_OR_RETURN(
+        const bool kernels,
+        parseChoice(kCudaPathEnv, value, "a CUDA data path",
+                    {"staged", "device -> host -> device through the host core", false},
+                    {"kernels", "the device kernels", true},
+                    kDefaultCudaPath == CudaPath::kKernels));
+    return kernels ? CudaPath::kKernels : CudaPath::kStaged;
+}
 
 Result<uint64_t> parseSlotBytes(const char* value) {
     return parseByteCount(kCudaSlotBytesEnv, value, 16, kMaxSlotBytes, kDefaultSlotBytes,
@@ -63,33 +83,21 @@ Result<uint64_t> parseP2PPoolBytes(const char* value) {
 }
 
 Result<bool> parseBlockingWait(const char* value) {
-    if (value == nullptr || *value == '\0' || std::strcmp(value, "0") == 0)
-        return false;
-    if (std::strcmp(value, "1") == 0)
-        return true;
-    return InvalidArgument(std::string(kCudaBlockingWaitEnv) + "='" + value +
-                           "' is not a wait mode; expected '0' (wait() returns once the kernels "
-                           "are queued) or '1' (wait() blocks until they have finished)");
+    return parseChoice(kCudaBlockingWaitEnv, value, "a wait mode",
+                       {"0", "wait() returns once the kernels are queued", false},
+                       {"1", "wait() blocks until they have finished", true}, false);
 }
 
 Result<bool> parseDirect(const char* value) {
-    if (value == nullptr || *value == '\0' || std::strcmp(value, "1") == 0)
-        return true;
-    if (std::strcmp(value, "0") == 0)
-        return false;
-    return InvalidArgument(std::string(kCudaDirectEnv) + "='" + value +
-                           "' is not a setting; expected '1' (large collectives read the members' "
-                           "buffers directly) or '0' (always through the windows)");
+    return parseChoice(kCudaDirectEnv, value, "a setting",
+                       {"1", "large collectives read the members' buffers directly", true},
+                       {"0", "always through the windows", false}, true);
 }
 
 Result<bool> parseP2PCopyWithKernel(const char* value) {
-    if (value == nullptr || *value == '\0' || std::strcmp(value, "memcpy") == 0)
-        return false;
-    if (std::strcmp(value, "kernel") == 0)
-        return true;
-    return InvalidArgument(std::string(kCudaP2PCopyEnv) + "='" + value +
-                           "' is not a setting; expected 'memcpy' (cudaMemcpyAsync, the default) "
-                           "or 'kernel' (a copy kernel on the SMs)");
+    return parseChoice(kCudaP2PCopyEnv, value, "a setting",
+                       {"memcpy", "cudaMemcpyAsync, the default", false},
+                       {"kernel", "a copy kernel on the SMs", true}, false);
 }
 
 Result<uint64_t> groupWindowBytes(int max_group_size, uint64_t slot_bytes) {
