@@ -9,6 +9,7 @@
 
 #include "mooncake-pg/device/published_region.h"
 #include "mooncake-pg/device/routing.h"
+#include "mooncake-transfer-engine/common/cuda_launch.h"
 
 namespace mooncake::pg::device {
 

@@ -6,6 +6,7 @@
 
 #include "mooncake-pg/device/copy_bytes.h"
 #include "mooncake-pg/device/published_region.h"
+#include "mooncake-transfer-engine/common/cuda_launch.h"
 
 namespace mooncake::pg::device {
 

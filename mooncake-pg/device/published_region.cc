@@ -4,12 +4,6 @@
 
 namespace mooncake::pg::device {
 
-Status cudaStatus(cudaError_t e, const char* what) {
-    if (e == cudaSuccess)
-        return Status::OK();
-    return Internal(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
 Status publishRegion(KVStore& store, const std::string& key, const PublishedRegion& region) {
     std::ostringstream value;
     value << region.addr << ' ' << region.unit << ' ' << region.bytes;

@@ -6,8 +6,6 @@
 // = pool bytes per sender). Torch-free.
 #pragma once
 
-#include <cuda_runtime_api.h>
-
 #include <cstdint>
 #include <string>
 
@@ -17,9 +15,6 @@
 #include "mooncake-transfer-engine/metadata/kv_store.h"
 
 namespace mooncake::pg::device {
-
-// OK for cudaSuccess, else Internal("<what>: <CUDA's error string>").
-Status cudaStatus(cudaError_t e, const char* what);
 
 struct PublishedRegion {
     uint64_t addr = 0;

@@ -11,6 +11,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
+#include "mooncake-transfer-engine/common/cuda_launch.h"
+
 namespace mooncake::pg {
 
 namespace {
@@ -131,7 +133,7 @@ Status pollEvent(cudaEvent_t event, Deadline deadline, const char* what,
         if (e == cudaSuccess)
             return Status::OK();
         if (e != cudaErrorNotReady)
-            return Internal(std::string(what) + ": " + cudaGetErrorString(e));
+            return cudaStatus(e, what);
         if (deadline.expired())
             return Timeout(std::string(what) + " did not complete before the op's deadline");
         if (++spins < 256) {
@@ -261,9 +263,7 @@ CudaExecutor::~CudaExecutor() {
 Status CudaExecutor::drain(Deadline deadline, const char* what,
                            const std::function<void()>& watch) {
     const cudaStream_t current = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
-    const cudaError_t e = cudaEventRecord(drained_, current);
-    if (e != cudaSuccess)
-        return Internal(std::string(what) + ": " + cudaGetErrorString(e));
+    MC_RETURN_IF_ERROR(cudaStatus(cudaEventRecord(drained_, current), what));
     return pollEvent(drained_, deadline, what, watch ? &watch : nullptr);
 }
 

@@ -1,6 +1,6 @@
 // Launch-side helpers for the host side of CUDA sources (which link the CUDA
-// runtime): the status of the kernel launches just queued on this thread,
-// and the SM count grids are sized by.
+// runtime): the status of a runtime call and of the kernel launches just
+// queued on this thread, and the SM count grids are sized by.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,6 +10,13 @@
 #include "mooncake-transfer-engine/common/status.h"
 
 namespace mooncake {
+
+// OK for cudaSuccess, else kInternal("<what>: <the runtime's error>").
+inline Status cudaStatus(cudaError_t e, const std::string& what) {
+    if (e == cudaSuccess)
+        return Status::OK();
+    return Internal(what + ": " + cudaGetErrorString(e));
+}
 
 // OK, or kInternal naming `what` and the runtime's error.
 inline Status cudaLaunchStatus(const std::string& what) {
