@@ -558,8 +558,9 @@ def rank_main(rank, n, args, result_path):
     elt = torch.tensor([], dtype=dtype).element_size()
     colls = list(COLLECTIVES) if args.collective == "all" else args.collective.split(",")
     rows = []
+    all_sizes = sizes(args)
     for coll in colls:
-        for nbytes in sizes(args):
+        for nbytes in all_sizes:
             count = element_count(coll, nbytes, elt, n)
             benches, checks = {}, {}
 
@@ -584,7 +585,7 @@ def rank_main(rank, n, args, result_path):
                 if b == "gloo" and args.device == "cuda" and coll in GLOO_CUDA_UNSUPPORTED:
                     # Tried, gloo fails the small messages with "Bad address" and
                     # aborts the process (an uncaught gloo::IoException) at 32 MiB.
-                    if rank == 0 and nbytes == sizes(args)[0]:
+                    if rank == 0 and nbytes == all_sizes[0]:
                         print(f"# gloo {coll}: not run, gloo has no {coll} on CUDA tensors",
                               flush=True)
                     checks[b] = "unsupported"
