@@ -3,6 +3,7 @@
 // protocol). All state below is guarded by Impl::mu_.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -217,6 +218,12 @@ private:
     void failPeer(int peer, const Status& status, bool broken);
     void resetPeer(p2p::PeerState& ps);
     void complete(Callback& done, Status status);
+    // A post: the progress thread skips its back-off, or wakes; mu_ held.
+    void wakeLocked() {
+        kicked_ = true;
+        wakes_.fetch_add(1, std::memory_order_release);
+        cv_.notify_one();
+    }
     // External pools: waits for every queued copy before operations whose
     // buffers they touch are failed (bounded; a mover that cannot drain is
     // logged, since there is nothing left to wait for).
@@ -284,6 +291,9 @@ private:
     std::condition_variable cv_;
     bool stop_ = false;
     bool kicked_ = false;  // a post since the last pass: skip the back-off
+    // Counts posts and other wake-ups, for the progress thread to poll
+    // without mu_ before it parks.
+    std::atomic<uint64_t> wakes_{0};
     // The latest membership: a pair is usable while both ranks are active.
     std::vector<uint8_t> active_;
     std::vector<p2p::PeerState> peers_;

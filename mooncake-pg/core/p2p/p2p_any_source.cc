@@ -72,8 +72,7 @@ Status P2PEngine::Impl::recvAny(void* buf, size_t bytes, int tag, Deadline deadl
         ++ps.live;
         ++live_;
     }
-    kicked_ = true;
-    cv_.notify_one();
+    wakeLocked();
     return Status::OK();
 }
 

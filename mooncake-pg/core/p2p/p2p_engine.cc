@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "mooncake-pg/core/p2p/engine_impl.h"
+#include "mooncake-pg/core/spin_wait.h"
 #include "mooncake-transfer-engine/common/logging.h"
 
 namespace mooncake::pg {
@@ -71,6 +72,7 @@ P2PEngine::Impl::Impl(std::shared_ptr<Fabric> fabric, P2POptions options,
 P2PEngine::Impl::~Impl() {
     std::unique_lock<std::mutex> lock(mu_);
     stop_ = true;
+    wakes_.fetch_add(1, std::memory_order_release);
     cv_.notify_all();
     lock.unlock();
     thread_.join();
@@ -198,8 +200,7 @@ Status P2PEngine::Impl::send(const void* buf, size_t bytes, int peer, int tag, D
     ps.staging.push_back(std::move(m));
     ++ps.live;
     ++live_;
-    kicked_ = true;
-    cv_.notify_one();
+    wakeLocked();
     return Status::OK();
 }
 
@@ -229,8 +230,7 @@ Status P2PEngine::Impl::recv(void* buf, size_t bytes, int peer, int tag, Deadlin
     ps.recvs.push_back(std::move(r));
     ++ps.live;
     ++live_;
-    kicked_ = true;
-    cv_.notify_one();
+    wakeLocked();
     return Status::OK();
 }
 
@@ -303,8 +303,10 @@ Status P2PEngine::Impl::applyMembershipLocked(const std::vector<uint8_t>& active
     // The progress thread runs these, not the caller: a completion may drop
     // the last reference to the caller's owner, whose membership change is
     // still under way on this stack.
-    if (!completions_.empty())
+    if (!completions_.empty()) {
+        wakes_.fetch_add(1, std::memory_order_release);
         cv_.notify_all();
+    }
     return Status::OK();
 }
 
@@ -473,6 +475,18 @@ void P2PEngine::Impl::run() {
             continue;
         }
         if (live_ == 0 || !init_status_.ok()) {
+            if (init_status_.ok()) {
+                // A caller that posts ops back to back posts the next within
+                // microseconds: polling for it first spares it the futex
+                // round trip and the wake-up latency (core/spin_wait.h). The
+                // wait below checks its condition before it blocks, so what
+                // came during the poll is not missed.
+                const uint64_t seen = wakes_.load(std::memory_order_acquire);
+                lock.unlock();
+                spinUntil([&] { return wakes_.load(std::memory_order_acquire) != seen; },
+                          spinBudget());
+                lock.lock();
+            }
             stats_.parked = true;
             cv_.wait(lock, [this] {
                 return stop_ || !completions_.empty() || (live_ > 0 && init_status_.ok());
