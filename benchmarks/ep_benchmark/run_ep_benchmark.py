@@ -28,6 +28,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 import metrics  # noqa: E402
+import phase_trace  # noqa: E402
 import routing  # noqa: E402
 
 PG_BACKENDS = ("nccl", "mooncake", "mooncake-cpu", "gloo")
@@ -86,6 +87,10 @@ def build_parser():
                         "at once (the next multiple of twice N of the GPU clock), so with "
                         "--align-ranks the ranks' host lateness is left out too; 0: eager "
                         "latency, host time included")
+    p.add_argument("--phase-trace", type=int, default=0, metavar="K",
+                   help="CUDA fast path: K more steps after the timed ones with the kernels' "
+                        "per-block timestamps on, reported as each rank's timeline of each op "
+                        "(JSON 'phase_trace', a table on stderr; phase_trace.py)")
     return p
 
 
@@ -150,6 +155,11 @@ def validate_args(args):
     if args.launch_pad_us and args.device != "cuda":
         raise ValueError(f"--launch-pad-us {args.launch_pad_us} needs --device cuda (the CPU "
                          f"fallback is timed by wall clock, with nothing queued to pad)")
+    if args.phase_trace < 0:
+        raise ValueError(f"--phase-trace must be >= 0, got {args.phase_trace}")
+    if args.phase_trace and args.device != "cuda":
+        raise ValueError(f"--phase-trace {args.phase_trace} needs --device cuda (it reads the "
+                         f"fast path's kernels' timestamps)")
     if args.timeout_us != -1 and args.timeout_us <= 0:
         raise ValueError(f"--timeout-us must be -1 or > 0, got {args.timeout_us}")
 
@@ -488,12 +498,31 @@ def run_worker(args, rank, world_size, local_rank):
                 extra["send_half_latency_ms"] = {
                     op: metrics.latency_stats(metrics.critical_path(t))
                     for op, t in (("dispatch", per_rank[3]), ("combine", per_rank[4]))}
+            if args.phase_trace:
+                extra["phase_trace"] = _trace_phases(args, w, group, world_size)
             docs[name] = (metrics.assemble_json_output(args, world_size, *per_rank[:3], load, extra),
                           per_rank, counts)
         if rank == 0:
             _emit(args, docs, phases, notice)
     finally:
         dist.destroy_process_group()
+
+
+def _trace_phases(args, worker, group, world_size):
+    """--phase-trace: every rank traces K steps; rank 0's report (None elsewhere)."""
+    mine, reason = phase_trace.trace_steps(worker, args.phase_trace, worker.clock._runtime())
+    gpu = str(torch.cuda.get_device_properties(worker.device).uuid)
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, (mine, reason, gpu), group=group)
+    if worker.rank != 0:
+        return None
+    reasons = sorted({r for _, r, _ in everyone if r})
+    if reasons:
+        return {"unavailable": "; ".join(reasons)}
+    doc = phase_trace.report([s for s, _, _ in everyone],
+                             shared_clock=len({g for _, _, g in everyone}) == 1)
+    print(phase_trace.format_table(doc), file=sys.stderr)
+    return doc
 
 
 def _emit(args, docs, phases, notice):

@@ -29,6 +29,7 @@ struct CombineParams {
 
 template <int kSendThreads>
 __global__ void __launch_bounds__(kSendThreads) combineSend(CombineParams p) {
+    epTrace(p.g, kEpTraceCombineSend, kEpTraceStart);
     const EpLayout L = epLayoutOf(p.g);
     const EpSendBlock b = epCombineSendBlock(p.g, L);
     if (!b.active(p.g))
@@ -40,10 +41,12 @@ __global__ void __launch_bounds__(kSendThreads) combineSend(CombineParams p) {
                             lane);
         });
     __syncthreads();
+    epTrace(p.g, kEpTraceCombineSend, kEpTraceMiddle);
     if (threadIdx.x == 0) {
         epSignal(reinterpret_cast<uint64_t*>(remote + L.combineFlagOffset(b.phase, b.expert)),
                  b.seq, static_cast<uint32_t>(count));
     }
+    epTrace(p.g, kEpTraceCombineSend, kEpTraceEnd);
 }
 
 __global__ void __launch_bounds__(kRecvThreads) combineReceive(CombineParams p) {

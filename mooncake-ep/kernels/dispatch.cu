@@ -37,6 +37,7 @@ struct DispatchParams {
 
 template <int kSendThreads>
 __global__ void __launch_bounds__(kSendThreads) dispatchSend(DispatchParams p) {
+    epTrace(p.g, kEpTraceDispatchSend, kEpTraceStart);
     const EpLayout L = epLayoutOf(p.g);
     const EpSendBlock b = epDispatchSendBlock(p.g, L);
     if (b.expert == 0)
@@ -49,11 +50,13 @@ __global__ void __launch_bounds__(kSendThreads) dispatchSend(DispatchParams p) {
             char* msg = remote + L.dispatchMessageOffset(b.phase, b.local_expert, p.g.rank, slot);
             epWriteMessage(p.g, p.a, L, token, msg, lane);
         });
+    epTrace(p.g, kEpTraceDispatchSend, kEpTraceMiddle);
     if (threadIdx.x == 0) {
         epSignal(reinterpret_cast<uint64_t*>(
                      remote + L.dispatchCountOffset(b.phase, b.local_expert, p.g.rank)),
                  b.seq, static_cast<uint32_t>(sent));
     }
+    epTrace(p.g, kEpTraceDispatchSend, kEpTraceEnd);
 }
 
 __global__ void __launch_bounds__(kRecvThreads) dispatchReceive(DispatchParams p) {

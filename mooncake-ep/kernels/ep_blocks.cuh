@@ -34,6 +34,13 @@ void epWithSendThreads(int threads, Launch launch) {
     }
 }
 
+// Thread 0 of the block records `mark` of `kernel` when tracing is on
+// (core/phase_trace.h).
+__device__ inline void epTrace(const EpGroupArgs& g, EpTraceKernel kernel, EpTraceMark mark) {
+    if (g.phase_trace != nullptr && threadIdx.x == 0 && blockIdx.x < kEpTraceMaxBlocks)
+        g.phase_trace[epTraceSlot(kernel, static_cast<int>(blockIdx.x), mark)] = globalTimerNs();
+}
+
 // What one send block of an operation works on. Dispatch has a block per
 // global expert; combine a block per (local expert, destination rank).
 struct EpSendBlock {
@@ -165,6 +172,8 @@ __device__ void epDispatchReceiveExpert(const EpGroupArgs& g, const DispatchArgs
             total += counts[src];
         }
         a.packed_recv_count[local_expert] = total;
+        if (local_expert == static_cast<int>(blockIdx.x))
+            epTrace(g, kEpTraceDispatchReceive, kEpTraceMiddle);
     }
     __syncthreads();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -183,11 +192,13 @@ __device__ void epDispatchReceiveExpert(const EpGroupArgs& g, const DispatchArgs
 template <int kThreads, typename Wait>
 __device__ void epDispatchReceiveBlock(const EpGroupArgs& g, const DispatchArgs& a, int* shared,
                                        Wait wait) {
+    epTrace(g, kEpTraceDispatchReceive, kEpTraceStart);
     EpState* state = epState(g.local_buffer);
     const uint64_t seq = state->dispatch_seq + 1;
     const int nle = static_cast<int>(epLayoutOf(g).numLocalExperts());
     for (int local_expert = blockIdx.x; local_expert < nle; local_expert += gridDim.x)
         epDispatchReceiveExpert<kThreads>(g, a, shared, local_expert, seq, wait);
+    epTrace(g, kEpTraceDispatchReceive, kEpTraceEnd);
     if (threadIdx.x == 0)
         epFinishOperation(&state->dispatch_done, &state->dispatch_seq, seq);
 }
@@ -283,6 +294,8 @@ __device__ void epCombineReceiveToken(const EpGroupArgs& g, const CombineArgs& a
         included[k] = use;
     }
     __syncthreads();
+    if (token == static_cast<int>(blockIdx.x))
+        epTrace(g, kEpTraceCombineReceive, kEpTraceMiddle);
     const int64_t hidden = g.hidden;
     const float* weights = a.topk_weights + static_cast<int64_t>(token) * top_k;
     int4* out = reinterpret_cast<int4*>(static_cast<char*>(a.out) + token * hidden * 2);
@@ -329,10 +342,12 @@ __device__ void epCombineReceiveToken(const EpGroupArgs& g, const CombineArgs& a
 template <typename Wait>
 __device__ void epCombineReceiveBlock(const EpGroupArgs& g, const CombineArgs& a, int* shared,
                                       Wait wait) {
+    epTrace(g, kEpTraceCombineReceive, kEpTraceStart);
     EpState* state = epState(g.local_buffer);
     const uint64_t seq = state->combine_seq + 1;
     for (int token = blockIdx.x; token < a.num_tokens; token += gridDim.x)
         epCombineReceiveToken(g, a, token, shared, shared + a.top_k, wait);
+    epTrace(g, kEpTraceCombineReceive, kEpTraceEnd);
     if (threadIdx.x == 0)
         epFinishOperation(&state->combine_done, &state->combine_seq, seq);
 }

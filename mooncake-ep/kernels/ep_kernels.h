@@ -14,6 +14,7 @@
 
 #include "mooncake-ep/core/buffer_layout.h"
 #include "mooncake-ep/core/host_device.h"
+#include "mooncake-ep/core/phase_trace.h"
 #include "mooncake-transfer-engine/common/status.h"
 
 namespace mooncake::ep {
@@ -38,6 +39,9 @@ struct EpGroupArgs {
     // per GPU in production; several processes on one GPU under MPS in
     // tests). It bounds the grids whose blocks spin on peers' signals.
     int ranks_per_device = 1;
+    // Device [kEpTraceSlots] or null: per-block timestamps for benchmarks
+    // (core/phase_trace.h).
+    uint64_t* phase_trace = nullptr;
 };
 
 struct DispatchArgs {

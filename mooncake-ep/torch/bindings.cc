@@ -161,7 +161,24 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              py::arg("layout_range"), py::arg("topk_idx"), py::arg("topk_weights"),
              py::arg("active_ranks"), py::arg("max_tokens"), py::arg("num_experts"),
              py::arg("timeout_us"), py::arg("out"))
-        .def("take_error", &FastBuffer::takeError, py::arg("wait") = false);
+        .def("take_error", &FastBuffer::takeError, py::arg("wait") = false)
+        .def("set_phase_trace", &FastBuffer::setPhaseTrace, py::arg("trace"),
+             "Benchmarks: per-block timestamps of the kernels into `trace` (int64 "
+             "[phase_trace_layout()['slots']] on the buffer's device) from the next op on; None "
+             "stops it");
+    m.def(
+        "phase_trace_layout",
+        [] {
+            py::dict d;
+            d["kernels"] = std::vector<std::string>{"dispatch_send", "dispatch_receive",
+                                                    "combine_send", "combine_receive"};
+            d["marks"] = std::vector<std::string>{"start", "middle", "end"};
+            d["max_blocks"] = mooncake::ep::kEpTraceMaxBlocks;
+            d["slots"] = mooncake::ep::kEpTraceSlots;
+            return d;
+        },
+        "Benchmarks: the phase trace's shape, [kernels][max_blocks][marks] of int64 ns "
+        "(core/phase_trace.h)");
     mooncake::ep::bindNccl(m);
 #ifdef MOONCAKE_EP_IBGDA
     mooncake::ep::bindIbgda(m);

@@ -156,7 +156,21 @@ EpGroupArgs FastBuffer::groupArgs(const at::Tensor& active_ranks, int64_t max_to
     g.active_ranks = active_ranks.data_ptr<int32_t>();
     g.timeout_ns = timeout_us < 0 ? -1 : timeout_us * 1000;
     g.ranks_per_device = options_.ranks_per_device;
+    if (phase_trace_.defined())
+        g.phase_trace = static_cast<uint64_t*>(phase_trace_.data_ptr());
     return g;
+}
+
+void FastBuffer::refuseTracedCapture(const EpGroupArgs& g, cudaStream_t stream) const {
+    if (g.phase_trace == nullptr)
+        return;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    cudaCheck(cudaStreamIsCapturing(stream, &capture), "checking the stream for a capture");
+    // A replay would write to the trace after set_phase_trace let it go.
+    if (capture != cudaStreamCaptureStatusNone)
+        throw std::invalid_argument(
+            "Mooncake EP fast path: an op traced by set_phase_trace cannot be captured in a CUDA "
+            "graph; call set_phase_trace(None) before capturing");
 }
 
 DispatchResult FastBuffer::dispatch(const at::Tensor& x, const at::Tensor& topk_idx,
@@ -169,6 +183,7 @@ DispatchResult FastBuffer::dispatch(const at::Tensor& x, const at::Tensor& topk_
     DispatchResult r =
         prepareDispatch(x, topk_idx, options_.num_ranks, max_tokens, num_experts, use_fp8, &a);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    refuseTracedCapture(g, stream);
     Status st = ibgda_ ? launchIbgdaDispatch(*ibgda_, g, a, stream) : launchDispatch(g, a, stream);
     if (!st.ok())
         raiseStatus(st, "dispatch");
@@ -188,12 +203,36 @@ at::Tensor FastBuffer::combine(const at::Tensor& x, const at::Tensor& src_info,
     CombineArgs a;
     at::Tensor result = prepareCombine(x, src_info, layout_range, topk_idx, topk_weights, out, &a);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    refuseTracedCapture(g, stream);
     Status st = ibgda_ ? launchIbgdaCombine(*ibgda_, g, a, stream) : launchCombine(g, a, stream);
     if (!st.ok())
         raiseStatus(st, "combine");
     pinIbgdaShape(g);
     error_->record(epState(buffer_), stream);
     return result;
+}
+
+void FastBuffer::setPhaseTrace(const std::optional<at::Tensor>& trace) {
+    if (phase_trace_.defined()) {
+        // Kernels queued on any stream may still write to the one set now.
+        c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(options_.device));
+        cudaCheck(cudaDeviceSynchronize(), "waiting for the traced kernels");
+    }
+    if (!trace) {
+        phase_trace_ = at::Tensor();
+        return;
+    }
+    const at::Tensor& t = *trace;
+    const bool on_device = t.is_cuda() && t.device().index() == options_.device;
+    if (t.scalar_type() != at::kLong || !on_device || !t.is_contiguous() ||
+        t.numel() < kEpTraceSlots)
+        throw std::invalid_argument(
+            "Mooncake EP fast path: phase trace of dtype " + std::string(t.dtype().name()) +
+            " on " + t.device().str() + " with " + std::to_string(t.numel()) + " elements" +
+            (t.is_contiguous() ? "" : " (not contiguous)") +
+            ", expected a contiguous int64 tensor of at least " + std::to_string(kEpTraceSlots) +
+            " elements on cuda:" + std::to_string(options_.device));
+    phase_trace_ = t;
 }
 
 std::optional<std::pair<int32_t, int32_t>> FastBuffer::takeError(bool wait) {

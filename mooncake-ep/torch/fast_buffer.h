@@ -79,6 +79,14 @@ public:
                        int64_t max_tokens, int64_t num_experts, int64_t timeout_us,
                        const std::optional<at::Tensor>& out);
 
+    // Benchmarks: the kernels write per-block timestamps into `trace` (int64
+    // [kEpTraceSlots] on this buffer's device, core/phase_trace.h) from the
+    // next op on; nullopt stops it. Replacing or clearing a trace waits for
+    // the device (kernels in flight still write to it). Throws
+    // std::invalid_argument for a bad tensor; traced ops refuse CUDA graph
+    // capture.
+    void setPhaseTrace(const std::optional<at::Tensor>& trace);
+
     // The device error word (EpError, offending value) as of the last
     // completed op, then cleared; nullopt when none was recorded. Never
     // blocks unless `wait`: a copy still in flight reads as "nothing yet".
@@ -87,6 +95,8 @@ public:
 private:
     EpGroupArgs groupArgs(const at::Tensor& active_ranks, int64_t max_tokens, int64_t num_experts,
                           int64_t hidden, int64_t timeout_us) const;
+    // Throws when `g` is traced and `stream` is capturing a CUDA graph.
+    void refuseTracedCapture(const EpGroupArgs& g, cudaStream_t stream) const;
     // The first op launched over IBGDA fixes the layout (useIbgda).
     void pinIbgdaShape(const EpGroupArgs& g);
 
@@ -104,6 +114,7 @@ private:
     std::optional<IbgdaEpDevice> ibgda_;
     std::optional<std::array<int64_t, 3>> ibgda_shape_;  // num_experts, max_tokens, hidden
     std::unique_ptr<ErrorWord> error_;
+    at::Tensor phase_trace_;  // undefined: no tracing
 };
 
 }  // namespace mooncake::ep

@@ -12,7 +12,9 @@
 // where no GPU is usable.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -79,6 +81,7 @@ struct RankContext {
     bool use_graphs = false;
     cudaGraphExec_t dispatch_graph = nullptr;
     cudaGraphExec_t combine_graph = nullptr;
+    uint64_t* phase_trace = nullptr;  // device [kEpTraceSlots] while a scenario traces
 
     EpGroupArgs group(int64_t timeout_ns) const {
         EpGroupArgs g;
@@ -93,6 +96,7 @@ struct RankContext {
         g.active_ranks = active;
         g.timeout_ns = timeout_ns;
         g.ranks_per_device = s.num_ranks;  // every rank's process runs on GPU 0
+        g.phase_trace = phase_trace;
         return g;
     }
 };
@@ -456,6 +460,81 @@ int scenarioGraphs(RankContext& c) {
     return 0;
 }
 
+// The marks of one traced step (core/phase_trace.h): every block of each of
+// the four grids wrote start <= middle <= end, no block past a grid wrote
+// anything, and each kernel began after the one before it on the stream had
+// ended (one clock for all of them).
+int checkPhaseTrace(const RankContext& c, const std::vector<uint64_t>& t, int num_tokens) {
+    const Shape& s = c.s;
+    const EpGroupArgs g = c.group(kGenerousTimeoutNs);
+    struct Grid {
+        EpTraceKernel kernel;
+        int blocks;
+        int with_middle;  // blocks that have a first wait or data to write
+        const char* name;
+    };
+    const int dispatch_receive = epDispatchReceiveGrid(g);
+    const int combine_receive = epCombineReceiveGrid(g, num_tokens);
+    const Grid grids[] = {
+        {kEpTraceDispatchSend, s.num_experts, s.num_experts, "dispatch send"},
+        {kEpTraceDispatchReceive, dispatch_receive, dispatch_receive, "dispatch receive"},
+        {kEpTraceCombineSend, s.num_experts, s.num_experts, "combine send"},
+        {kEpTraceCombineReceive, combine_receive, std::min(combine_receive, num_tokens),
+         "combine receive"},
+    };
+    uint64_t previous_end = 0;
+    for (const Grid& k : grids) {
+        uint64_t first_start = UINT64_MAX, last_end = 0;
+        for (int b = 0; b < kEpTraceMaxBlocks; ++b) {
+            const unsigned long long start = t[epTraceSlot(k.kernel, b, kEpTraceStart)];
+            const unsigned long long middle = t[epTraceSlot(k.kernel, b, kEpTraceMiddle)];
+            const unsigned long long end = t[epTraceSlot(k.kernel, b, kEpTraceEnd)];
+            if (b >= k.blocks) {
+                EXPECT_CHILD(start == 0 && middle == 0 && end == 0,
+                             "%s: block %d of a %d-block grid wrote marks %llu %llu %llu", k.name,
+                             b, k.blocks, start, middle, end);
+                continue;
+            }
+            EXPECT_CHILD(start != 0 && end != 0 && (middle != 0) == (b < k.with_middle),
+                         "%s block %d: marks %llu %llu %llu, expected a middle mark: %d", k.name, b,
+                         start, middle, end, b < k.with_middle);
+            EXPECT_CHILD(start <= end && (middle == 0 || (start <= middle && middle <= end)),
+                         "%s block %d: marks out of order: %llu %llu %llu", k.name, b, start,
+                         middle, end);
+            first_start = std::min<uint64_t>(first_start, start);
+            last_end = std::max<uint64_t>(last_end, end);
+        }
+        EXPECT_CHILD(first_start >= previous_end,
+                     "%s began at %llu ns, before the kernel queued before it ended (%llu ns)",
+                     k.name, static_cast<unsigned long long>(first_start),
+                     static_cast<unsigned long long>(previous_end));
+        previous_end = last_end;
+    }
+    return 0;
+}
+
+// A traced step: the outputs as exact as untraced, and the marks consistent.
+int scenarioPhaseTrace(RankContext& c) {
+    if (resetBuffers(c, "phase trace"))
+        return 1;
+    DeviceMemory trace(static_cast<size_t>(kEpTraceSlots) * 8);
+    CHILD_CHECK(trace.ok());
+    CUDA_OK(cudaMemsetAsync(trace.as<void>(), 0, static_cast<size_t>(kEpTraceSlots) * 8, c.stream));
+    c.phase_trace = trace.as<uint64_t>();
+    const std::vector<RankInputs> all = inputsFor(c.s, 50);
+    StepPlan plan;
+    plan.use_fp8 = true;
+    plan.active_before.assign(c.s.num_ranks, 1);
+    plan.active_after = plan.active_before;
+    const int rc = step(c, all, plan);
+    c.phase_trace = nullptr;
+    if (rc)
+        return rc;
+    std::vector<uint64_t> marks(static_cast<size_t>(kEpTraceSlots));
+    CUDA_OK(cudaMemcpy(marks.data(), trace.as<void>(), marks.size() * 8, cudaMemcpyDeviceToHost));
+    return checkPhaseTrace(c, marks, all[c.rank].num_tokens);
+}
+
 struct Plan {
     Shape shape;
     int inactive_rank;
@@ -507,6 +586,8 @@ int rankMain(const Plan& plan, int rank, const std::string& dir) {
         rc = scenarioGraphs(c);
     } else {
         rc = scenarioBasic(c);
+        if (rc == 0)
+            rc = scenarioPhaseTrace(c);
         if (rc == 0)
             rc = scenarioInactive(c, plan.inactive_rank);
         if (rc == 0)

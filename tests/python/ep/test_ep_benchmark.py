@@ -17,6 +17,7 @@ if BENCH not in sys.path:
     sys.path.insert(0, BENCH)
 
 import metrics  # noqa: E402
+import phase_trace  # noqa: E402
 import routing  # noqa: E402
 import run_ep_benchmark as bench  # noqa: E402
 
@@ -234,3 +235,113 @@ def test_cpu_smoke_elastic_buffer_names_its_transport(tmp_path):
     assert doc["ep_transport"] in ("ibgda", "nccl") and doc["ep_transport_reason"], doc
     plain, _ = _smoke(tmp_path, "gloo", [])
     assert plain["ep_buffer"] == "Buffer" and "ep_transport" not in plain, plain
+
+
+def _fake_trace(layout, marks):
+    """A trace with marks[(kernel, block, mark)] = ns, the rest 0."""
+    t = torch.zeros(layout["slots"], dtype=torch.int64)
+    nk, nm = len(layout["kernels"]), len(layout["marks"])
+    view = t.view(nk, layout["max_blocks"], nm)
+    for (kernel, block, mark), ns in marks.items():
+        view[layout["kernels"].index(kernel), block, layout["marks"].index(mark)] = ns
+    return t
+
+
+def test_phase_trace_timeline_by_hand():
+    layout = {"kernels": ["dispatch_send", "dispatch_receive", "combine_send", "combine_receive"],
+              "marks": ["start", "middle", "end"], "max_blocks": 8, "slots": 4 * 8 * 3}
+    base = 1_000_000_000
+
+    def rank_trace(shift_ns):
+        m = {}
+        for b, (s, w, e) in enumerate([(0, 4000, 5000), (1000, 6000, 7000)]):
+            m[("dispatch_send", b, "start")] = base + shift_ns + s
+            m[("dispatch_send", b, "middle")] = base + shift_ns + w
+            m[("dispatch_send", b, "end")] = base + shift_ns + e
+        for b, (s, w, e) in enumerate([(8000, 20000, 30000), (8000, 12000, 25000)]):
+            m[("dispatch_receive", b, "start")] = base + shift_ns + s
+            m[("dispatch_receive", b, "middle")] = base + shift_ns + w
+            m[("dispatch_receive", b, "end")] = base + shift_ns + e
+        m[("combine_send", 0, "start")] = base + 100_000 + shift_ns  # no middle: inactive
+        m[("combine_receive", 0, "start")] = base + 101_000 + shift_ns
+        m[("combine_receive", 0, "end")] = base + 102_000 + shift_ns
+        return _fake_trace(layout, m)
+
+    s0 = phase_trace.summarize(rank_trace(0), layout)
+    assert s0["dispatch_send"] == {"start": base, "middle_min": base + 4000,
+                                   "middle_max": base + 6000, "end": base + 7000,
+                                   "truncated": False}
+    assert s0["combine_send"]["middle_min"] is None
+    # rank 1 starts 2 us later; two steps, the second rank 1 3 us later
+    steps = [[s0, phase_trace.summarize(rank_trace(0), layout)],
+             [phase_trace.summarize(rank_trace(2000), layout),
+              phase_trace.summarize(rank_trace(3000), layout)]]
+    doc = phase_trace.report(steps)
+    assert doc["steps"] == 2
+    r0, r1 = doc["dispatch"]["per_rank"]
+    assert r0 == {"send_start": 0.0, "send_written": 6.0, "send_end": 7.0, "receive_start": 8.0,
+                  "first_wait_min": 12.0, "first_wait_max": 20.0, "receive_end": 30.0}
+    assert r1["send_start"] == 2.5 and r1["receive_end"] == 32.5  # median of 2 and 3 us late
+    # the slowest rank's own fields (rank 1 ends last in both steps), not a mix
+    assert doc["dispatch"]["slowest"] == r1
+    assert doc["truncated"] == []
+    c0 = doc["combine"]["per_rank"][0]
+    assert c0["send_written"] is None and c0["receive_end"] == 2.0
+    text = phase_trace.format_table(doc)
+    assert "dispatch" in text and "max" in text and text.count("\n") == 1 + 3 + 3
+    # ranks on several GPUs: each rank's timeline starts at its own send
+    apart = phase_trace.report(steps, shared_clock=False)
+    assert apart["dispatch"]["per_rank"][1] == r0 and "own" in apart["unit"]
+
+
+def test_phase_trace_flags_grids_past_the_traced_blocks():
+    layout = {"kernels": ["dispatch_send", "dispatch_receive", "combine_send", "combine_receive"],
+              "marks": ["start", "middle", "end"], "max_blocks": 4, "slots": 4 * 4 * 3}
+    full = {("combine_receive", b, m): 10 + b for b in range(4) for m in ("start", "end")}
+    full[("dispatch_send", 0, "start")] = 5
+    doc = phase_trace.report([[phase_trace.summarize(_fake_trace(layout, full), layout)]])
+    assert doc["truncated"] == ["combine_receive"]
+
+
+class _NoFastPath:
+    use_fast_path = False
+
+
+def test_phase_trace_says_why_it_cannot_trace():
+    worker = types.SimpleNamespace(buffer=_NoFastPath())
+    summaries, reason = phase_trace.trace_steps(worker, 3, runtime=None)
+    assert summaries is None and "fallback" in reason
+    elastic = types.SimpleNamespace(_inner=types.SimpleNamespace(use_fast_path=True, _fast=None))
+    summaries, reason = phase_trace.trace_steps(types.SimpleNamespace(buffer=elastic), 3, None)
+    assert summaries is None and "NCCL" in reason
+
+    class Refusing:
+        def set_phase_trace(self, trace):
+            raise ValueError("no")
+    buffer = types.SimpleNamespace(use_fast_path=True, _fast=Refusing(), ibgda_peers=[])
+    runtime = types.SimpleNamespace(phase_trace_layout=lambda: {
+        "kernels": ["dispatch_send"], "marks": ["start", "middle", "end"], "max_blocks": 1,
+        "slots": 3})
+    summaries, reason = phase_trace.trace_steps(
+        types.SimpleNamespace(buffer=buffer, device=torch.device("cpu")), 3, runtime)
+    assert summaries is None and "ValueError: no" in reason
+
+
+def test_phase_trace_needs_cuda(no_torchrun):
+    with pytest.raises(ValueError, match="--phase-trace 4 needs --device cuda"):
+        bench.validate_args(bench.parse_args(["--device", "cpu", "--pg-backend", "gloo",
+                                              "--phase-trace", "4"]))
+
+
+def test_phase_trace_reads_the_extensions_layout():
+    from mooncake import _ep_runtime
+    runtime = _ep_runtime.runtime()
+    if runtime is None:
+        pytest.skip("the EP extension is not built here")
+    layout = runtime.phase_trace_layout()
+    assert layout["slots"] == len(layout["kernels"]) * layout["max_blocks"] * len(layout["marks"])
+    for send, receive in phase_trace.OPS.values():
+        assert send in layout["kernels"] and receive in layout["kernels"]
+    summary = phase_trace.summarize(torch.zeros(layout["slots"], dtype=torch.int64), layout)
+    assert all(v is None for k in summary.values() for f, v in k.items() if f != "truncated")
+    assert not any(k["truncated"] for k in summary.values())

@@ -63,6 +63,7 @@ def _grid_worker(ctx):
     diffs += _graph_replay(ctx)
     diffs.append(_cpu_data_uses_the_fallback(ctx, buf))
     diffs.append(_bad_expert_ids(ctx, buf))
+    diffs.append(_phase_trace(ctx, buf))
     _handles_after_update(ctx, buf)
     return max(diffs)
 
@@ -151,6 +152,38 @@ def _graph_replay(ctx):
     buf.combine(recv, idx, w, act, 5_000_000, handle)
     torch.cuda.synchronize()
     return diffs
+
+
+def _phase_trace(ctx, buf):
+    """A traced round is as exact as an untraced one and marks every kernel;
+    bad trace tensors and a traced capture are refused."""
+    world = ctx.world_size
+    layout = _ep_runtime.runtime().phase_trace_layout()
+    for bad, what in ((torch.zeros(layout["slots"], dtype=torch.int32, device="cuda"), "int32"),
+                      (torch.zeros(layout["slots"] - 1, dtype=torch.int64, device="cuda"), "elements"),
+                      (torch.zeros(layout["slots"], dtype=torch.int64), "on cpu")):
+        with pytest.raises(ValueError, match=what):
+            buf._fast.set_phase_trace(bad)
+    trace = torch.zeros(layout["slots"], dtype=torch.int64, device="cuda")
+    buf._fast.set_phase_trace(trace)
+    try:
+        diff = run_round(ctx, buf, 900, True, "sync", [1] * world, "cuda", timeout_us=30_000_000)
+        torch.cuda.synchronize()
+        marks = trace.view(len(layout["kernels"]), layout["max_blocks"], len(layout["marks"]))
+        for k, name in enumerate(layout["kernels"]):
+            starts = marks[k, :, 0]
+            assert int(starts[0]) > 0, f"rank {ctx.rank}: {name} block 0 wrote no start"
+            ends = marks[k, :, 2][starts != 0]
+            assert bool((ends >= starts[starts != 0]).all()), f"rank {ctx.rank}: {name} ends early"
+        x, idx, w = make_inputs(ctx.rank, 8, 256, 3 * world, 4, seed=901)
+        act = torch.ones(world, dtype=torch.int32, device="cuda")
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(ValueError, match="cannot be captured"):
+            with torch.cuda.graph(graph):
+                buf.dispatch(x.cuda(), idx.cuda(), act, 8, 3 * world, -1, use_fp8=False)
+    finally:
+        buf._fast.set_phase_trace(None)
+    return diff
 
 
 def _cpu_data_uses_the_fallback(ctx, buf):

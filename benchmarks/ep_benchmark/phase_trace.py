@@ -1,0 +1,164 @@
+"""Where an EP op's time goes, from the kernels' per-block timestamps.
+
+With ``--phase-trace K`` the fast path's kernels record, for K more steps after
+the timed ones, when each block started, reached its middle mark and ended
+(mooncake-ep/core/phase_trace.h: one GPU clock for every process of the GPU;
+it may advance in steps of about 1 us, so shorter phases read as 0). Each rank
+reduces its trace to a few instants per kernel (``summarize``); rank 0 puts
+every rank's on one timeline per op, in microseconds from the op's earliest
+send block when all ranks share one GPU, else each rank's from its own
+(``report``):
+
+    send_start, send_end        the rank's send kernel: first block start, last end
+    send_written                the last send block done writing data (then signals)
+    receive_start               its receive kernel's first block start
+    first_wait_min, _max        receive blocks' first wait done (counts or flags of
+                                their first expert or token), earliest and latest
+    receive_end                 the last receive block's end: the op is done there
+
+The receive kernel starts after the send kernel on the rank's stream, so
+``receive_start - send_end`` is the gap between them, and ``first_wait_max -
+receive_start`` how long a receive block waited for its peers.
+"""
+
+import statistics
+
+import torch
+
+OPS = {"dispatch": ("dispatch_send", "dispatch_receive"),
+       "combine": ("combine_send", "combine_receive")}
+FIELDS = ("send_start", "send_written", "send_end", "receive_start", "first_wait_min",
+          "first_wait_max", "receive_end")
+
+
+def summarize(trace, layout):
+    """One rank's trace of one step (int64 [layout['slots']], ns; 0 = no mark)
+    -> {kernel: {"start", "middle_min", "middle_max", "end", "truncated"}}, the
+    instants in ns (None where no block wrote that mark); "truncated": the
+    grid may have had blocks past max_blocks, which record nothing."""
+    marks = trace.reshape(len(layout["kernels"]), layout["max_blocks"], len(layout["marks"]))
+    start, middle, end = (layout["marks"].index(m) for m in ("start", "middle", "end"))
+    out = {}
+    for k, name in enumerate(layout["kernels"]):
+        def pick(mark, reduce):
+            v = marks[k, :, mark]
+            v = v[v != 0]
+            return int(reduce(v)) if v.numel() else None
+        out[name] = {"start": pick(start, torch.min), "middle_min": pick(middle, torch.min),
+                     "middle_max": pick(middle, torch.max), "end": pick(end, torch.max),
+                     "truncated": bool(marks[k, -1, start] != 0)}
+    return out
+
+
+def _op_timeline(ranks, send, receive, shared_clock):
+    """Every rank's instants of one op of one step, in us from the earliest
+    send block (of all ranks with a shared clock, else of each rank's own)."""
+    starts = [r[send]["start"] for r in ranks if r[send]["start"] is not None]
+    if not starts:
+        return None
+    out = []
+    for r in ranks:
+        t0 = min(starts) if shared_clock else r[send]["start"]
+
+        def us(v):
+            return None if v is None or t0 is None else (v - t0) / 1000.0
+        out.append({"send_start": us(r[send]["start"]), "send_written": us(r[send]["middle_max"]),
+                    "send_end": us(r[send]["end"]), "receive_start": us(r[receive]["start"]),
+                    "first_wait_min": us(r[receive]["middle_min"]),
+                    "first_wait_max": us(r[receive]["middle_max"]),
+                    "receive_end": us(r[receive]["end"])})
+    return out
+
+
+def _latest(timeline):
+    """The rank whose receive ended last (None if no rank's did)."""
+    ends = [(t["receive_end"], r) for r, t in enumerate(timeline) if t["receive_end"] is not None]
+    return max(ends)[1] if ends else None
+
+
+def _median(values):
+    values = [v for v in values if v is not None]
+    return round(statistics.median(values), 2) if values else None
+
+
+def report(per_rank_steps, shared_clock=True):
+    """per_rank_steps[rank][step] = summarize(...) -> {op: {"per_rank": [{field:
+    median over steps}], "slowest": {field: median over steps of the fields of
+    the rank whose receive ended last}}}. `shared_clock`: every rank ran on one
+    GPU, so one timeline serves them all."""
+    steps = min(len(s) for s in per_rank_steps)
+    out = {"steps": steps,
+           "unit": ("us after the op's earliest send block start" if shared_clock else
+                    "us after the rank's own earliest send block start (ranks on several GPUs, "
+                    "whose clocks differ)"),
+           "truncated": sorted({k for r in per_rank_steps for s in r[:steps] for k, v in s.items()
+                                if v["truncated"]})}
+    for op, (send, receive) in OPS.items():
+        timelines = [_op_timeline([r[i] for r in per_rank_steps], send, receive, shared_clock)
+                     for i in range(steps)]
+        timelines = [t for t in timelines if t is not None]
+        if not timelines:
+            out[op] = None
+            continue
+        ranks = len(per_rank_steps)
+        per_rank = [{f: _median([t[r][f] for t in timelines]) for f in FIELDS}
+                    for r in range(ranks)]
+        latest = [(t, _latest(t)) for t in timelines]
+        slowest = {f: _median([t[r][f] for t, r in latest if r is not None]) for f in FIELDS}
+        out[op] = {"per_rank": per_rank, "slowest": slowest}
+    return out
+
+
+def format_table(doc):
+    """The report as text: one line per op and rank."""
+    lines = [f"phase trace, median of {doc['steps']} steps, {doc['unit']}:",
+             "op        rank " + " ".join(f"{f:>14}" for f in FIELDS)]
+    for op in OPS:
+        if not doc.get(op):
+            continue
+        rows = list(enumerate(doc[op]["per_rank"])) + [("max", doc[op]["slowest"])]
+        for r, row in rows:
+            cells = " ".join(f"{'-' if row[f] is None else row[f]:>14}" for f in FIELDS)
+            lines.append(f"{op:<9} {r:>4} {cells}")
+    return "\n".join(lines)
+
+
+def _fast_buffer(buffer):
+    """The fast path's kernels' owner behind a Buffer or an ElasticBuffer, or
+    (None, reason)."""
+    inner = getattr(buffer, "_inner", None)  # an ElasticBuffer's generation
+    plain = inner if inner is not None else buffer
+    if not getattr(plain, "use_fast_path", False):
+        return None, "the phase trace needs the fast path's kernels (this run takes the fallback)"
+    fast = getattr(plain, "_fast", None)
+    if fast is None or not hasattr(fast, "set_phase_trace"):
+        return None, "this buffer's fast path has no phase trace (the NCCL transport's kernels)"
+    if getattr(plain, "ibgda_peers", None):
+        return None, "the IBGDA send kernels are not traced"
+    return fast, None
+
+
+def trace_steps(worker, steps, runtime):
+    """Runs `steps` more of worker.step() with the kernels' trace on; returns
+    (this rank's summaries, None), or (None, reason) where it cannot trace.
+    Never raises: every rank goes on to the gather of the results."""
+    fast, reason = _fast_buffer(worker.buffer)
+    if fast is None:
+        return None, reason
+    if runtime is None or not hasattr(runtime, "phase_trace_layout"):
+        return None, "this build of the EP extension has no phase trace"
+    summaries = []
+    try:
+        layout = runtime.phase_trace_layout()
+        trace = torch.zeros(layout["slots"], dtype=torch.int64, device=worker.device)
+        fast.set_phase_trace(trace)
+        try:
+            for _ in range(steps):
+                trace.zero_()
+                worker.step()  # ends with a device sync
+                summaries.append(summarize(trace.cpu(), layout))
+        finally:
+            fast.set_phase_trace(None)
+    except Exception as e:  # noqa: BLE001 - reported, and the other ranks are not left waiting
+        return None, f"tracing failed on this rank: {type(e).__name__}: {e}"
+    return summaries, None
