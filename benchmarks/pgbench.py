@@ -326,24 +326,42 @@ def plan_iters(bench, ctrl, args, dist, torch):
     return max(min(args.iters, args.min_iters), min(args.iters, int(args.time_budget / max(one.item(), 1e-9))))
 
 
+def _fmt_opt(v):
+    return "-" if v is None else f"{v:.2f}"
+
+
 def sync(torch, args):
     if args.device == "cuda":
         torch.cuda.synchronize()
 
 
+def _worker_stats(bench):
+    """The mooncake group's collective worker counters (ops, queued_us, run_us), or
+    None for another backend."""
+    try:
+        from mooncake import pg
+        return pg._lib._worker_stats(bench.group or bench.dist.group.WORLD)
+    except Exception:  # noqa: BLE001 - gloo/nccl groups, or an older build
+        return None
+
+
 def measure(benches, ctrl, args, dist, torch):
     """Times every bench's run() in interleaved blocks (--rounds), so that the backends
-    share the machine's conditions; returns {name: per-iteration times in us (slowest rank)}
-    and, on CUDA, {name: host time per op to issue it in us (slowest rank)}: an issue time
-    close to the event time says the host, not the GPU, sets the pace."""
+    share the machine's conditions; returns {name: per-iteration times in us (slowest rank)},
+    on CUDA {name: host time per op to issue it in us (slowest rank)}: an issue time
+    close to the event time says the host, not the GPU, sets the pace; and for mooncake
+    groups {name: (queued_us, run_us)}, the collective worker's mean host time per op
+    (slowest rank), taken from the group's counters around the timed blocks."""
     plans = {name: plan_iters(b, ctrl, args, dist, torch) for name, b in benches.items()}
     local = {name: [] for name in benches}
     issue = {name: [] for name in benches}
+    worker = {name: [0, 0.0, 0.0] for name in benches}  # ops, queued_us, run_us
     rounds = max(1, args.rounds)
     for k in range(rounds):
         for name, bench in benches.items():
             todo = plans[name] // rounds + (1 if k < plans[name] % rounds else 0)
             dist.barrier(group=bench.group)
+            before = _worker_stats(bench)
             if args.device == "cuda":
                 # nccl-tests: events around back-to-back ops; each op of the
                 # block is charged the block's mean.
@@ -361,11 +379,15 @@ def measure(benches, ctrl, args, dist, torch):
                 ops = todo * getattr(bench, "ops_per_run", 1)
                 local[name].extend([start.elapsed_time(end) * 1e-3 / ops] * todo)
                 issue[name].extend([issued / ops] * todo)
-                continue
-            for _ in range(todo):
-                t0 = time.perf_counter()
-                bench.run()
-                local[name].append(time.perf_counter() - t0)
+            else:
+                for _ in range(todo):
+                    t0 = time.perf_counter()
+                    bench.run()
+                    local[name].append(time.perf_counter() - t0)
+            after = _worker_stats(bench)
+            if before is not None and after is not None:
+                for i, key in enumerate(("ops", "queued_us", "run_us")):
+                    worker[name][i] += after[key] - before[key]
     def slowest(per_name):
         out = {}
         for name, ts in per_name.items():
@@ -373,7 +395,14 @@ def measure(benches, ctrl, args, dist, torch):
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=ctrl)
             out[name] = (t * 1e6).tolist()
         return out
-    return slowest(local), (slowest(issue) if args.device == "cuda" else {})
+    per_op = {}
+    for name in benches:
+        ops, queued, run = worker[name]
+        mine = torch.tensor([queued / ops, run / ops] if ops else [-1.0, -1.0], dtype=torch.float64)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=ctrl)
+        if mine[1] >= 0:
+            per_op[name] = (mine[0].item(), mine[1].item())
+    return slowest(local), (slowest(issue) if args.device == "cuda" else {}), per_op
 
 
 def memcpy_rows(torch, sizes_bytes, args):
@@ -598,7 +627,7 @@ def rank_main(rank, n, args, result_path):
                 bench = GraphBench(torch, dist, coll, count, dtype, args.op, groups[mc], rank, n, args.graph)
                 checks[MOONCAKE_GRAPH] = checked(MOONCAKE_GRAPH, bench) if args.check else "skipped"
                 benches[MOONCAKE_GRAPH] = bench
-            all_times, issue_times = measure(benches, ctrl, args, dist, torch)
+            all_times, issue_times, worker_times = measure(benches, ctrl, args, dist, torch)
             for b in benches:
                 times = all_times[b]
                 med, p99 = statistics.median(times), percentile(times, 99)
@@ -613,7 +642,11 @@ def rank_main(rank, n, args, result_path):
                              "engine": args.engine if b in (mc, MOONCAKE_GRAPH) else None,
                              "ops_per_graph": args.graph if b == MOONCAKE_GRAPH else None,
                              "issue_us_median": (statistics.median(issue_times[b])
-                                                 if b in issue_times else None)})
+                                                 if b in issue_times else None),
+                             "worker_queued_us_mean": (worker_times[b][0] if b in worker_times
+                                                       else None),
+                             "worker_run_us_mean": (worker_times[b][1] if b in worker_times
+                                                    else None)})
                 if rank == 0 and args.verbose:
                     print(f"  {b:>12} {coll:>14} {size:>12} B  {med:10.1f} us", flush=True)
             del benches
@@ -726,12 +759,13 @@ def print_tables(rows, rats, args, n):
             cuda = args.device == "cuda"
             print(f"# {'size':>12} {'count':>12} {'type':>8} {'time_us':>11} {'p99_us':>11} "
                   f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'iters':>6} {'check':>7}"
-                  + (f" {'issue_us':>9}" if cuda else ""))
+                  + (f" {'issue_us':>9} {'worker_us':>9}" if cuda else ""))
             for r in sel:
                 print(f"  {r['size']:>12} {r['count']:>12} {r['type']:>8} {r['time_us_median']:>11.2f} "
                       f"{r['time_us_p99']:>11.2f} {r['algbw_GBps']:>12.3f} {r['busbw_GBps']:>12.3f} "
                       f"{r['iters']:>6} {r['check']:>7}"
-                      + (f" {r['issue_us_median']:>9.2f}" if cuda else ""))
+                      + (f" {r['issue_us_median']:>9.2f} {_fmt_opt(r['worker_run_us_mean']):>9}"
+                         if cuda else ""))
         sel = [x for x in rats if x["collective"] == coll]
         if sel:
             print(f"#\n# collective={coll} ratio {mooncake_name(args.device)} / {sel[0]['peer']}  "

@@ -90,6 +90,18 @@ public:
     c10::intrusive_ptr<Options> getBackendOptions() override;
     void setTimeout(std::chrono::milliseconds timeout) override;
     int64_t timeoutMs() const { return timeout_ms_.load(); }
+    // The collective worker's host time since the group began, for
+    // benchmarks: whether the caller or the worker sets a small op's pace.
+    struct WorkerStats {
+        uint64_t ops = 0;        // ops the worker ran (or failed at once)
+        uint64_t queued_ns = 0;  // from enqueue to the worker taking them
+        uint64_t run_ns = 0;     // running them (for kernel calls: until launched)
+    };
+    WorkerStats workerStats() const {
+        return {worker_ops_.load(std::memory_order_relaxed),
+                worker_queued_ns_.load(std::memory_order_relaxed),
+                worker_run_ns_.load(std::memory_order_relaxed)};
+    }
 
     c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                              const c10d::BroadcastOptions& opts) override;
@@ -232,6 +244,8 @@ private:
         // Routed to the device kernels: it may queue behind kernel calls
         // still in flight instead of waiting for them (cuda_pipeline.cc).
         bool kernel_call = false;
+        std::chrono::steady_clock::time_point enqueued;
+        std::chrono::steady_clock::time_point taken;  // by the worker
     };
     // What runKernelCall queued, for runTask to put in flight.
     struct KernelLaunch {
@@ -511,6 +525,12 @@ private:
     std::atomic<int> group_size_;
     at::Tensor active_ranks_;
     std::atomic<int64_t> timeout_ms_;
+    // Adds the task's times to workerStats(); the worker calls it just before
+    // the task's Work completes (or is launched).
+    void countWorkerOp(const Task& task);
+    std::atomic<uint64_t> worker_ops_{0};
+    std::atomic<uint64_t> worker_queued_ns_{0};
+    std::atomic<uint64_t> worker_run_ns_{0};
 
     std::shared_ptr<C10dStoreAdapter> store_;
     // "mooncake_pg/<generation>": the prefix of this group instance's keys.

@@ -341,7 +341,9 @@ Status MooncakeBackend::applyViewOnWorker(const char* call, Deadline deadline) {
         if (!accepting_)
             return Aborted("the group was shut down");
         queue_.push_back(Task{work, call, left, [](Deadline) { return Status::OK(); }, groupSize(),
-                              GroupSized::kNo, &cpu_executor_, std::make_shared<DeviceOp>()});
+                              GroupSized::kNo, &cpu_executor_, std::make_shared<DeviceOp>(),
+                              /*kernel_call=*/false, std::chrono::steady_clock::now(),
+                              /*taken=*/{}});
     }
     queue_cv_.notify_one();
     try {

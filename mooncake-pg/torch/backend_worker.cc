@@ -38,7 +38,8 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::enqueue(
         TORCH_CHECK(accepting_, "Mooncake PG: ", op_name, " on group '", config_.group_name,
                     "' after the group was shut down or aborted");
         queue_.push_back(Task{work, op_name, opTimeout(requested_timeout), std::move(run),
-                              groupSize(), sized, executor, std::move(device_op), kernel_call});
+                              groupSize(), sized, executor, std::move(device_op), kernel_call,
+                              std::chrono::steady_clock::now(), /*taken=*/{}});
         queued_.store(queue_.size(), std::memory_order_release);
     }
     // Costs no system call while the worker is still polling (workerLoop).
@@ -119,7 +120,9 @@ void MooncakeBackend::workerLoop() {
             queued_.store(queue_.size(), std::memory_order_relaxed);
             aborted = abort_pending_;
         }
+        task.taken = std::chrono::steady_clock::now();
         if (aborted) {
+            countWorkerOp(task);
             task.work->markFailed(
                 failureMessage(task.op_name, Aborted("the group was aborted"), task.timeout), {});
         } else {
@@ -129,6 +132,18 @@ void MooncakeBackend::workerLoop() {
         if (ownerGone())
             return;
     }
+}
+
+void MooncakeBackend::countWorkerOp(const Task& task) {
+    // Before the op completes, so a caller back from its wait sees it counted.
+    const auto nanos = [](std::chrono::steady_clock::duration d) {
+        return static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
+    };
+    worker_queued_ns_.fetch_add(nanos(task.taken - task.enqueued), std::memory_order_relaxed);
+    worker_run_ns_.fetch_add(nanos(std::chrono::steady_clock::now() - task.taken),
+                             std::memory_order_relaxed);
+    worker_ops_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void MooncakeBackend::settleBefore(const Task* next) {
@@ -180,6 +195,7 @@ void MooncakeBackend::runTask(Task& task) {
         kernels_in_flight_.push_back(std::move(k));
         task.run = nullptr;
         task.device_op.reset();
+        countWorkerOp(task);
         if (!cuda_blocking_wait_)
             task.work->markLaunched();
         return;
@@ -188,6 +204,7 @@ void MooncakeBackend::runTask(Task& task) {
     // holds what its queued device work still touches.
     task.run = nullptr;
     task.device_op.reset();
+    countWorkerOp(task);
     if (status.ok()) {
         task.work->markSucceeded();
         return;
@@ -273,6 +290,7 @@ void MooncakeBackend::stopWorker(bool abort_pending) {
                 task = std::move(queue_.front());
                 queue_.pop_front();
             }
+            task.taken = std::chrono::steady_clock::now();
             if (abort_pending) {
                 task.work->markFailed(
                     failureMessage(task.op_name, Aborted("the group was aborted"), task.timeout),

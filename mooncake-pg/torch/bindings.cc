@@ -267,6 +267,19 @@ Forms (seed API):
             return backendOf(group, "get_preferred_hca")->preferredHca(location);
         },
         py::arg("backend"), py::arg("location") = "");
+    m.def(
+        "_worker_stats",
+        [](const py::handle& group) {
+            const MooncakeBackend::WorkerStats s = backendOf(group, "_worker_stats")->workerStats();
+            py::dict d;
+            d["ops"] = s.ops;
+            d["queued_us"] = static_cast<double>(s.queued_ns) / 1e3;
+            d["run_us"] = static_cast<double>(s.run_ns) / 1e3;
+            return d;
+        },
+        py::arg("backend"),
+        "Benchmarks: the collective worker's ops since the group began and the host time they "
+        "spent queued and running (for kernel calls: until launched), in microseconds.");
     // Test seam only (MooncakeBackend::holdViewsForTest).
     m.def(
         "_test_hold_views",

@@ -75,3 +75,30 @@ def test_a_cpu_run_writes_ratios_naming_gloo(tmp_path):
     assert all(r["check"] == "ok" for r in data["results"] if r["backend"] != "memcpy")
     assert [x["peer"] for x in data["ratios"]] == ["gloo"]
     assert data["link_fractions"] == [] and "ratio mooncake-cpu / gloo" in out.stdout
+    for r in data["results"]:  # the collective worker's host time per op, mooncake only
+        if r["backend"] == "mooncake-cpu":
+            assert r["worker_run_us_mean"] > 0 and r["worker_queued_us_mean"] >= 0, r
+        elif r["backend"] == "gloo":
+            assert r["worker_run_us_mean"] is None and r["worker_queued_us_mean"] is None, r
+
+
+def _count_worker_ops(ctx):
+    import torch
+    import torch.distributed as dist
+    from mooncake import pg
+    t = torch.ones(4)
+    dist.barrier()
+    before = pg._lib._worker_stats(dist.group.WORLD)
+    for _ in range(7):
+        dist.all_reduce(t)
+    dist.all_reduce(t, async_op=True).wait()
+    after = pg._lib._worker_stats(dist.group.WORLD)
+    return (after["ops"] - before["ops"], after["run_us"] - before["run_us"],
+            after["queued_us"] - before["queued_us"])
+
+
+def test_worker_stats_count_every_op_before_it_completes():
+    # Counted before the Work completes, so a caller back from wait() sees its op.
+    for ops, run_us, queued_us in harness.run_ranks(_count_worker_ops, 2, "mooncake-cpu",
+                                                    timeout_s=120):
+        assert ops == 8 and run_us > 0 and queued_us >= 0, (ops, run_us, queued_us)
