@@ -51,6 +51,12 @@ MC_HOST_DEVICE uint32_t ibgdaLoad(const uint32_t* p) {
 MC_HOST_DEVICE void ibgdaStore(uint32_t* p, uint32_t v) {
     *static_cast<volatile uint32_t*>(p) = v;
 }
+MC_HOST_DEVICE uint64_t ibgdaLoad(const uint64_t* p) {
+    return *static_cast<const volatile uint64_t*>(p);
+}
+MC_HOST_DEVICE void ibgdaStore(uint64_t* p, uint64_t v) {
+    *static_cast<volatile uint64_t*>(p) = v;
+}
 
 MC_HOST_DEVICE bool ibgdaTryLock(int32_t* lock) {
 #if defined(__CUDA_ARCH__)
@@ -106,6 +112,9 @@ MC_HOST_DEVICE IbgdaStatus ibgdaAcquire(IbgdaChannel* ch, int64_t deadline, Now 
     h->cq = ch->cq;
     h->sq.producer = ibgdaLoad(&ch->sq.producer);
     h->sq.consumer = ibgdaLoad(&ch->sq.consumer);
+    // The last WQE's doorbell word: a WRITE queued by an earlier holder is
+    // rung by a later one.
+    h->sq.doorbell_word = ibgdaLoad(&ch->sq.doorbell_word);
     h->cq.consumer = ibgdaLoad(&ch->cq.consumer);
     h->last_signaled = ibgdaLoad(&ch->last_signaled);
     h->rung = ibgdaLoad(&ch->rung);
@@ -120,6 +129,7 @@ MC_HOST_DEVICE void ibgdaRelease(IbgdaHeld& h) {
     IbgdaChannel* ch = h.ch;
     ibgdaStore(&ch->sq.producer, h.sq.producer);
     ibgdaStore(&ch->sq.consumer, h.sq.consumer);
+    ibgdaStore(&ch->sq.doorbell_word, h.sq.doorbell_word);
     ibgdaStore(&ch->cq.consumer, h.cq.consumer);
     ibgdaStore(&ch->last_signaled, h.last_signaled);
     ibgdaStore(&ch->rung, h.rung);

@@ -83,6 +83,10 @@ struct SendQueue {
     uint32_t qpn = 0;
     uint32_t producer = 0;  // BBs posted
     uint32_t consumer = 0;  // BBs the HCA has completed (from completions)
+    // The UAR word of the last WQE posted (its control segment's head), kept
+    // when it is written: ringing then reads nothing back from the WQE ring,
+    // which for a GPU poster lies across PCIe in host memory.
+    uint64_t doorbell_word = 0;
 };
 
 MC_HOST_DEVICE uint32_t freeBasicBlocks(const SendQueue& sq) {
@@ -94,12 +98,12 @@ MC_HOST_DEVICE unsigned char* basicBlockAt(const SendQueue& sq, uint32_t index) 
 }
 
 // Announces every WQE before `producer` and rings the doorbell with the last
-// one's control segment.
+// one's control segment (as kept in doorbell_word).
 MC_HOST_DEVICE void ringDoorbell(const SendQueue& sq) {
     orderStores();
     updateSendDoorbellRecord(sq.dbrec, sq.producer);
     orderStores();
-    storeDoorbell(sq.doorbell, uarDoorbellWord(basicBlockAt(sq, sq.producer - 1)));
+    storeDoorbell(sq.doorbell, sq.doorbell_word);
 }
 
 // Data followed by the count that makes it visible, on one QP: the receiver
@@ -139,6 +143,7 @@ MC_HOST_DEVICE void postWrite(SendQueue& sq, uint64_t local_addr, uint32_t lkey,
     w.signaled = signaled;
     w.fence = false;
     sq.producer += encodeRdma(basicBlockAt(sq, sq.producer), w);
+    sq.doorbell_word = controlSegmentHead(w.wqe_index, kOpcodeRdmaWrite, 0, sq.qpn, kRdmaWqeDs);
 }
 
 // Posts the WRITE (unsignaled) and the fetch-add (signaled: its completion
@@ -160,6 +165,8 @@ MC_HOST_DEVICE bool postPutWithCount(SendQueue& sq, const PutWithCount& p) {
     a.signaled = true;
     a.fence = false;
     sq.producer += encodeFetchAdd(basicBlockAt(sq, sq.producer), a);
+    sq.doorbell_word =
+        controlSegmentHead(a.wqe_index, kOpcodeAtomicFetchAdd, 0, sq.qpn, kFetchAddWqeDs);
     ringDoorbell(sq);
     return true;
 }

@@ -49,15 +49,27 @@ MC_HOST_DEVICE uint64_t toBig64(uint64_t v) {
            toBig32(static_cast<uint32_t>(v >> 32));
 }
 
+// The first 8 bytes of a control segment (opmod, WQE index, opcode; QPN,
+// data-segment count), as they lie in memory: also the word the UAR doorbell
+// takes for that WQE (uarDoorbellWord), so a poster can keep it instead of
+// reading the WQE back.
+MC_HOST_DEVICE uint64_t controlSegmentHead(uint16_t wqe_index, uint8_t opcode, uint8_t opmod,
+                                           uint32_t qpn, uint8_t ds) {
+    const uint32_t w0 = toBig32((static_cast<uint32_t>(opmod) << 24) |
+                                (static_cast<uint32_t>(wqe_index) << 8) | opcode);
+    const uint32_t w1 = toBig32(((qpn & 0xffffffu) << 8) | ds);
+    return static_cast<uint64_t>(w0) | (static_cast<uint64_t>(w1) << 32);
+}
+
 // Fills `seg` (16 bytes, 4-byte aligned) with a control segment.
 // `wqe_index` is the producer index of the WQE's first BB (16 bits on the wire).
 MC_HOST_DEVICE void writeControlSegment(void* seg, uint16_t wqe_index, uint8_t opcode,
                                         uint8_t opmod, uint32_t qpn, uint8_t ds, uint8_t fm_ce_se,
                                         uint32_t imm_be = 0) {
     uint32_t* w = static_cast<uint32_t*>(seg);
-    w[0] = toBig32((static_cast<uint32_t>(opmod) << 24) | (static_cast<uint32_t>(wqe_index) << 8) |
-                   opcode);
-    w[1] = toBig32(((qpn & 0xffffffu) << 8) | ds);
+    const uint64_t head = controlSegmentHead(wqe_index, opcode, opmod, qpn, ds);
+    w[0] = static_cast<uint32_t>(head);
+    w[1] = static_cast<uint32_t>(head >> 32);
     // signature (byte 8) and dci_stream_channel_id (bytes 9-10) stay zero;
     // fm_ce_se is byte 11, read as a little-endian word's top byte.
     w[2] = static_cast<uint32_t>(fm_ce_se) << 24;
@@ -92,6 +104,11 @@ MC_HOST_DEVICE void writeAtomicSegment(void* seg, uint64_t swap_add, uint64_t co
     w[3] = static_cast<uint32_t>(c >> 32);
 }
 
+// 16-byte segments of the WQEs below (the control segment's DS field):
+// control, remote address, data; control, remote address, atomic, data.
+inline constexpr uint8_t kRdmaWqeDs = 3;
+inline constexpr uint8_t kFetchAddWqeDs = 4;
+
 struct WriteWqe {
     uint16_t wqe_index;
     uint32_t qpn;
@@ -110,7 +127,7 @@ MC_HOST_DEVICE uint32_t encodeRdma(void* wqe, const WriteWqe& w,
                                    uint8_t opcode = kOpcodeRdmaWrite) {
     char* p = static_cast<char*>(wqe);
     const uint8_t flags = (w.signaled ? kCtrlCqUpdate : 0) | (w.fence ? kCtrlFence : 0);
-    writeControlSegment(p, w.wqe_index, opcode, 0, w.qpn, 3, flags);
+    writeControlSegment(p, w.wqe_index, opcode, 0, w.qpn, kRdmaWqeDs, flags);
     writeRemoteAddressSegment(p + kSegmentBytes, w.remote_addr, w.rkey);
     writeDataSegment(p + 2 * kSegmentBytes, w.length, w.lkey, w.local_addr);
     // The unused fourth segment is zeroed so a WQE never carries stale bytes.
@@ -135,7 +152,7 @@ struct FetchAddWqe {
 MC_HOST_DEVICE uint32_t encodeFetchAdd(void* wqe, const FetchAddWqe& a) {
     char* p = static_cast<char*>(wqe);
     const uint8_t flags = (a.signaled ? kCtrlCqUpdate : 0) | (a.fence ? kCtrlFence : 0);
-    writeControlSegment(p, a.wqe_index, kOpcodeAtomicFetchAdd, 0, a.qpn, 4, flags);
+    writeControlSegment(p, a.wqe_index, kOpcodeAtomicFetchAdd, 0, a.qpn, kFetchAddWqeDs, flags);
     writeRemoteAddressSegment(p + kSegmentBytes, a.remote_addr, a.rkey);
     writeAtomicSegment(p + 2 * kSegmentBytes, a.add, 0);
     writeDataSegment(p + 3 * kSegmentBytes, 8, a.lkey, a.result_addr);

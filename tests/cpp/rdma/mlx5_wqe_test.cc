@@ -183,6 +183,22 @@ TEST(Mlx5Wqe, UarDoorbellWordIsTheFirstEightBytes) {
     EXPECT_EQ(uarDoorbellWord(wqe), expected);
 }
 
+// Posters keep the doorbell word instead of reading the WQE back: it must be
+// the head encodeRdma / encodeFetchAdd write, byte for byte.
+TEST(Mlx5Wqe, ControlSegmentHeadIsWhatTheEncodersWrite) {
+    alignas(64) unsigned char write[64], add[64];
+    encodeRdma(write, WriteWqe{0xfffe, 0xabcdef, 0, 1, 0, 2, 8, false, true});
+    FetchAddWqe a{};
+    a.wqe_index = 0x1234;
+    a.qpn = 0x10203;
+    a.signaled = true;
+    encodeFetchAdd(add, a);
+    EXPECT_EQ(controlSegmentHead(0xfffe, kOpcodeRdmaWrite, 0, 0xabcdef, kRdmaWqeDs),
+              uarDoorbellWord(write));
+    EXPECT_EQ(controlSegmentHead(0x1234, kOpcodeAtomicFetchAdd, 0, 0x10203, kFetchAddWqeDs),
+              uarDoorbellWord(add));
+}
+
 // The completion side (mlx5_queues.h) against mlx5dv.h's CQE structs.
 TEST(Mlx5Cqe, LayoutMatchesMlx5dv) {
     EXPECT_EQ(kCqeBytes, sizeof(mlx5_cqe64));

@@ -1,9 +1,16 @@
 #include "tests/cpp/rdma/soft_hca.h"
 
+#include <cstdio>
 #include <cstring>
 
 namespace mooncake::te::rdma::soft {
 namespace {
+
+std::string hex(uint64_t v) {
+    char text[17];
+    std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(v));
+    return text;
+}
 
 using mlx5::toBig32;
 using mlx5::toBig64;
@@ -108,6 +115,24 @@ mlx5::CompletionQueue SoftHca::completionQueue(int qp) const {
     return cq;
 }
 
+void SoftHca::checkDoorbellWord(const Qp& q, uint64_t bell, uint16_t announced) {
+    // A doorbell carries the head of the last WQE it announces. The WQE it
+    // names must still be waiting (announced, not yet executed: its slot
+    // cannot have been reused), and there its first 8 bytes must be the word.
+    // (A later ring may have moved the record on since: any waiting WQE will do.)
+    const auto named = static_cast<uint16_t>(toBig32(static_cast<uint32_t>(bell)) >> 8);
+    const auto waiting = static_cast<uint16_t>(announced - static_cast<uint16_t>(q.executed));
+    if (static_cast<uint16_t>(named - static_cast<uint16_t>(q.executed)) >= waiting)
+        return;  // executed already (or not announced yet): nothing left to compare
+    uint64_t head = 0;
+    std::memcpy(&head, q.mem.wqes + size_t{named & (q.wqe_count - 1)} * mlx5::kBasicBlockBytes, 8);
+    if (head != bell) {
+        noteViolation("doorbell word 0x" + hex(bell) + " of QP " + std::to_string(q.qpn) +
+                      " is not the head of the WQE it names (index " + std::to_string(named) +
+                      ": 0x" + hex(head) + ")");
+    }
+}
+
 void SoftHca::noteViolation(const std::string& what) {
     if (violation_.empty())
         violation_ = what;
@@ -171,12 +196,13 @@ size_t SoftHca::process(int qp) {
     if (q.removed)
         return 0;
     const uint64_t bell = __atomic_load_n(q.mem.doorbell, __ATOMIC_ACQUIRE);
+    const uint16_t announced = static_cast<uint16_t>(
+        toBig32(__atomic_load_n(&q.mem.sq_dbrec[mlx5::kSendDoorbellIndex], __ATOMIC_ACQUIRE)));
     if (bell != q.last_doorbell) {
         q.last_doorbell = bell;
         ++q.doorbells;
+        checkDoorbellWord(q, bell, announced);
     }
-    const uint16_t announced = static_cast<uint16_t>(
-        toBig32(__atomic_load_n(&q.mem.sq_dbrec[mlx5::kSendDoorbellIndex], __ATOMIC_ACQUIRE)));
     size_t done = 0;
     while (static_cast<uint16_t>(q.executed) != announced) {
         const uint16_t index = static_cast<uint16_t>(q.executed);

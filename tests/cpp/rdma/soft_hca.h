@@ -83,7 +83,8 @@ public:
     void stop();
 
     // The first protocol violation seen ("" if none): a WQE index or QPN
-    // that does not match, an unknown opcode, a CQ overrun.
+    // that does not match, an unknown opcode, a CQ overrun, a doorbell word
+    // that is not the head of the WQE it names.
     std::string violation() const;
     uint64_t doorbellsRung(int qp) const;
 
@@ -113,6 +114,8 @@ private:
     uint8_t execute(const Qp& q, const unsigned char* wqe, uint8_t opcode);
     void complete(Qp& q, uint16_t wqe_index, uint8_t opcode, uint8_t syndrome);
     void noteViolation(const std::string& what);
+    // A new doorbell word of `q`, seen with its send record at `announced`.
+    void checkDoorbellWord(const Qp& q, uint64_t bell, uint16_t announced);
 
     Hooks hooks_;
     mutable std::mutex mu_;
