@@ -347,7 +347,10 @@ uint8_t* EngineFabric::peerWindow(int peer) {
 
 bool EngineFabric::peerFailed(int peer) const {
     if (peer < 0 || peer >= options_.size) return false;
-    if (failed_[peer].load(std::memory_order_relaxed)) return true;
+    // Acquire: a waiter that sees the peer failed re-reads what the peer
+    // wrote before it died (fabric_wait.h), and that read must come after.
+    if (failed_[peer].load(std::memory_order_acquire))
+        return true;
     const int32_t pid = local_pid_[peer].load(std::memory_order_acquire);
     if (pid <= 0 && (peer == options_.rank || peerRecord(peer).segment < 0 || !prober_))
         return false;
@@ -359,11 +362,11 @@ bool EngineFabric::peerFailed(int peer) const {
     const int64_t period = pid > 0 ? kLivenessProbeMs : kRemoteProbeMs;
     if (!next_probe_ns_[peer].compare_exchange_strong(due, now + period * 1000000,
                                                       std::memory_order_relaxed)) {
-        return failed_[peer].load(std::memory_order_relaxed);
+        return failed_[peer].load(std::memory_order_acquire);
     }
     if (pid <= 0) {
         prober_->request(peer);
-        return failed_[peer].load(std::memory_order_relaxed);
+        return failed_[peer].load(std::memory_order_acquire);
     }
     bool gone = ::kill(pid, 0) == -1 && errno == ESRCH;
     if (!gone) {
@@ -381,7 +384,7 @@ bool EngineFabric::peerFailed(int peer) const {
                                << peer << " is gone";
         failed_[peer].store(true);
     }
-    return failed_[peer].load(std::memory_order_relaxed);
+    return failed_[peer].load(std::memory_order_acquire);
 }
 
 void EngineFabric::markPeerFailed(int peer) {

@@ -292,6 +292,7 @@ void MooncakeBackend::stopWorker(bool abort_pending) {
             }
             task.taken = std::chrono::steady_clock::now();
             if (abort_pending) {
+                countWorkerOp(task);
                 task.work->markFailed(
                     failureMessage(task.op_name, Aborted("the group was aborted"), task.timeout),
                     {});

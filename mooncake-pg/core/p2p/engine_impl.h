@@ -253,7 +253,9 @@ private:
 
     // --- p2p_receiver.cc: peer -> this rank.
     Status receiverPass(int peer, p2p::PeerState& ps, bool* progressed);
-    Status readAcks(int peer, p2p::PeerState& ps, bool* progressed);
+    // `tell_peer`: move the peer's cursor past the acks read (not for a
+    // peer that failed).
+    Status readAcks(int peer, p2p::PeerState& ps, bool* progressed, bool tell_peer = true);
     Status issueCredits(int peer, p2p::PeerState& ps, bool* progressed);
     void finishRecv(p2p::PeerState& ps, std::shared_ptr<p2p::InRecv> r, Status status);
     // External pools: releases the chunks whose copies out have completed

@@ -127,6 +127,12 @@ bool P2PEngine::Impl::pass() {
         if (ps.live == 0)
             continue;
         if (fabric_->peerFailed(p)) {
+            // What it delivered before it failed stands: a sender flushes
+            // its last chunks and acks before it exits, and they may have
+            // landed since the previous pass. (Host pools: with a mover the
+            // copies out would still be queued when the pair fails.)
+            if (!mover_ && !ps.recvs.empty())
+                (void)readAcks(p, ps, &progressed, /*tell_peer=*/false);
             failPeer(p, PeerFailure("rank " + std::to_string(p) + " failed"), /*broken=*/true);
             progressed = true;
             continue;

@@ -61,7 +61,7 @@ Status P2PEngine::Impl::completeTakes(PeerState& ps, bool* progressed) {
     return Status::OK();
 }
 
-Status P2PEngine::Impl::readAcks(int peer, PeerState& ps, bool* progressed) {
+Status P2PEngine::Impl::readAcks(int peer, PeerState& ps, bool* progressed, bool tell_peer) {
     const uint64_t first = ps.acks_read;
     for (;;) {
         p2p::AckSlot a;
@@ -131,7 +131,7 @@ Status P2PEngine::Impl::readAcks(int peer, PeerState& ps, bool* progressed) {
         if (rec.chunk >= 0)
             ps.recv_pool.release(static_cast<uint32_t>(rec.chunk));
     }
-    if (ps.acks_read == first)
+    if (ps.acks_read == first || !tell_peer)
         return Status::OK();
     // Tells the sender which acks (hence which of its puts) have landed, so
     // it can reuse the staging chunks those puts read.
