@@ -129,10 +129,14 @@ bool P2PEngine::Impl::pass() {
         if (fabric_->peerFailed(p)) {
             // What it delivered before it failed stands: a sender flushes
             // its last chunks and acks before it exits, and they may have
-            // landed since the previous pass. (Host pools: with a mover the
-            // copies out would still be queued when the pair fails.)
-            if (!mover_ && !ps.recvs.empty())
-                (void)readAcks(p, ps, &progressed, /*tell_peer=*/false);
+            // landed since the previous pass. With a mover, the copies out
+            // of the pool they queue are waited for (bounded) and complete
+            // their recvs before the pair fails.
+            if (!ps.recvs.empty() && readAcks(p, ps, &progressed, /*tell_peer=*/false).ok() &&
+                mover_ && !ps.takes.empty()) {
+                drainMover();
+                (void)completeTakes(ps, &progressed);
+            }
             failPeer(p, PeerFailure("rank " + std::to_string(p) + " failed"), /*broken=*/true);
             progressed = true;
             continue;

@@ -1,5 +1,6 @@
 // A P2P peer that delivered a message and then died: its receiver still
-// completes the message, as a collective's peers do (fabric_wait.h). The
+// completes the message, as a collective's peers do (fabric_wait.h), with
+// host pools and with external ones (a P2PMover, as device pools). The
 // receiver's progress thread is held where it asks whether the peer failed,
 // so the message's last chunk and ack land before it learns of the death.
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 
 #include "mooncake-pg/core/p2p.h"
 #include "tests/cpp/pg/collectives_test_util.h"
+#include "tests/cpp/pg/p2p_fake_mover.h"
 #include "tests/cpp/pg/p2p_test_util.h"
 
 namespace mooncake::pg {
@@ -67,12 +69,24 @@ private:
     bool dead_ = false;
 };
 
-TEST(P2PPeerDeath, AMessageDeliveredBeforeTheSenderDiedCompletes) {
-    const P2POptions o = smallOptions();
+// Rank 0 sends three chunks to rank 1, whose progress thread is held where
+// it asks about rank 0 until rank 0 has delivered them all and "died".
+void expectDeliveredBeforeDeathCompletes(const P2POptions& o, bool external) {
     ThreadFabricGroup fabrics(2, o.window_offset + P2PEngine::windowBytesFor(2, o));
     auto receiver_fabric = std::make_shared<HeldDeathFabric>(fabrics.fabric(1), /*peer=*/0);
-    P2PEngine sender(fabrics.fabric(0), o);
-    P2PEngine receiver(receiver_fabric, o);
+    auto pools = std::make_shared<FakePools>(2, o.pool_bytes_per_peer);
+    std::unique_ptr<P2PEngine> sender_engine, receiver_engine;
+    if (external) {
+        sender_engine = std::make_unique<P2PEngine>(fabrics.fabric(0), o,
+                                                    std::make_shared<FakeMover>(pools, 0));
+        receiver_engine =
+            std::make_unique<P2PEngine>(receiver_fabric, o, std::make_shared<FakeMover>(pools, 1));
+    } else {
+        sender_engine = std::make_unique<P2PEngine>(fabrics.fabric(0), o);
+        receiver_engine = std::make_unique<P2PEngine>(receiver_fabric, o);
+    }
+    P2PEngine& sender = *sender_engine;
+    P2PEngine& receiver = *receiver_engine;
 
     const auto want = pattern(3001, 7);  // three chunks of smallOptions()
     std::vector<uint8_t> got(want.size());
@@ -97,6 +111,16 @@ TEST(P2PPeerDeath, AMessageDeliveredBeforeTheSenderDiedCompletes) {
     EXPECT_EQ(
         receiver.recv(got.data(), got.size(), 0, 6, Deadline::after(1s), [](Status) {}).code(),
         StatusCode::kPeerFailure);
+}
+
+TEST(P2PPeerDeath, AMessageDeliveredBeforeTheSenderDiedCompletes) {
+    expectDeliveredBeforeDeathCompletes(smallOptions(), /*external=*/false);
+}
+
+// The same with the pools outside the window (device pools' mode): the
+// copies out of the pool that the acks queue complete the recv first.
+TEST(P2PPeerDeath, AMessageDeliveredBeforeTheSenderDiedCompletesWithExternalPools) {
+    expectDeliveredBeforeDeathCompletes(externalOptions(), /*external=*/true);
 }
 
 }  // namespace
