@@ -218,9 +218,10 @@ private:
     void failPeer(int peer, const Status& status, bool broken);
     void resetPeer(p2p::PeerState& ps);
     void complete(Callback& done, Status status);
-    // A post: the progress thread skips its back-off, or wakes; mu_ held.
+    // Something for the progress thread (a post, completions to run,
+    // stop): it skips its back-off, or wakes; mu_ held. It is cv_'s only
+    // waiter.
     void wakeLocked() {
-        kicked_ = true;
         wakes_.fetch_add(1, std::memory_order_release);
         cv_.notify_one();
     }
@@ -292,9 +293,9 @@ private:
     mutable std::mutex mu_;
     std::condition_variable cv_;
     bool stop_ = false;
-    bool kicked_ = false;  // a post since the last pass: skip the back-off
-    // Counts posts and other wake-ups, for the progress thread to poll
-    // without mu_ before it parks.
+    // Counts wakeLocked() calls: the progress thread compares it across a
+    // pass (something came: skip the back-off), and polls it without mu_
+    // before it parks.
     std::atomic<uint64_t> wakes_{0};
     // The latest membership: a pair is usable while both ranks are active.
     std::vector<uint8_t> active_;

@@ -70,8 +70,7 @@ P2PEngine::Impl::Impl(std::shared_ptr<Fabric> fabric, P2POptions options,
 P2PEngine::Impl::~Impl() {
     std::unique_lock<std::mutex> lock(mu_);
     stop_ = true;
-    wakes_.fetch_add(1, std::memory_order_release);
-    cv_.notify_all();
+    wakeLocked();
     lock.unlock();
     thread_.join();
     lock.lock();
@@ -301,10 +300,8 @@ Status P2PEngine::Impl::applyMembershipLocked(const std::vector<uint8_t>& active
     // The progress thread runs these, not the caller: a completion may drop
     // the last reference to the caller's owner, whose membership change is
     // still under way on this stack.
-    if (!completions_.empty()) {
-        wakes_.fetch_add(1, std::memory_order_release);
-        cv_.notify_all();
-    }
+    if (!completions_.empty())
+        wakeLocked();
     return Status::OK();
 }
 

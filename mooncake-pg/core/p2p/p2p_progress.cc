@@ -203,14 +203,16 @@ void P2PEngine::Impl::run() {
             last_progress = Clock::now();
             continue;
         }
-        kicked_ = false;
+        // Writers hold mu_, as this thread does between its reads.
+        const uint64_t woken = wakes_.load(std::memory_order_relaxed);
+        const auto kicked = [&] { return wakes_.load(std::memory_order_relaxed) != woken; };
         bool progressed = pass();
         ++stats_.progress_passes;
         if (!completions_.empty()) {
             progressed = true;
             flushCompletions(lock);
         }
-        if (progressed || kicked_) {
+        if (progressed || kicked()) {
             idle = 0;
             sleep = kMinSleep;
             last_progress = Clock::now();
@@ -229,7 +231,7 @@ void P2PEngine::Impl::run() {
             lock.lock();
         } else {
             fabric_->waitHint();
-            cv_.wait_for(lock, sleep, [this] { return stop_ || kicked_; });
+            cv_.wait_for(lock, sleep, [&] { return stop_ || kicked(); });
             auto cap = Clock::now() - last_progress > kQuietAfter ? kMaxQuietSleep : kMaxSleep;
             sleep = std::min<std::chrono::microseconds>(sleep * 2, cap);
         }
