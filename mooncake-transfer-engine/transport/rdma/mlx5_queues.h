@@ -142,8 +142,8 @@ MC_HOST_DEVICE void postWrite(SendQueue& sq, uint64_t local_addr, uint32_t lkey,
     w.length = length;
     w.signaled = signaled;
     w.fence = false;
-    sq.producer += encodeRdma(basicBlockAt(sq, sq.producer), w);
-    sq.doorbell_word = controlSegmentHead(w.wqe_index, kOpcodeRdmaWrite, 0, sq.qpn, kRdmaWqeDs);
+    sq.producer +=
+        encodeRdma(basicBlockAt(sq, sq.producer), w, kOpcodeRdmaWrite, &sq.doorbell_word);
 }
 
 // Posts the WRITE (unsignaled) and the fetch-add (signaled: its completion
@@ -164,9 +164,7 @@ MC_HOST_DEVICE bool postPutWithCount(SendQueue& sq, const PutWithCount& p) {
     a.add = p.add;
     a.signaled = true;
     a.fence = false;
-    sq.producer += encodeFetchAdd(basicBlockAt(sq, sq.producer), a);
-    sq.doorbell_word =
-        controlSegmentHead(a.wqe_index, kOpcodeAtomicFetchAdd, 0, sq.qpn, kFetchAddWqeDs);
+    sq.producer += encodeFetchAdd(basicBlockAt(sq, sq.producer), a, &sq.doorbell_word);
     ringDoorbell(sq);
     return true;
 }

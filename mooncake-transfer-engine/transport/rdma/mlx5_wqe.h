@@ -63,9 +63,10 @@ MC_HOST_DEVICE uint64_t controlSegmentHead(uint16_t wqe_index, uint8_t opcode, u
 
 // Fills `seg` (16 bytes, 4-byte aligned) with a control segment.
 // `wqe_index` is the producer index of the WQE's first BB (16 bits on the wire).
-MC_HOST_DEVICE void writeControlSegment(void* seg, uint16_t wqe_index, uint8_t opcode,
-                                        uint8_t opmod, uint32_t qpn, uint8_t ds, uint8_t fm_ce_se,
-                                        uint32_t imm_be = 0) {
+// Returns its first 8 bytes (controlSegmentHead).
+MC_HOST_DEVICE uint64_t writeControlSegment(void* seg, uint16_t wqe_index, uint8_t opcode,
+                                            uint8_t opmod, uint32_t qpn, uint8_t ds,
+                                            uint8_t fm_ce_se, uint32_t imm_be = 0) {
     uint32_t* w = static_cast<uint32_t*>(seg);
     const uint64_t head = controlSegmentHead(wqe_index, opcode, opmod, qpn, ds);
     w[0] = static_cast<uint32_t>(head);
@@ -74,6 +75,7 @@ MC_HOST_DEVICE void writeControlSegment(void* seg, uint16_t wqe_index, uint8_t o
     // fm_ce_se is byte 11, read as a little-endian word's top byte.
     w[2] = static_cast<uint32_t>(fm_ce_se) << 24;
     w[3] = imm_be;
+    return head;
 }
 
 MC_HOST_DEVICE void writeRemoteAddressSegment(void* seg, uint64_t raddr, uint32_t rkey) {
@@ -122,12 +124,16 @@ struct WriteWqe {
 };
 
 // RDMA WRITE (or READ with `opcode` = kOpcodeRdmaRead) into one BB at `wqe`
-// (64 bytes, 16-byte aligned); returns the number of BBs used (1).
-MC_HOST_DEVICE uint32_t encodeRdma(void* wqe, const WriteWqe& w,
-                                   uint8_t opcode = kOpcodeRdmaWrite) {
+// (64 bytes, 16-byte aligned); returns the number of BBs used (1). The
+// WQE's doorbell word (its control segment's head) goes to `doorbell_word`
+// if given.
+MC_HOST_DEVICE uint32_t encodeRdma(void* wqe, const WriteWqe& w, uint8_t opcode = kOpcodeRdmaWrite,
+                                   uint64_t* doorbell_word = nullptr) {
     char* p = static_cast<char*>(wqe);
     const uint8_t flags = (w.signaled ? kCtrlCqUpdate : 0) | (w.fence ? kCtrlFence : 0);
-    writeControlSegment(p, w.wqe_index, opcode, 0, w.qpn, kRdmaWqeDs, flags);
+    const uint64_t head = writeControlSegment(p, w.wqe_index, opcode, 0, w.qpn, kRdmaWqeDs, flags);
+    if (doorbell_word != nullptr)
+        *doorbell_word = head;
     writeRemoteAddressSegment(p + kSegmentBytes, w.remote_addr, w.rkey);
     writeDataSegment(p + 2 * kSegmentBytes, w.length, w.lkey, w.local_addr);
     // The unused fourth segment is zeroed so a WQE never carries stale bytes.
@@ -149,10 +155,15 @@ struct FetchAddWqe {
 };
 
 // 64-bit fetch-and-add into one BB at `wqe`; returns the number of BBs (1).
-MC_HOST_DEVICE uint32_t encodeFetchAdd(void* wqe, const FetchAddWqe& a) {
+// Its doorbell word goes to `doorbell_word` if given.
+MC_HOST_DEVICE uint32_t encodeFetchAdd(void* wqe, const FetchAddWqe& a,
+                                       uint64_t* doorbell_word = nullptr) {
     char* p = static_cast<char*>(wqe);
     const uint8_t flags = (a.signaled ? kCtrlCqUpdate : 0) | (a.fence ? kCtrlFence : 0);
-    writeControlSegment(p, a.wqe_index, kOpcodeAtomicFetchAdd, 0, a.qpn, kFetchAddWqeDs, flags);
+    const uint64_t head =
+        writeControlSegment(p, a.wqe_index, kOpcodeAtomicFetchAdd, 0, a.qpn, kFetchAddWqeDs, flags);
+    if (doorbell_word != nullptr)
+        *doorbell_word = head;
     writeRemoteAddressSegment(p + kSegmentBytes, a.remote_addr, a.rkey);
     writeAtomicSegment(p + 2 * kSegmentBytes, a.add, 0);
     writeDataSegment(p + 3 * kSegmentBytes, 8, a.lkey, a.result_addr);
