@@ -205,6 +205,11 @@ def check_environment(args, local_world_size):
             raise RuntimeError(f"--pg-backend {args.pg_backend} needs mooncake.pg: {e}") from e
 
 
+def gpu_uuid(device):
+    """The GPU's UUID: ranks that report the same one share its clock."""
+    return str(torch.cuda.get_device_properties(device).uuid)
+
+
 class _Clock:
     """CUDA events on the GPU, wall clock on the CPU (where the fallback is synchronous)."""
 
@@ -236,7 +241,7 @@ class _Clock:
         EP extension's pad_until: agreed by all ranks, so that they all take
         pad_together() or none does (its broadcast would otherwise wait)."""
         runtime = self._runtime() if self.cuda else None
-        mine = (str(torch.cuda.get_device_properties(device).uuid) if self.cuda else "",
+        mine = (gpu_uuid(device) if self.cuda else "",
                 runtime is not None and hasattr(runtime, "pad_until"))
         everyone = [None] * dist.get_world_size(group)
         dist.all_gather_object(everyone, mine, group=group)
@@ -511,7 +516,7 @@ def run_worker(args, rank, world_size, local_rank):
 def _trace_phases(args, worker, group, world_size):
     """--phase-trace: every rank traces K steps; rank 0's report (None elsewhere)."""
     mine, reason = phase_trace.trace_steps(worker, args.phase_trace, worker.clock._runtime())
-    gpu = str(torch.cuda.get_device_properties(worker.device).uuid)
+    gpu = gpu_uuid(worker.device)
     everyone = [None] * world_size
     dist.all_gather_object(everyone, (mine, reason, gpu), group=group)
     if worker.rank != 0:
