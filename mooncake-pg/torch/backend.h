@@ -52,6 +52,7 @@ class SharedEngine;
 
 namespace device {
 class GroupWindow;
+class LiveGraphCalls;
 class DevicePools;
 }  // namespace device
 
@@ -182,6 +183,10 @@ public:
     uint64_t directAgreementsSkipped() const { return direct_agreements_skipped_.load(); }
     // How many device collectives were captured into CUDA graphs.
     uint64_t capturedCollectiveCalls() const { return captured_calls_.load(); }
+    // Of those, how many sit in graphs not destroyed yet; the worker watches
+    // replays while any do (watchGraphReplays), and how often it did.
+    int64_t liveGraphCalls() const;
+    uint64_t graphWatchPasses() const { return graph_watch_passes_.load(); }
     // How many failed graph replays the worker reported to the control plane.
     uint64_t graphFailuresReported() const { return graph_failures_reported_.load(); }
     // Any thread: throws DistBackendError with the first failure of a
@@ -403,7 +408,7 @@ private:
     // The device window's epoch for a membership view's: epoch 0 would make
     // a call's first tag equal to a cleared flag.
     static uint64_t deviceEpochOf(uint64_t view_epoch) { return view_epoch + 1; }
-    bool graphsCaptured() const { return captured_calls_.load(std::memory_order_relaxed) != 0; }
+    bool graphsAlive() const { return liveGraphCalls() != 0; }
     // Any thread: makes running kernels return (the group is aborted).
     void abortDeviceCalls();
     // After the worker stopped, before the fabric (and its engine) goes.
@@ -660,6 +665,13 @@ private:
     // Worker thread: the digest of the last direct offers every member mapped.
     uint64_t direct_agreed_digest_ = 0;
     std::atomic<uint64_t> captured_calls_{0};
+    // Set by configureCuda on CUDA builds; shared with CUDA's destructors of
+    // the graphs' user objects, which may run after the group is gone.
+    std::shared_ptr<device::LiveGraphCalls> live_graph_calls_;
+    std::atomic<uint64_t> graph_watch_passes_{0};
+    // Worker thread: the last graph went while the worker watched; one more
+    // pass reports what its last replays left in the graph result.
+    bool graph_watch_owed_ = false;
     // A failed replay's evidence, for the control plane (watchGraphReplays).
     struct GraphFailure {
         device::DeviceOpResult result;

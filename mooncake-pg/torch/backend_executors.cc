@@ -61,6 +61,9 @@ void MooncakeBackend::releaseDeviceWindow() {}
 void MooncakeBackend::pollKernelCalls() {}
 void MooncakeBackend::finishKernelCalls(size_t) {}
 void MooncakeBackend::watchGraphReplays() {}
+int64_t MooncakeBackend::liveGraphCalls() const {
+    return 0;
+}
 void MooncakeBackend::forgetGraphFailures() {}
 void MooncakeBackend::GroupWindowDeleter::operator()(device::GroupWindow*) const {}
 // Without CUDA there are no CUDA tensors, so no P2P on device pools.

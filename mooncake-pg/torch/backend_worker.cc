@@ -55,8 +55,8 @@ void MooncakeBackend::workerLoop() {
     // While kernel calls are in flight the worker polls them between ops,
     // sleeping this long at most once a poll found nothing to do.
     constexpr auto kInFlightPollSleep = std::chrono::microseconds(50);
-    // Once graphs were captured, how often the idle worker watches their
-    // replays: well under the fabric's liveness probe period of a local
+    // While graphs holding captured calls exist, how often the idle worker
+    // watches their replays: well under the fabric's liveness probe period of a local
     // peer (EngineFabric::kLivenessProbeMs, 25 ms).
     constexpr auto kGraphWatchPeriod = std::chrono::milliseconds(10);
     while (true) {
@@ -91,10 +91,19 @@ void MooncakeBackend::workerLoop() {
             if (!kernelCallsInFlight()) {
                 const auto ready = [this] { return !queue_.empty() || !accepting_; };
                 // Replays of captured calls run unseen by the host: while
-                // idle, the worker watches for them (watchGraphReplays).
-                while (graphsCaptured() && !queue_cv_.wait_for(lock, kGraphWatchPeriod, ready)) {
+                // idle, and while a graph that holds one exists, the worker
+                // watches for them (watchGraphReplays), once more after the
+                // last graph went.
+                while (true) {
+                    const bool alive = graphsAlive();
+                    if (!alive && !graph_watch_owed_)
+                        break;
+                    if (queue_cv_.wait_for(lock, kGraphWatchPeriod, ready))
+                        break;
+                    graph_watch_owed_ = alive;
                     lock.unlock();
                     watchGraphReplays();
+                    graph_watch_passes_.fetch_add(1);
                     if (ownerGone())
                         return;
                     lock.lock();

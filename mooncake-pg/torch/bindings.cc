@@ -341,6 +341,21 @@ Forms (seed API):
         },
         py::arg("group"), "How many device collectives were captured into CUDA graphs; for tests.");
     m.def(
+        "_live_graph_calls",
+        [](const py::handle& group) {
+            return backendOf(group, "_live_graph_calls")->liveGraphCalls();
+        },
+        py::arg("group"),
+        "Of the captured device collectives, how many sit in CUDA graphs (or graph executables) "
+        "not destroyed yet; for tests.");
+    m.def(
+        "_graph_watch_passes",
+        [](const py::handle& group) {
+            return backendOf(group, "_graph_watch_passes")->graphWatchPasses();
+        },
+        py::arg("group"),
+        "How many times the idle worker watched for replays of captured calls; for tests.");
+    m.def(
         "_graph_failures_reported",
         [](const py::handle& group) {
             return backendOf(group, "_graph_failures_reported")->graphFailuresReported();

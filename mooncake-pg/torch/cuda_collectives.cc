@@ -27,6 +27,7 @@
 #include "mooncake-pg/device/broadcast.h"
 #include "mooncake-pg/device/call_seq.h"
 #include "mooncake-pg/device/group_window.h"
+#include "mooncake-pg/device/live_graph_calls.h"
 #include "mooncake-pg/device/member_buffers.h"
 #include "mooncake-pg/device/reduce_scatter.h"
 #include "mooncake-pg/torch/backend.h"
@@ -87,6 +88,7 @@ void MooncakeBackend::configureCuda() {
     auto p2p_copy = device::parseP2PCopyWithKernel(std::getenv(device::kCudaP2PCopyEnv));
     TORCH_CHECK_VALUE(p2p_copy.ok(), "Mooncake PG: ", p2p_copy.status().message());
     device_p2p_copy_with_kernel_ = p2p_copy.value();
+    live_graph_calls_ = std::make_shared<device::LiveGraphCalls>();
     cuda_direct_ = direct.value();
     cuda_path_ = path.value();
     cuda_slot_bytes_ = slot.value();
@@ -368,8 +370,10 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
     copyOutputBlocks(call, nullptr);
     if (call.captured) {
         // Nothing to wait for now: the kernels run at each replay, which
-        // reports to the graph result (checkGraphReplays).
+        // reports to the graph result (checkGraphReplays), watched by the
+        // worker while the graph exists.
         captured_calls_.fetch_add(1);
+        live_graph_calls_->holdUntilGraphDestroyed(stream);
         return Status::OK();
     }
     kernel_launch_ = KernelLaunch{slot, size, applied_epoch_.load(), timeout_ns};

@@ -12,9 +12,10 @@
 // reported, and views applied, in issue order.
 //
 // Calls captured in a CUDA graph are not in flight here: their replays run
-// without the host. Once the group has captured any, the idle worker
-// watches for them (watchGraphReplays): host evidence goes into the abort
-// word, and a failed replay is reported to the control plane.
+// without the host. While a graph holding one exists (device/
+// live_graph_calls.h), the idle worker watches for them (watchGraphReplays):
+// host evidence goes into the abort word, and a failed replay is reported to
+// the control plane.
 #include <chrono>
 #include <functional>
 #include <mutex>
@@ -27,6 +28,7 @@
 #include "mooncake-pg/control_plane/member_host.h"
 #include "mooncake-pg/core/engine_fabric.h"
 #include "mooncake-pg/device/group_window.h"
+#include "mooncake-pg/device/live_graph_calls.h"
 #include "mooncake-pg/torch/backend.h"
 #include "mooncake-transfer-engine/common/logging.h"
 
@@ -147,6 +149,10 @@ uint64_t MooncakeBackend::abortReasonAgainst(int size, uint64_t epoch) const {
     }
     return device::abortReasonFor(
         config_.rank, size, [this](int p) { return fabric_->peerFailed(p); }, still_active);
+}
+
+int64_t MooncakeBackend::liveGraphCalls() const {
+    return live_graph_calls_ ? live_graph_calls_->count() : 0;
 }
 
 void MooncakeBackend::watchGraphReplays() {

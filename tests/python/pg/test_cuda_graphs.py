@@ -13,8 +13,9 @@ check_graph_replays raises it once; replays already waiting for a member
 when it is deactivated fail as stale at once. A peer SIGKILLed while the others
 replay is found by the host's watch of the replays (long before the op
 timeout), named in the failure, and taken out by the reconciliation that
-the replay's report starts. Skipped, with the reason shown, on a machine
-without a GPU.
+the replay's report starts. The host watches the replays only while a
+graph that holds a captured call exists. Skipped, with the reason shown, on
+a machine without a GPU.
 """
 
 import time
@@ -178,6 +179,74 @@ def test_captured_collectives_replay_exactly(world_size):
         assert r["check"] is None, (rank, r)
         assert r["refused"] and "cannot be captured in a CUDA graph" in r["refused"], (rank, r)
         assert r["after"] == [float(world_size)], (rank, r)
+
+
+def _wait_until(what, cond, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(0.005)
+
+
+def _watch_follows_the_graphs(ctx):
+    """Graph A holds two captured all_reduces, graph B one; the group counts
+    them live until each graph is destroyed, and its worker watches replays
+    only while one is."""
+    import gc
+    dev = use_rank_gpu(ctx.rank)
+    pg = _pg()
+    group = dist.group.WORLD
+    live = lambda: int(pg._lib._live_graph_calls(group))  # noqa: E731
+    passes = lambda: int(pg._lib._graph_watch_passes(group))  # noqa: E731
+    x = torch.full((N,), float(ctx.rank + 1), device=dev)
+    y = torch.full((N,), float(ctx.rank + 1), device=dev)
+    dist.all_reduce(x)  # warm-up
+    out = {"before": [live(), passes()]}
+    graph_a = _capture(lambda: (dist.all_reduce(x), dist.all_reduce(y)))
+    out["after_a"] = live()
+    graph_b = _capture(lambda: dist.all_reduce(x))
+    out["after_b"] = live()
+    want = float(sum(r + 1 for r in range(ctx.world_size)))
+    x.fill_(float(ctx.rank + 1))
+    y.fill_(float(ctx.rank + 1))
+    graph_a.replay()
+    torch.cuda.synchronize()
+    out["a"] = sorted(set(x.cpu().tolist()) | set(y.cpu().tolist())) == [want]
+    first = passes()
+    _wait_until("a watch pass while graphs exist", lambda: passes() > first)
+    del graph_a
+    gc.collect()
+    _wait_until("graph A's two calls given back", lambda: live() == 1)
+    x.fill_(float(ctx.rank + 1))
+    graph_b.replay()
+    torch.cuda.synchronize()
+    out["b"] = sorted(set(x.cpu().tolist())) == [want]
+    del graph_b
+    gc.collect()
+    _wait_until("graph B's call given back", lambda: live() == 0)
+    # The worker owes one pass after the last graph went, then stops; an
+    # eager call makes sure it went idle again after that pass.
+    x.fill_(1.0)
+    dist.all_reduce(x)
+    out["eager"] = sorted(set(x.cpu().tolist()))
+    settled = passes()
+    # Stopping can only be seen as nothing happening: 30 watch periods.
+    time.sleep(0.3)
+    out["passes_after"] = passes() - settled
+    out["captured"] = int(pg._lib._captured_collective_calls(group))
+    return out
+
+
+def test_the_replay_watch_runs_only_while_a_graph_holds_a_captured_call():
+    res = harness.run_ranks(_watch_follows_the_graphs, 2, BACKEND, timeout_s=JOB_TIMEOUT_S,
+                            ref_group=False, env=ENV, pg_timeout_s=OP_TIMEOUT_S)
+    for rank, r in enumerate(res):
+        assert r["before"] == [0, 0], (rank, r)
+        assert (r["after_a"], r["after_b"]) == (2, 3), (rank, r)
+        assert r["a"] and r["b"], (rank, r)
+        assert r["eager"] == [2.0], (rank, r)
+        assert r["passes_after"] == 0, (rank, r)
+        assert r["captured"] == 3, (rank, r)
 
 
 def _wait_mask(pg, group, want):
