@@ -255,5 +255,36 @@ TEST(IbgdaQueue, SoftHcaRejectsAWqeWithTheWrongIndex) {
     EXPECT_NE(std::string::npos, hca.violation().find("carries index")) << hca.violation();
 }
 
+// A doorbell rung before its record announces the WQE it names: a real HCA
+// may miss that WQE until the next ring.
+TEST(IbgdaQueue, SoftHcaRejectsADoorbellRungBeforeItsRecord) {
+    soft::SoftHca hca;
+    Traffic t(hca, 2);
+    const int qp = hca.createQueuePair(4, 4);
+    SendQueue sq = hca.sendQueue(qp);
+    mlx5::postWrite(sq, t.put(0).local_addr, t.src_key, t.put(0).remote_addr, t.dst_key,
+                    t.lengths[0], true);
+    mlx5::storeDoorbell(sq.doorbell, sq.doorbell_word);  // the record still says 0
+    EXPECT_EQ(0u, hca.process(qp));
+    EXPECT_NE(std::string::npos, hca.violation().find("rung before the record")) << hca.violation();
+}
+
+// A doorbell word must not go back to a WQE before the one an earlier word
+// named, even one long executed (which the head check cannot see).
+TEST(IbgdaQueue, SoftHcaRejectsADoorbellWordThatGoesBack) {
+    soft::SoftHca hca;
+    Traffic t(hca, 4);  // put 3 is a count only: one WQE
+    const int qp = hca.createQueuePair(4, 4);
+    SendQueue sq = hca.sendQueue(qp);
+    ASSERT_TRUE(mlx5::postPutWithCount(sq, t.put(3)));
+    const uint64_t first_word = sq.doorbell_word;
+    ASSERT_TRUE(mlx5::postPutWithCount(sq, t.put(3)));
+    EXPECT_EQ(2u, hca.process(qp));
+    EXPECT_EQ("", hca.violation());
+    mlx5::storeDoorbell(sq.doorbell, first_word);
+    hca.process(qp);
+    EXPECT_NE(std::string::npos, hca.violation().find("a stale word")) << hca.violation();
+}
+
 }  // namespace
 }  // namespace mooncake::te::rdma

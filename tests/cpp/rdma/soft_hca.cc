@@ -115,12 +115,26 @@ mlx5::CompletionQueue SoftHca::completionQueue(int qp) const {
     return cq;
 }
 
-void SoftHca::checkDoorbellWord(const Qp& q, uint64_t bell, uint16_t announced) {
+void SoftHca::checkDoorbellWord(Qp& q, uint64_t bell, uint16_t announced) {
     // A doorbell carries the head of the last WQE it announces. The WQE it
     // names must still be waiting (announced, not yet executed: its slot
     // cannot have been reused), and there its first 8 bytes must be the word.
     // (A later ring may have moved the record on since: any waiting WQE will do.)
     const auto named = static_cast<uint16_t>(toBig32(static_cast<uint32_t>(bell)) >> 8);
+    // A poster updates the record before it rings, and rings with the last
+    // WQE it posted, so the named WQE is announced and no earlier than the
+    // one the previous doorbell named (16-bit indexes, compared modulo).
+    if (static_cast<int16_t>(static_cast<uint16_t>(named - announced)) >= 0) {
+        noteViolation("doorbell word of QP " + std::to_string(q.qpn) + " names WQE " +
+                      std::to_string(named) + ", not announced by its doorbell record (" +
+                      std::to_string(announced) + "): rung before the record was updated");
+    } else if (q.rung && static_cast<int16_t>(static_cast<uint16_t>(named - q.last_named)) < 0) {
+        noteViolation("doorbell word of QP " + std::to_string(q.qpn) + " names WQE " +
+                      std::to_string(named) + ", before WQE " + std::to_string(q.last_named) +
+                      " that an earlier doorbell named: a stale word");
+    }
+    q.rung = true;
+    q.last_named = named;
     const auto waiting = static_cast<uint16_t>(announced - static_cast<uint16_t>(q.executed));
     if (static_cast<uint16_t>(named - static_cast<uint16_t>(q.executed)) >= waiting)
         return;  // executed already (or not announced yet): nothing left to compare

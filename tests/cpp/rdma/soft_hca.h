@@ -84,7 +84,8 @@ public:
 
     // The first protocol violation seen ("" if none): a WQE index or QPN
     // that does not match, an unknown opcode, a CQ overrun, a doorbell word
-    // that is not the head of the WQE it names.
+    // that is not the head of the WQE it names, names a WQE its record has
+    // not announced, or names one before the previous word's.
     std::string violation() const;
     uint64_t doorbellsRung(int qp) const;
 
@@ -103,6 +104,8 @@ private:
         uint32_t cq_producer = 0;  // CQEs written
         uint32_t first_index = 0;
         uint64_t last_doorbell = 0;
+        bool rung = false;        // a doorbell word was seen
+        uint16_t last_named = 0;  // the WQE index the last one named
         uint64_t doorbells = 0;
         bool in_error = false;
         bool removed = false;
@@ -115,7 +118,7 @@ private:
     void complete(Qp& q, uint16_t wqe_index, uint8_t opcode, uint8_t syndrome);
     void noteViolation(const std::string& what);
     // A new doorbell word of `q`, seen with its send record at `announced`.
-    void checkDoorbellWord(const Qp& q, uint64_t bell, uint16_t announced);
+    void checkDoorbellWord(Qp& q, uint64_t bell, uint16_t announced);
 
     Hooks hooks_;
     mutable std::mutex mu_;
