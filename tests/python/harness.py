@@ -82,8 +82,18 @@ __all__ = [
     'BACKEND_ENV', 'BUILTIN_BACKENDS', 'DEFAULT_BACKEND', 'PYTHON_DIR', 'REPO_ROOT', 'TESTS_DIR',
     'TRANSPORTS', 'backend_import_error', 'backend_under_test', 'backends_under_test', 'child_env',
     'current_transport', 'free_port', 'free_ports', 'import_backend', 'is_builtin', 'is_mooncake',
-    'set_transport', 'transport_env', 'RankError', 'Killed', 'Ctx', 'WorkersFailed', 'run_ranks',
+    'set_transport', 'transport_env', 'wait_until', 'RankError', 'Killed', 'Ctx', 'WorkersFailed',
+    'run_ranks',
 ]
+
+
+def wait_until(pred: Callable[[], bool], what: str, timeout_s: float = 60.0,
+               poll_s: float = 0.005) -> None:
+    """Polls `pred` until it holds; fails naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not pred():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(poll_s)
 
 
 @contextmanager

@@ -181,13 +181,6 @@ def test_captured_collectives_replay_exactly(world_size):
         assert r["after"] == [float(world_size)], (rank, r)
 
 
-def _wait_until(what, cond, timeout_s=10.0):
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.005)
-
-
 def _watch_follows_the_graphs(ctx):
     """Graph A holds two captured all_reduces, graph B one; the group counts
     them live until each graph is destroyed, and its worker watches replays
@@ -213,17 +206,17 @@ def _watch_follows_the_graphs(ctx):
     torch.cuda.synchronize()
     out["a"] = sorted(set(x.cpu().tolist()) | set(y.cpu().tolist())) == [want]
     first = passes()
-    _wait_until("a watch pass while graphs exist", lambda: passes() > first)
+    harness.wait_until(lambda: passes() > first, "a watch pass while graphs exist", timeout_s=10)
     del graph_a
     gc.collect()
-    _wait_until("graph A's two calls given back", lambda: live() == 1)
+    harness.wait_until(lambda: live() == 1, "graph A's two calls given back", timeout_s=10)
     x.fill_(float(ctx.rank + 1))
     graph_b.replay()
     torch.cuda.synchronize()
     out["b"] = sorted(set(x.cpu().tolist())) == [want]
     del graph_b
     gc.collect()
-    _wait_until("graph B's call given back", lambda: live() == 0)
+    harness.wait_until(lambda: live() == 0, "graph B's call given back", timeout_s=10)
     # The worker owes one pass after the last graph went, then stops; an
     # eager call makes sure it went idle again after that pass.
     x.fill_(1.0)

@@ -32,13 +32,6 @@ def _pg():
     return pg
 
 
-def _wait_until(pred, what, timeout_s=60):
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, f"{what} within {timeout_s} s"
-        time.sleep(0.01)
-
-
 # --------------------------------------------------------------------------- item 9
 
 def _post_after_view_change(ctx):
@@ -61,7 +54,7 @@ def _post_after_view_change(ctx):
         # Issued in the 2-rank epoch; waits for rank 1, which is in recv.
         w1 = dist.all_reduce(x, async_op=True)
         ctx.signal("allreduce_issued")
-        _wait_until(lambda: pg.get_active_ranks(world).tolist() == [1, 1, 1],
+        harness.wait_until(lambda: pg.get_active_ranks(world).tolist() == [1, 1, 1],
                     "rank 0 saw rank 2 activated")
         t0 = time.monotonic()
         s = dist.isend(payload, 1, tag=4)
@@ -71,7 +64,7 @@ def _post_after_view_change(ctx):
         return {"sum": x.tolist(), "post_s": post_s}
     if ctx.rank == 1:
         ctx.wait_for("allreduce_issued", 60)
-        _wait_until(lambda: all(pg.get_peer_state(world, [2])), "rank 2 ready")
+        harness.wait_until(lambda: all(pg.get_peer_state(world, [2])), "rank 2 ready")
         pg.activate_ranks(world, [2])
         got = torch.zeros(1000)
         dist.recv(got, 0, tag=4)
@@ -133,7 +126,7 @@ def _drop_in_callback(ctx, kind):
             behind.wait()
         # Every thread of the destroyed backend ends (none is left behind
         # running on freed memory).
-        _wait_until(lambda: _threads() <= baseline, f"threads back to {baseline}")
+        harness.wait_until(lambda: _threads() <= baseline, f"threads back to {baseline}")
         y = torch.full((3,), float(ctx.rank + 1))
         dist.all_reduce(y)  # the process and its other groups keep working
         return {"value": value, "queued": queued.tolist(), "after": y.tolist()}
