@@ -187,6 +187,9 @@ public:
     // replays while any do (watchGraphReplays), and how often it did.
     int64_t liveGraphCalls() const;
     uint64_t graphWatchPasses() const { return graph_watch_passes_.load(); }
+    // No graph holds a captured call and the final pass was made: the worker
+    // watches no more until the next capture.
+    bool graphWatchIdle() const { return !graphsAlive() && !graph_watch_owed_.load(); }
     // How many failed graph replays the worker reported to the control plane.
     uint64_t graphFailuresReported() const { return graph_failures_reported_.load(); }
     // Any thread: throws DistBackendError with the first failure of a
@@ -669,9 +672,10 @@ private:
     // the graphs' user objects, which may run after the group is gone.
     std::shared_ptr<device::LiveGraphCalls> live_graph_calls_;
     std::atomic<uint64_t> graph_watch_passes_{0};
-    // Worker thread: the last graph went while the worker watched; one more
-    // pass reports what its last replays left in the graph result.
-    bool graph_watch_owed_ = false;
+    // Set by the worker when it queues a captured call; cleared by a watch
+    // pass that began with no graph alive, which reports what the last
+    // replays left in the graph result. Read by tests (graphWatchIdle).
+    std::atomic<bool> graph_watch_owed_{false};
     // A failed replay's evidence, for the control plane (watchGraphReplays).
     struct GraphFailure {
         device::DeviceOpResult result;

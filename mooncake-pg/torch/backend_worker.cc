@@ -7,10 +7,10 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "mooncake-pg/control_plane/member_host.h"
 #include "mooncake-pg/core/communicator.h"
 #include "mooncake-pg/core/engine_fabric.h"
 #include "mooncake-pg/core/spin_wait.h"
-#include "mooncake-pg/control_plane/member_host.h"
 #include "mooncake-pg/torch/backend.h"
 
 namespace mooncake::pg {
@@ -94,16 +94,15 @@ void MooncakeBackend::workerLoop() {
                 // idle, and while a graph that holds one exists, the worker
                 // watches for them (watchGraphReplays), once more after the
                 // last graph went.
-                while (true) {
-                    const bool alive = graphsAlive();
-                    if (!alive && !graph_watch_owed_)
-                        break;
+                while (graphsAlive() || graph_watch_owed_.load()) {
                     if (queue_cv_.wait_for(lock, kGraphWatchPeriod, ready))
                         break;
-                    graph_watch_owed_ = alive;
+                    const bool none_alive = !graphsAlive();
                     lock.unlock();
                     watchGraphReplays();
                     graph_watch_passes_.fetch_add(1);
+                    if (none_alive)
+                        graph_watch_owed_.store(false);
                     if (ownerGone())
                         return;
                     lock.lock();

@@ -356,6 +356,14 @@ Forms (seed API):
         py::arg("group"),
         "How many times the idle worker watched for replays of captured calls; for tests.");
     m.def(
+        "_graph_watch_idle",
+        [](const py::handle& group) {
+            return backendOf(group, "_graph_watch_idle")->graphWatchIdle();
+        },
+        py::arg("group"),
+        "True once no CUDA graph holds a captured call and the worker made its last watch "
+        "pass; for tests.");
+    m.def(
         "_graph_failures_reported",
         [](const py::handle& group) {
             return backendOf(group, "_graph_failures_reported")->graphFailuresReported();

@@ -151,6 +151,13 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
     const GroupSized sized = rooted(call.collective)        ? GroupSized::kRooted
                              : movesBlocks(call.collective) ? GroupSized::kBlocks
                                                             : GroupSized::kNo;
+    if (call.captured) {
+        // On the capturing thread, which is not adding to the graph
+        // meanwhile (graph objects are not thread-safe), and before the
+        // worker can see the call: it watches while the count is nonzero.
+        live_graph_calls_->holdUntilGraphDestroyed(
+            c10::cuda::getCurrentCUDAStream(exec->device().index()).stream());
+    }
     return enqueue(
         type, op_name, std::move(results), timeout, sized, std::move(st),
         [this, call = std::move(call)](Deadline dl) { return runKernelCall(call, dl); },
@@ -371,9 +378,9 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
     if (call.captured) {
         // Nothing to wait for now: the kernels run at each replay, which
         // reports to the graph result (checkGraphReplays), watched by the
-        // worker while the graph exists.
+        // worker while the graph exists (maybeKernel tied the count to it).
         captured_calls_.fetch_add(1);
-        live_graph_calls_->holdUntilGraphDestroyed(stream);
+        graph_watch_owed_.store(true);
         return Status::OK();
     }
     kernel_launch_ = KernelLaunch{slot, size, applied_epoch_.load(), timeout_ns};

@@ -217,11 +217,13 @@ def _watch_follows_the_graphs(ctx):
     del graph_b
     gc.collect()
     harness.wait_until(lambda: live() == 0, "graph B's call given back", timeout_s=10)
-    # The worker owes one pass after the last graph went, then stops; an
-    # eager call makes sure it went idle again after that pass.
     x.fill_(1.0)
     dist.all_reduce(x)
     out["eager"] = sorted(set(x.cpu().tolist()))
+    # The worker owes one pass after the last graph went (made once it is
+    # idle for a watch period), then stops.
+    harness.wait_until(lambda: bool(pg._lib._graph_watch_idle(group)), "the last watch pass",
+                       timeout_s=10)
     settled = passes()
     # Stopping can only be seen as nothing happening: 30 watch periods.
     time.sleep(0.3)
