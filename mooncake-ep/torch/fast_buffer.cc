@@ -226,12 +226,13 @@ void FastBuffer::setPhaseTrace(const std::optional<at::Tensor>& trace) {
     const bool on_device = t.is_cuda() && t.device().index() == options_.device;
     if (t.scalar_type() != at::kLong || !on_device || !t.is_contiguous() ||
         t.numel() < kEpTraceSlots)
-        throw std::invalid_argument(
-            "Mooncake EP fast path: phase trace of dtype " + std::string(t.dtype().name()) +
-            " on " + t.device().str() + " with " + std::to_string(t.numel()) + " elements" +
-            (t.is_contiguous() ? "" : " (not contiguous)") +
-            ", expected a contiguous int64 tensor of at least " + std::to_string(kEpTraceSlots) +
-            " elements on cuda:" + std::to_string(options_.device));
+        throw std::invalid_argument("Mooncake EP fast path: phase trace of dtype torch." +
+                                    c10::getDtypeNames(t.scalar_type()).first + " on " +
+                                    t.device().str() + " with " + std::to_string(t.numel()) +
+                                    " elements" + (t.is_contiguous() ? "" : " (not contiguous)") +
+                                    ", expected a contiguous int64 tensor of at least " +
+                                    std::to_string(kEpTraceSlots) +
+                                    " elements on cuda:" + std::to_string(options_.device));
     phase_trace_ = t;
 }
 
