@@ -22,8 +22,10 @@ receive_start`` how long a receive block waited for its peers.
 """
 
 import statistics
+import sys
 
 import torch
+import torch.distributed as dist
 
 OPS = {"dispatch": ("dispatch_send", "dispatch_receive"),
        "combine": ("combine_send", "combine_receive")}
@@ -162,3 +164,20 @@ def trace_steps(worker, steps, runtime):
     except Exception as e:  # noqa: BLE001 - reported, and the other ranks are not left waiting
         return None, f"tracing failed on this rank: {type(e).__name__}: {e}"
     return summaries, None
+
+
+def gather_report(worker, steps, group, world_size, gpu):
+    """--phase-trace: every rank traces `steps` steps and sends rank 0 its
+    summaries with `gpu` (its GPU's id: ranks on one GPU share a clock); rank
+    0's report, also printed on stderr (None on other ranks)."""
+    mine, reason = trace_steps(worker, steps, worker.clock._runtime())
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, (mine, reason, gpu), group=group)
+    if worker.rank != 0:
+        return None
+    reasons = sorted({r for _, r, _ in everyone if r})
+    if reasons:
+        return {"unavailable": "; ".join(reasons)}
+    doc = report([s for s, _, _ in everyone], shared_clock=len({g for _, _, g in everyone}) == 1)
+    print(format_table(doc), file=sys.stderr)
+    return doc

@@ -30,6 +30,7 @@ import torch.distributed as dist  # noqa: E402
 import metrics  # noqa: E402
 import phase_trace  # noqa: E402
 import routing  # noqa: E402
+import timeouts  # noqa: E402
 
 PG_BACKENDS = ("nccl", "mooncake", "mooncake-cpu", "gloo")
 CPU_PG_BACKENDS = ("mooncake-cpu", "gloo")
@@ -66,7 +67,9 @@ def build_parser():
     p.add_argument("--master-port", type=int, default=29500, help="spawn mode only")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="where tensors live; cpu needs --pg-backend mooncake-cpu or gloo")
-    p.add_argument("--timeout-us", type=int, default=-1, help="EP timeout_us (-1: none)")
+    p.add_argument("--timeout-us", type=int, default=10_000_000,
+                   help="EP timeout_us (-1: none): a wait that outlives it ends the op, which the "
+                        "JSON's 'timeouts' reports, instead of hanging the run (timeouts.py)")
     p.add_argument("--plot", default=None, metavar="PATH.png",
                    help="latency CDFs and the expert-load histogram")
     p.add_argument("--ep-transport", choices=EP_TRANSPORTS, default="buffer",
@@ -310,6 +313,7 @@ class EPBenchmarkWorker:
         self.x = torch.randn(args.num_tokens, args.hidden_size, generator=gen).to(
             torch.bfloat16).to(device)
         self.active_ranks = torch.ones(world_size, dtype=torch.int32, device=device)
+        self.timeouts = timeouts.TimeoutLog(rank)
         self.out = torch.zeros(args.num_tokens, args.hidden_size, dtype=torch.bfloat16, device=device)
         ids = torch.arange(rank * self.num_local, (rank + 1) * self.num_local, device=device)
         self.expert_scale = (ids * 0.1 + 1.0).to(torch.bfloat16).view(-1, 1, 1)
@@ -366,6 +370,7 @@ class EPBenchmarkWorker:
         self._complete(event, hook)
         t3 = self.clock.stamp()
         self.clock.sync()
+        self.timeouts.after_step(self.active_ranks)
         e = self.clock.elapsed_ms
         times = (e(t0, t1), e(t2, t3), e(t0, t3))
         if a.return_recv_hook:
@@ -374,11 +379,13 @@ class EPBenchmarkWorker:
         return times
 
     def warmup(self):
+        self.timeouts.start("warmup")
         for _ in range(self.args.warmup_iters):
             self.step()
         self.clock.sync()
 
     def run_measured(self):
+        self.timeouts.start("measured")
         samples = [self.step() for _ in range(self.args.iters)]
         return [torch.tensor([s[i] for s in samples], dtype=torch.float64)
                 for i in range(len(samples[0]))]
@@ -504,30 +511,16 @@ def run_worker(args, rank, world_size, local_rank):
                     op: metrics.latency_stats(metrics.critical_path(t))
                     for op, t in (("dispatch", per_rank[3]), ("combine", per_rank[4]))}
             if args.phase_trace:
-                extra["phase_trace"] = _trace_phases(args, w, group, world_size)
+                w.timeouts.start("trace")
+                extra["phase_trace"] = phase_trace.gather_report(
+                    w, args.phase_trace, group, world_size, gpu_uuid(w.device))
+            extra["timeouts"] = timeouts.gather(w.timeouts, group, world_size)
             docs[name] = (metrics.assemble_json_output(args, world_size, *per_rank[:3], load, extra),
                           per_rank, counts)
         if rank == 0:
             _emit(args, docs, phases, notice)
     finally:
         dist.destroy_process_group()
-
-
-def _trace_phases(args, worker, group, world_size):
-    """--phase-trace: every rank traces K steps; rank 0's report (None elsewhere)."""
-    mine, reason = phase_trace.trace_steps(worker, args.phase_trace, worker.clock._runtime())
-    gpu = gpu_uuid(worker.device)
-    everyone = [None] * world_size
-    dist.all_gather_object(everyone, (mine, reason, gpu), group=group)
-    if worker.rank != 0:
-        return None
-    reasons = sorted({r for _, r, _ in everyone if r})
-    if reasons:
-        return {"unavailable": "; ".join(reasons)}
-    doc = phase_trace.report([s for s, _, _ in everyone],
-                             shared_clock=len({g for _, _, g in everyone}) == 1)
-    print(phase_trace.format_table(doc), file=sys.stderr)
-    return doc
 
 
 def _emit(args, docs, phases, notice):

@@ -20,6 +20,7 @@ import metrics  # noqa: E402
 import phase_trace  # noqa: E402
 import routing  # noqa: E402
 import run_ep_benchmark as bench  # noqa: E402
+import timeouts  # noqa: E402
 
 
 def _no_duplicates(idx):
@@ -185,6 +186,7 @@ def _smoke(tmp_path, pg_backend, extra):
     doc = json.loads(out.read_text())
     assert metrics.schema_errors(doc, 2) == [], doc
     assert doc["ep_path"] == "fallback" and doc["timer"] == "wall_clock"
+    assert doc["timeouts"] == {}, doc["timeouts"]  # no op ended at its deadline
     return doc, proc.stderr
 
 
@@ -215,6 +217,27 @@ def test_cpu_smoke_mooncake_cpu_zipf_hook(tmp_path):
     halves = doc["send_half_latency_ms"]
     for op in ("dispatch", "combine"):
         assert 0 < halves[op]["p50"] <= doc["metrics"][f"{op}_latency_ms"]["p50"], (op, doc)
+
+
+def test_a_step_that_timed_out_is_noted_and_its_ranks_restored(capsys, no_torchrun):
+    log = timeouts.TimeoutLog(rank=2)
+    active = torch.ones(4, dtype=torch.int32)
+    log.after_step(active)  # warmup step 0: clean
+    log.start("measured")
+    log.after_step(active)  # measured step 0: clean
+    active[1] = 0
+    active[3] = 0
+    log.after_step(active)  # measured step 1: ranks 1 and 3 timed out
+    assert active.tolist() == [1, 1, 1, 1]
+    active[3] = 0
+    log.start("trace")
+    log.after_step(active)
+    assert log.events == [{"phase": "measured", "step": 1, "sources": [1, 3]},
+                          {"phase": "trace", "step": 0, "sources": [3]}]
+    # One line on stderr, at the first timeout only.
+    assert capsys.readouterr().err == ("rank 2: an op timed out waiting for ranks [1, 3] "
+                                       "(measured step 1); see the JSON's 'timeouts'\n")
+    assert bench.parse_args([]).timeout_us == 10_000_000  # a deadline by default, not a hang
 
 
 def test_payload_bytes_and_bandwidth_by_hand():
