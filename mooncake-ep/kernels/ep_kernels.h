@@ -88,7 +88,9 @@ Status checkCombineArgs(const EpGroupArgs& g, const CombineArgs& a);
 // threads. Pure: the launch passes the current device's SM count.
 int epCombineReceiveBlocks(const EpGroupArgs& g, int num_tokens, int sms);
 // The same for a launch on the current device, which is asked for its SM
-// count only when ranks share it (the grid depends on it only then).
+// count only when ranks share it (the grid depends on it only then), or
+// MC_EP_COMBINE_RECV_BLOCKS (clamped to [1, tokens]) for benchmarks that
+// probe the bound.
 int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens);
 
 // Blocks of a dispatch receive grid (each loops over local experts) on a

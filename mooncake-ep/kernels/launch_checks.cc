@@ -97,6 +97,12 @@ int epDispatchReceiveGrid(const EpGroupArgs& g) {
 }
 
 int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens) {
+    static const int forced = [] {
+        const char* v = std::getenv("MC_EP_COMBINE_RECV_BLOCKS");
+        return v ? std::max(0, std::atoi(v)) : 0;
+    }();
+    if (forced > 0)
+        return std::min(forced, std::max(1, num_tokens));
     return epCombineReceiveBlocks(g, num_tokens,
                                   g.ranks_per_device > 1 ? currentDeviceSmCount() : 0);
 }
