@@ -86,8 +86,9 @@ def _median(values):
 def report(per_rank_steps, shared_clock=True):
     """per_rank_steps[rank][step] = summarize(...) -> {op: {"per_rank": [{field:
     median over steps}], "slowest": {field: median over steps of the fields of
-    the rank whose receive ended last}}}. `shared_clock`: every rank ran on one
-    GPU, so one timeline serves them all."""
+    the rank whose receive ended last}, "per_step": [{"slowest_rank",
+    "receive_end"} of each step]}}. `shared_clock`: every rank ran on one GPU,
+    so one timeline serves them all."""
     steps = min(len(s) for s in per_rank_steps)
     out = {"steps": steps,
            "unit": ("us after the op's earliest send block start" if shared_clock else
@@ -107,7 +108,10 @@ def report(per_rank_steps, shared_clock=True):
                     for r in range(ranks)]
         latest = [(t, _latest(t)) for t in timelines]
         slowest = {f: _median([t[r][f] for t, r in latest if r is not None]) for f in FIELDS}
-        out[op] = {"per_rank": per_rank, "slowest": slowest}
+        # Medians hide a step that stalled: each step's end is kept as well.
+        per_step = [{"slowest_rank": r, "receive_end": None if r is None else t[r]["receive_end"]}
+                    for t, r in latest]
+        out[op] = {"per_rank": per_rank, "slowest": slowest, "per_step": per_step}
     return out
 
 

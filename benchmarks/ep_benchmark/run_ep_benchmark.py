@@ -86,10 +86,11 @@ def build_parser():
                    help="CUDA: a GPU wait of at least this many microseconds before each timed "
                         "op, so its kernels are queued before its start event fires and its "
                         "latency is device time (the host's Python and launch time excluded; the "
-                        "pad must outlast them, e.g. 1000). It ends on every rank sharing the GPU "
-                        "at once (the next multiple of twice N of the GPU clock), so with "
-                        "--align-ranks the ranks' host lateness is left out too; 0: eager "
-                        "latency, host time included")
+                        "pad must outlast them, e.g. 1000). With --align-ranks and every rank on "
+                        "one GPU it ends at one instant of its clock for all of them (rank 0 "
+                        "broadcasts it), so the ranks' host lateness is left out too; otherwise "
+                        "at the next multiple of twice N of the GPU clock; 0: eager latency, host "
+                        "time included")
     p.add_argument("--phase-trace", type=int, default=0, metavar="K",
                    help="CUDA fast path: K more steps after the timed ones with the kernels' "
                         "per-block timestamps on, reported as each rank's timeline of each op "

@@ -264,16 +264,16 @@ __device__ inline void epCopyExpertRow(const EpGroupArgs& g, const CombineArgs& 
 // Reduces token `token` for a combine receive block: waits for the flags of
 // the experts it selected with wait(owner, word_offset, seq) -> EpWait, then
 // sums in FP32. Experts whose flag did not arrive and -1 entries add nothing.
-// `experts` and `included` hold top_k ints of shared memory; every thread of
-// the block must call it.
+// `seq` is the operation's, read once by the block at its start (the grid's
+// last block advances EpState's copy). `experts` and `included` hold top_k
+// ints of shared memory; every thread of the block must call it.
 template <typename Wait>
 __device__ void epCombineReceiveToken(const EpGroupArgs& g, const CombineArgs& a, int token,
-                                      int* experts, int* included, Wait wait) {
+                                      uint64_t seq, int* experts, int* included, Wait wait) {
     const EpLayout L = epLayoutOf(g);
     const int top_k = a.top_k;
     const int nle = static_cast<int>(L.numLocalExperts());
     EpState* state = epState(g.local_buffer);
-    const uint64_t seq = state->combine_seq + 1;
     const int phase = static_cast<int>(seq & 1);
     const char* local = static_cast<const char*>(g.local_buffer);
 
@@ -346,7 +346,7 @@ __device__ void epCombineReceiveBlock(const EpGroupArgs& g, const CombineArgs& a
     EpState* state = epState(g.local_buffer);
     const uint64_t seq = state->combine_seq + 1;
     for (int token = blockIdx.x; token < a.num_tokens; token += gridDim.x)
-        epCombineReceiveToken(g, a, token, shared, shared + a.top_k, wait);
+        epCombineReceiveToken(g, a, token, seq, shared, shared + a.top_k, wait);
     epTrace(g, kEpTraceCombineReceive, kEpTraceEnd);
     if (threadIdx.x == 0)
         epFinishOperation(&state->combine_done, &state->combine_seq, seq);

@@ -56,8 +56,10 @@ int epCombineReceiveBlocks(const EpGroupArgs& g, int num_tokens, int sms) {
     const int wanted = std::max(1, num_tokens);
     if (g.ranks_per_device <= 1)
         return wanted;  // its own send kernel finished before its receive began
-    // An SM holds eight 256-thread receive blocks; two per SM across the
-    // sharing ranks is a quarter of them.
+    // Two 256-thread receive blocks per SM across the sharing ranks: a
+    // quarter of an SM's threads, and with 48 registers a thread (sm_90)
+    // 40% of its registers. Unlike dispatch's bound this leaves a spinning
+    // block on most SMs; MC_EP_COMBINE_RECV_BLOCKS probes it.
     constexpr int kSpinningBlocksPerSm = 2;
     return std::min(wanted, std::max(1, kSpinningBlocksPerSm * sms / g.ranks_per_device));
 }

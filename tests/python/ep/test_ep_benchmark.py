@@ -307,6 +307,11 @@ def test_phase_trace_timeline_by_hand():
     assert r1["send_start"] == 2.5 and r1["receive_end"] == 32.5  # median of 2 and 3 us late
     # the slowest rank's own fields (rank 1 ends last in both steps), not a mix
     assert doc["dispatch"]["slowest"] == r1
+    # each step's own end, which the medians would hide for a step that stalled
+    assert doc["dispatch"]["per_step"] == [{"slowest_rank": 1, "receive_end": 32.0},
+                                           {"slowest_rank": 1, "receive_end": 33.0}]
+    assert doc["combine"]["per_step"] == [{"slowest_rank": 1, "receive_end": 4.0},
+                                          {"slowest_rank": 1, "receive_end": 5.0}]
     assert doc["truncated"] == []
     c0 = doc["combine"]["per_rank"][0]
     assert c0["send_written"] is None and c0["receive_end"] == 2.0
