@@ -68,6 +68,17 @@ c10::intrusive_ptr<MooncakeBackend> backendOf(const py::handle& group, const cha
                          py::str(py::type::handle_of(group)).cast<std::string>());
 }
 
+// Binds `name`(group): the no-argument `query` of the backend behind `group`
+// (the counters tests read).
+template <typename Result>
+void defBackendQuery(py::module_& m, const char* name, Result (MooncakeBackend::*query)() const,
+                     const char* doc) {
+    m.def(
+        name,
+        [name, query](const py::handle& group) { return (backendOf(group, name).get()->*query)(); },
+        py::arg("group"), doc);
+}
+
 }  // namespace
 }  // namespace mooncake::pg
 
@@ -306,69 +317,35 @@ Forms (seed API):
     m.def(
         "backend_of", [](const py::handle& group) { return backendOf(group, "backend_of"); },
         py::arg("group"), "The MooncakeBackend behind a Mooncake process group.");
-    m.def(
-        "_device_collective_calls",
-        [](const py::handle& group) {
-            return backendOf(group, "_device_collective_calls")->deviceCollectiveCalls();
-        },
-        py::arg("group"),
+    defBackendQuery(
+        m, "_device_collective_calls", &MooncakeBackend::deviceCollectiveCalls,
         "How many collectives of the group ran on the device kernels (MC_PG_CUDA_PATH=kernels); "
         "for tests.");
-    m.def(
-        "_direct_collective_calls",
-        [](const py::handle& group) {
-            return backendOf(group, "_direct_collective_calls")->directCollectiveCalls();
-        },
-        py::arg("group"),
+    defBackendQuery(
+        m, "_direct_collective_calls", &MooncakeBackend::directCollectiveCalls,
         "How many of those read the members' own buffers (the direct path); for tests.");
-    m.def(
-        "_device_p2p_ops",
-        [](const py::handle& group) { return backendOf(group, "_device_p2p_ops")->deviceP2POps(); },
-        py::arg("group"),
+    defBackendQuery(
+        m, "_device_p2p_ops", &MooncakeBackend::deviceP2POps,
         "How many P2P ops on CUDA tensors of the group went over device pools; for tests.");
-    m.def(
-        "_direct_agreements_skipped",
-        [](const py::handle& group) {
-            return backendOf(group, "_direct_agreements_skipped")->directAgreementsSkipped();
-        },
-        py::arg("group"),
+    defBackendQuery(
+        m, "_direct_agreements_skipped", &MooncakeBackend::directAgreementsSkipped,
         "Of those, how many skipped the agreement exchange (every member had mapped the same "
         "offers before); for tests.");
-    m.def(
-        "_captured_collective_calls",
-        [](const py::handle& group) {
-            return backendOf(group, "_captured_collective_calls")->capturedCollectiveCalls();
-        },
-        py::arg("group"), "How many device collectives were captured into CUDA graphs; for tests.");
-    m.def(
-        "_live_graph_calls",
-        [](const py::handle& group) {
-            return backendOf(group, "_live_graph_calls")->liveGraphCalls();
-        },
-        py::arg("group"),
+    defBackendQuery(m, "_captured_collective_calls", &MooncakeBackend::capturedCollectiveCalls,
+                    "How many device collectives were captured into CUDA graphs; for tests.");
+    defBackendQuery(
+        m, "_live_graph_calls", &MooncakeBackend::liveGraphCalls,
         "Of the captured device collectives, how many sit in CUDA graphs (or graph executables) "
         "not destroyed yet; for tests.");
-    m.def(
-        "_graph_watch_passes",
-        [](const py::handle& group) {
-            return backendOf(group, "_graph_watch_passes")->graphWatchPasses();
-        },
-        py::arg("group"),
+    defBackendQuery(
+        m, "_graph_watch_passes", &MooncakeBackend::graphWatchPasses,
         "How many times the idle worker watched for replays of captured calls; for tests.");
-    m.def(
-        "_graph_watch_idle",
-        [](const py::handle& group) {
-            return backendOf(group, "_graph_watch_idle")->graphWatchIdle();
-        },
-        py::arg("group"),
+    defBackendQuery(
+        m, "_graph_watch_idle", &MooncakeBackend::graphWatchIdle,
         "True once no CUDA graph holds a captured call and the worker made its last watch "
         "pass; for tests.");
-    m.def(
-        "_graph_failures_reported",
-        [](const py::handle& group) {
-            return backendOf(group, "_graph_failures_reported")->graphFailuresReported();
-        },
-        py::arg("group"),
+    defBackendQuery(
+        m, "_graph_failures_reported", &MooncakeBackend::graphFailuresReported,
         "How many failed CUDA graph replays were reported to the control plane as failure "
         "evidence; for tests.");
     m.def(
