@@ -23,7 +23,6 @@ void LiveGraphCalls::holdUntilGraphDestroyed(cudaStream_t stream) {
     if (cudaStreamGetCaptureInfo(stream, &status, nullptr, &graph) != cudaSuccess ||
         status != cudaStreamCaptureStatusActive || graph == nullptr) {
         (void)cudaGetLastError();
-        ++untracked_;
         return;
     }
     auto* held = new SharedCount(count_);
@@ -32,7 +31,6 @@ void LiveGraphCalls::holdUntilGraphDestroyed(cudaStream_t stream) {
         cudaSuccess) {
         (void)cudaGetLastError();
         delete held;
-        ++untracked_;
         return;
     }
     // The graph takes over the one reference: from now on only the graph's
@@ -40,9 +38,8 @@ void LiveGraphCalls::holdUntilGraphDestroyed(cudaStream_t stream) {
     if (cudaGraphRetainUserObject(graph, object, 1, cudaGraphUserObjectMove) != cudaSuccess) {
         (void)cudaGetLastError();
         // Our reference is still ours: releasing it runs giveBack, which
-        // takes back the count added above; count it again, untracked.
+        // takes back the count added above; count it again, for good.
         count_->fetch_add(1, std::memory_order_acq_rel);
-        ++untracked_;
         (void)cudaUserObjectRelease(object, 1);
     }
 }

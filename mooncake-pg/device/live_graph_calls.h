@@ -30,13 +30,9 @@ public:
     // last cudaGraphExecDestroy a little.
     int64_t count() const { return count_->load(std::memory_order_acquire); }
 
-    // Calls whose graphs CUDA could not be asked to report on (see above).
-    int64_t untracked() const { return untracked_.load(std::memory_order_relaxed); }
-
 private:
     // Shared with the destructors still pending, which may outlive the group.
     std::shared_ptr<std::atomic<int64_t>> count_;
-    std::atomic<int64_t> untracked_{0};
 };
 
 }  // namespace mooncake::pg::device
