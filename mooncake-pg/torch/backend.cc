@@ -232,7 +232,7 @@ void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
         // device memory.
         P2POptions rings;
         rings.external_pools = true;
-        device_p2p_window_offset_ = window_bytes;
+        cuda_p2p_.window_offset = window_bytes;
         window_bytes += alignUp(P2PEngine::windowBytesFor(max_group_size_, rings), kWindowAlign);
     }
 
@@ -315,7 +315,7 @@ void MooncakeBackend::bootstrap(const c10::intrusive_ptr<c10d::Store>& store) {
         if (!extension && config_.rank == 0)
             publishDeviceP2PRoute();
         checkCudaSettingsAgree(*kv, group_key_, config_.rank, cuda_path_, cuda_slot_bytes_,
-                               cuda_direct_, device_p2p_pool_bytes_, where, config_.timeout);
+                               cuda_direct_, cuda_p2p_.pool_bytes, where, config_.timeout);
     }
 #endif
 }
@@ -388,7 +388,7 @@ void MooncakeBackend::releaseCore(bool flush_p2p) {
         p2p_.reset();
         // Its destructor waits for the copies still queued on the pools.
         device_p2p.reset();
-        device_pools_.reset();
+        cuda_p2p_.pools.reset();
     });
     comm_ = nullptr;
     group_comm_.reset();

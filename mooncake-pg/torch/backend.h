@@ -32,11 +32,14 @@
 #include "mooncake-pg/core/types.h"
 #include "mooncake-pg/device/member_buffers.h"
 #include "mooncake-pg/device/routing.h"
+#include "mooncake-pg/torch/cuda_p2p_state.h"
 #include "mooncake-pg/torch/executor.h"
+#include "mooncake-pg/torch/graph_watch.h"
 #include "mooncake-pg/torch/kernel_call.h"
 #include "mooncake-pg/torch/options.h"
 #include "mooncake-pg/torch/staging.h"
 #include "mooncake-pg/torch/work.h"
+#include "mooncake-pg/torch/worker_task.h"
 #include "mooncake-transfer-engine/common/deadline.h"
 #include "mooncake-transfer-engine/common/status.h"
 #include "mooncake-transfer-engine/metadata/kv_store.h"
@@ -52,8 +55,6 @@ class SharedEngine;
 
 namespace device {
 class GroupWindow;
-class LiveGraphCalls;
-class DevicePools;
 }  // namespace device
 
 namespace control_plane {
@@ -178,20 +179,20 @@ public:
     uint64_t deviceCollectiveCalls() const { return device_calls_.load(); }
     uint64_t directCollectiveCalls() const { return direct_calls_.load(); }
     // How many P2P ops on CUDA tensors went over device pools (cuda_p2p.cc).
-    uint64_t deviceP2POps() const { return device_p2p_ops_.load(); }
+    uint64_t deviceP2POps() const { return cuda_p2p_.ops.load(); }
     // Of those, the calls whose agreement exchange was skipped.
     uint64_t directAgreementsSkipped() const { return direct_agreements_skipped_.load(); }
     // How many device collectives were captured into CUDA graphs.
-    uint64_t capturedCollectiveCalls() const { return captured_calls_.load(); }
+    uint64_t capturedCollectiveCalls() const { return graphs_.captured_calls.load(); }
     // Of those, how many sit in graphs not destroyed yet; the worker watches
     // replays while any do (watchGraphReplays), and how often it did.
     int64_t liveGraphCalls() const;
-    uint64_t graphWatchPasses() const { return graph_watch_passes_.load(); }
+    uint64_t graphWatchPasses() const { return graphs_.passes.load(); }
     // No graph holds a captured call and the final pass was made: the worker
     // watches no more until the next capture.
-    bool graphWatchIdle() const { return !graphsAlive() && !graph_watch_owed_.load(); }
+    bool graphWatchIdle() const { return !graphsAlive() && !graphs_.owed.load(); }
     // How many failed graph replays the worker reported to the control plane.
-    uint64_t graphFailuresReported() const { return graph_failures_reported_.load(); }
+    uint64_t graphFailuresReported() const { return graphs_.failures_reported.load(); }
     // Any thread: throws DistBackendError with the first failure of a
     // collective replayed from a CUDA graph since the last check (a stale
     // membership epoch, a peer that did not signal, an abort), and clears
@@ -226,58 +227,7 @@ public:
     void releaseViewsForTest();
 
 private:
-    // A collective's core calls, run on the worker thread. A non-OK Status
-    // comes from the Communicator (its lastFailure() names the ranks).
-    using CoreOp = std::function<Status(Deadline)>;
-    // Whether an op's buffers hold one block per rank of the group at issue
-    // (Task::group_size): such an op fails if the group grew since, and a
-    // rank outside that group (a reserved slot) has no block to touch.
-    enum class GroupSized {
-        kNo,
-        kBlocks,  // skipped on a rank outside the group: it has no block
-        kRooted,  // gather/scatter: still run there (local-only) for the root's list
-    };
-    struct Task {
-        c10::intrusive_ptr<MooncakeWork> work;
-        const char* op_name;
-        std::chrono::milliseconds timeout;
-        CoreOp run;
-        // The committed group size when the op was issued: buffers sized by
-        // it cannot hold the blocks of a larger group.
-        int group_size = 0;
-        GroupSized sized = GroupSized::kNo;
-        // The executor of the op's device and what it issued for the op.
-        Executor* executor = nullptr;
-        std::shared_ptr<DeviceOp> device_op;
-        // Routed to the device kernels: it may queue behind kernel calls
-        // still in flight instead of waiting for them (cuda_pipeline.cc).
-        bool kernel_call = false;
-        std::chrono::steady_clock::time_point enqueued;
-        std::chrono::steady_clock::time_point taken;  // by the worker
-    };
-    // What runKernelCall queued, for runTask to put in flight.
-    struct KernelLaunch {
-        int slot = 0;            // its result slot in the group window
-        int size = 0;            // the applied view's size at launch
-        uint64_t epoch = 0;      // applied_epoch_ at launch
-        int64_t timeout_ns = 0;  // the kernels' own deadline, from their start
-    };
-    // A kernel call queued on the communication stream whose Work is not
-    // complete yet: the worker completes it once its fence has completed,
-    // from its result slot (cuda_pipeline.cc).
-    struct KernelInFlight {
-        c10::intrusive_ptr<MooncakeWork> work;
-        const char* op_name = "";
-        std::chrono::milliseconds timeout{0};
-        Deadline deadline = Deadline::never();  // the op's, for evidence reporting
-        std::shared_ptr<DeviceFence> fence;
-        KernelLaunch launch;
-        // Armed when the call becomes the oldest in flight (its kernels run
-        // from about then): its kernel deadline plus a grace.
-        bool front = false;
-        Deadline host_deadline = Deadline::never();
-        bool abort_sent = false;
-    };
+    using Task = WorkerTask;
 
     void bootstrap(const c10::intrusive_ptr<c10d::Store>& store);
     // backend_elastic.cc
@@ -435,16 +385,16 @@ private:
                                                         int tag);
     // Gives the device P2P engine, if any, the latest P2P membership
     // (p2p_active_/p2p_pair_epochs_) and the members' segments, under
-    // p2p_apply_mu_, so views reach the engine in order.
+    // cuda_p2p_.apply_mu, so views reach the engine in order.
     void applyDeviceP2PView();
-    void applyDeviceP2PViewLocked(P2PEngine& engine);  // p2p_apply_mu_ held
+    void applyDeviceP2PViewLocked(P2PEngine& engine);  // cuda_p2p_.apply_mu held
     // Bootstrap, rank 0 of the founders: publishes the group's route for
     // P2P on CUDA tensors (every founder on this host: device pools).
     void publishDeviceP2PRoute();
     // releaseCore: takes the device P2P engine out of use and flushes its
     // sends (for up to flush_ms); the caller destroys it (null when a
     // completion callback is destroying the group: a thread of its own
-    // does then), then device_pools_.
+    // does then), then cuda_p2p_.pools.
     std::shared_ptr<P2PEngine> releaseDeviceP2P(int64_t flush_ms);
     // The P2P engine's membership, applied apart from the collectives'
     // (backend_p2p.cc). Posts go straight to the engine while its view is
@@ -599,26 +549,8 @@ private:
     std::vector<uint8_t> p2p_active_;
     std::vector<uint64_t> p2p_pair_epochs_;
 
-    // P2P on CUDA tensors over device pools (cuda_p2p.cc), created at the
-    // first such op: a second engine, its rings in the host window at
-    // device_p2p_window_offset_, its pools in device memory. device_p2p_mu_
-    // guards creating it and taking it down.
-    std::mutex device_p2p_mu_;
-    // Serializes giving the engine views (held while its setMembership
-    // completes ops, never while creating or taking it down).
-    std::mutex p2p_apply_mu_;
-    uint64_t device_p2p_window_offset_ = 0;
-    uint64_t device_p2p_pool_bytes_ = device::kDefaultP2PPoolBytes;  // MC_PG_CUDA_P2P_POOL_BYTES
-    bool device_p2p_copy_with_kernel_ = false;                       // MC_PG_CUDA_P2P_COPY
-    // The group's route, as rank 0 published it: -1 not read yet, 0 staged,
-    // 1 device pools.
-    std::atomic<int> device_p2p_route_{-1};
-    std::shared_ptr<device::DevicePools> device_pools_;
-    // Shared: applying a view holds it, so a completion that lets the group
-    // go cannot destroy it under its own setMembership.
-    std::shared_ptr<P2PEngine> device_p2p_;
-    std::atomic<P2PEngine*> device_p2p_ptr_{nullptr};
-    std::atomic<uint64_t> device_p2p_ops_{0};
+    // P2P on CUDA tensors over device pools (cuda_p2p.cc).
+    CudaP2P cuda_p2p_;
 
     std::mutex post_mu_;  // guards the four below
     std::condition_variable post_cv_;
@@ -667,29 +599,8 @@ private:
     std::atomic<uint64_t> direct_agreements_skipped_{0};
     // Worker thread: the digest of the last direct offers every member mapped.
     uint64_t direct_agreed_digest_ = 0;
-    std::atomic<uint64_t> captured_calls_{0};
-    // Set by configureCuda on CUDA builds; shared with CUDA's destructors of
-    // the graphs' user objects, which may run after the group is gone.
-    std::shared_ptr<device::LiveGraphCalls> live_graph_calls_;
-    std::atomic<uint64_t> graph_watch_passes_{0};
-    // Set by the worker when it queues a captured call; cleared by a watch
-    // pass that began with no graph alive, which reports what the last
-    // replays left in the graph result. Read by tests (graphWatchIdle).
-    std::atomic<bool> graph_watch_owed_{false};
-    // A failed replay's evidence, for the control plane (watchGraphReplays).
-    struct GraphFailure {
-        device::DeviceOpResult result;
-        uint64_t epoch = 0;  // applied when it was found
-    };
-    std::mutex graph_mu_;  // guards the graph result's reads and clears, and the two below
-    // The failure standing in the graph result was reported, handed over by
-    // checkGraphReplays, or happened in a view since replaced.
-    bool graph_failure_taken_ = false;
-    // Cleared by checkGraphReplays before the worker took it: for the worker.
-    std::optional<GraphFailure> graph_evidence_;
-    // Worker thread: the abort reason watchGraphReplays last set.
-    uint64_t graph_abort_reason_ = 0;
-    std::atomic<uint64_t> graph_failures_reported_{0};
+    // Collectives captured in CUDA graphs and the watch over their replays.
+    GraphWatch graphs_;
     // Worker thread: set once kernels outlived their deadline and the abort
     // word. They may still run and read this group's words, so every later
     // kernel call fails with it at once and the abort word stays set.

@@ -227,20 +227,20 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::pointToPoint(bool is_send,
             if (posted.ok() && await_inputs)
                 posted = executor->awaitInputs(*device_op, deadline, cancel);
             if (posted.ok()) {
-            if (is_send) {
-                posted = engine->send(data, bytes, peer, tag, deadline,
-                                      [done, peer](Status st) { done(std::move(st), peer); });
-            } else if (any_source) {
-                posted = engine->recvAny(data, bytes, tag, deadline, done);
-            } else {
-                posted = engine->recv(data, bytes, peer, tag, deadline,
-                                      [done, peer](Status st) { done(std::move(st), peer); });
+                if (is_send) {
+                    posted = engine->send(data, bytes, peer, tag, deadline,
+                                          [done, peer](Status st) { done(std::move(st), peer); });
+                } else if (any_source) {
+                    posted = engine->recvAny(data, bytes, tag, deadline, done);
+                } else {
+                    posted = engine->recv(data, bytes, peer, tag, deadline,
+                                          [done, peer](Status st) { done(std::move(st), peer); });
+                }
             }
-        }
-        if (!posted.ok()) {
-            (void)executor->finish(device_op, false);  // the op fails anyway
-            work->markFailed(context + posted.toString(), {});
-        }
+            if (!posted.ok()) {
+                (void)executor->finish(device_op, false);  // the op fails anyway
+                work->markFailed(context + posted.toString(), {});
+            }
         },
         /*on_poster_thread=*/await_inputs);
     track(work);

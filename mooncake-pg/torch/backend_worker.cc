@@ -94,15 +94,15 @@ void MooncakeBackend::workerLoop() {
                 // idle, and while a graph that holds one exists, the worker
                 // watches for them (watchGraphReplays), once more after the
                 // last graph went.
-                while (graphsAlive() || graph_watch_owed_.load()) {
+                while (graphsAlive() || graphs_.owed.load()) {
                     if (queue_cv_.wait_for(lock, kGraphWatchPeriod, ready))
                         break;
                     const bool none_alive = !graphsAlive();
                     lock.unlock();
                     watchGraphReplays();
-                    graph_watch_passes_.fetch_add(1);
+                    graphs_.passes.fetch_add(1);
                     if (none_alive)
-                        graph_watch_owed_.store(false);
+                        graphs_.owed.store(false);
                     if (ownerGone())
                         return;
                     lock.lock();

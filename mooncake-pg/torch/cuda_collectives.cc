@@ -84,11 +84,11 @@ void MooncakeBackend::configureCuda() {
     TORCH_CHECK_VALUE(direct.ok(), "Mooncake PG: ", direct.status().message());
     auto p2p_pool = device::parseP2PPoolBytes(std::getenv(device::kCudaP2PPoolBytesEnv));
     TORCH_CHECK_VALUE(p2p_pool.ok(), "Mooncake PG: ", p2p_pool.status().message());
-    device_p2p_pool_bytes_ = p2p_pool.value();
+    cuda_p2p_.pool_bytes = p2p_pool.value();
     auto p2p_copy = device::parseP2PCopyWithKernel(std::getenv(device::kCudaP2PCopyEnv));
     TORCH_CHECK_VALUE(p2p_copy.ok(), "Mooncake PG: ", p2p_copy.status().message());
-    device_p2p_copy_with_kernel_ = p2p_copy.value();
-    live_graph_calls_ = std::make_shared<device::LiveGraphCalls>();
+    cuda_p2p_.copy_with_kernel = p2p_copy.value();
+    graphs_.live_calls = std::make_shared<device::LiveGraphCalls>();
     cuda_direct_ = direct.value();
     cuda_path_ = path.value();
     cuda_slot_bytes_ = slot.value();
@@ -155,7 +155,7 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
         // On the capturing thread, which is not adding to the graph
         // meanwhile (graph objects are not thread-safe), and before the
         // worker can see the call: it watches while the count is nonzero.
-        live_graph_calls_->holdUntilGraphDestroyed(
+        graphs_.live_calls->holdUntilGraphDestroyed(
             c10::cuda::getCurrentCUDAStream(exec->device().index()).stream());
     }
     return enqueue(
@@ -379,8 +379,8 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
         // Nothing to wait for now: the kernels run at each replay, which
         // reports to the graph result (checkGraphReplays), watched by the
         // worker while the graph exists (maybeKernel tied the count to it).
-        captured_calls_.fetch_add(1);
-        graph_watch_owed_.store(true);
+        graphs_.captured_calls.fetch_add(1);
+        graphs_.owed.store(true);
         return Status::OK();
     }
     kernel_launch_ = KernelLaunch{slot, size, applied_epoch_.load(), timeout_ns};
@@ -440,15 +440,15 @@ void MooncakeBackend::checkGraphReplays() {
         return;
     device::DeviceOpResult r;
     {
-        std::lock_guard<std::mutex> lock(graph_mu_);
+        std::lock_guard<std::mutex> lock(graphs_.mu);
         r = w->graphResult();
         if (r.status == 0)
             return;
         w->clearGraphResult();
         // Not reported yet: the worker reports it (watchGraphReplays).
-        if (!graph_failure_taken_ && device::isFailureEvidence(r))
-            graph_evidence_ = GraphFailure{r, applied_epoch_.load()};
-        graph_failure_taken_ = false;
+        if (!graphs_.failure_taken && device::isFailureEvidence(r))
+            graphs_.evidence = GraphWatch::Failure{r, applied_epoch_.load()};
+        graphs_.failure_taken = false;
     }
     std::vector<int> failed;
     Status st = device::resultStatus(r, "a collective replayed from a CUDA graph", &failed);

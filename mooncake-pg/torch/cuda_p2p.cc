@@ -68,9 +68,9 @@ void MooncakeBackend::publishDeviceP2PRoute() {
 P2PEngine* MooncakeBackend::deviceP2PFor(const at::Tensor& tensor, const char* op) {
     if (!tensor.is_cuda() || !config_.is_cuda || cuda_path_ != device::CudaPath::kKernels)
         return nullptr;
-    if (P2PEngine* engine = device_p2p_ptr_.load(std::memory_order_acquire))
+    if (P2PEngine* engine = cuda_p2p_.engine_ptr.load(std::memory_order_acquire))
         return engine;
-    int route = device_p2p_route_.load(std::memory_order_acquire);
+    int route = cuda_p2p_.route.load(std::memory_order_acquire);
     if (route < 0) {
         // One answer for the whole group, rank 0's, published at bootstrap:
         // a rank deciding from its own connections could differ from its
@@ -91,7 +91,7 @@ P2PEngine* MooncakeBackend::deviceP2PFor(const at::Tensor& tensor, const char* o
                           config_.rank,
                           ") is on another host; set MC_PG_CUDA_PATH=staged on every rank of "
                           "groups that span hosts");
-        device_p2p_route_.store(route, std::memory_order_release);
+        cuda_p2p_.route.store(route, std::memory_order_release);
         MC_LOG(kInfo, "pg") << "group '" << config_.group_name << "': P2P on CUDA tensors "
                             << (route == 1 ? "on device pools"
                                            : "staged through the host (a member is on another "
@@ -99,9 +99,9 @@ P2PEngine* MooncakeBackend::deviceP2PFor(const at::Tensor& tensor, const char* o
     }
     if (route == 0)
         return nullptr;
-    std::lock_guard<std::mutex> lock(device_p2p_mu_);
-    if (device_p2p_)
-        return device_p2p_.get();
+    std::lock_guard<std::mutex> lock(cuda_p2p_.mu);
+    if (cuda_p2p_.engine)
+        return cuda_p2p_.engine.get();
     Staging st(op);
     st.onDevice(tensor, "tensor");
     auto* exec = static_cast<CudaExecutor*>(executorFor(st, op));
@@ -109,8 +109,8 @@ P2PEngine* MooncakeBackend::deviceP2PFor(const at::Tensor& tensor, const char* o
     o.rank = config_.rank;
     o.max_group_size = max_group_size_;
     o.cuda_device = exec->device().index();
-    o.pool_bytes_per_peer = device_p2p_pool_bytes_;
-    o.copy_with_kernel = device_p2p_copy_with_kernel_;
+    o.pool_bytes_per_peer = cuda_p2p_.pool_bytes;
+    o.copy_with_kernel = cuda_p2p_.copy_with_kernel;
     o.key_prefix = group_key_;
     o.segment = EngineFabric::segmentOf(fabric_->endpoint());
     // The pools are memory of the fabric's engine, published in the group's
@@ -122,36 +122,36 @@ P2PEngine* MooncakeBackend::deviceP2PFor(const at::Tensor& tensor, const char* o
     TORCH_CHECK_WITH(DistBackendError, pools.ok(), "Mooncake PG: ", op, " on group '",
                      config_.group_name,
                      "': setting up P2P on device pools: ", pools.status().toString());
-    device_pools_ = std::move(pools).value();
+    cuda_p2p_.pools = std::move(pools).value();
     P2POptions options;
     options.external_pools = true;
-    options.pool_bytes_per_peer = device_p2p_pool_bytes_;
-    options.chunk_bytes = device::p2pChunkBytes(device_p2p_pool_bytes_);
-    options.window_offset = device_p2p_window_offset_;
-    device_p2p_ = std::make_shared<P2PEngine>(fabric_, options, device_pools_);
-    // Published under p2p_apply_mu_ after the latest view: a view stored
+    options.pool_bytes_per_peer = cuda_p2p_.pool_bytes;
+    options.chunk_bytes = device::p2pChunkBytes(cuda_p2p_.pool_bytes);
+    options.window_offset = cuda_p2p_.window_offset;
+    cuda_p2p_.engine = std::make_shared<P2PEngine>(fabric_, options, cuda_p2p_.pools);
+    // Published under cuda_p2p_.apply_mu after the latest view: a view stored
     // since is applied by applyDeviceP2PView, which then finds the engine.
-    std::lock_guard<std::mutex> apply(p2p_apply_mu_);
-    applyDeviceP2PViewLocked(*device_p2p_);
-    device_p2p_ptr_.store(device_p2p_.get(), std::memory_order_release);
-    return device_p2p_.get();
+    std::lock_guard<std::mutex> apply(cuda_p2p_.apply_mu);
+    applyDeviceP2PViewLocked(*cuda_p2p_.engine);
+    cuda_p2p_.engine_ptr.store(cuda_p2p_.engine.get(), std::memory_order_release);
+    return cuda_p2p_.engine.get();
 }
 
 void MooncakeBackend::applyDeviceP2PView() {
-    // Not under device_p2p_mu_: setMembership completes ops, and a
+    // Not under cuda_p2p_.mu: setMembership completes ops, and a
     // completion may post the next op or let the group go.
     std::shared_ptr<P2PEngine> engine;
     {
-        std::lock_guard<std::mutex> lock(device_p2p_mu_);
-        engine = device_p2p_;
+        std::lock_guard<std::mutex> lock(cuda_p2p_.mu);
+        engine = cuda_p2p_.engine;
     }
-    std::lock_guard<std::mutex> apply(p2p_apply_mu_);
+    std::lock_guard<std::mutex> apply(cuda_p2p_.apply_mu);
     if (engine)
         applyDeviceP2PViewLocked(*engine);
 }
 
 void MooncakeBackend::applyDeviceP2PViewLocked(P2PEngine& engine) {
-    device_pools_->setPeerSegments(fabric_->peerSegments(max_group_size_));
+    cuda_p2p_.pools->setPeerSegments(fabric_->peerSegments(max_group_size_));
     std::vector<uint8_t> active;
     std::vector<uint64_t> pair_epochs;
     {
@@ -161,7 +161,7 @@ void MooncakeBackend::applyDeviceP2PViewLocked(P2PEngine& engine) {
         active = p2p_active_;
         pair_epochs = p2p_pair_epochs_;
     }
-    // Under p2p_apply_mu_, so a later view is never overtaken by an older
+    // Under cuda_p2p_.apply_mu, so a later view is never overtaken by an older
     // one; the engine skips a view it already has.
     const Status st = engine.setMembership(active, pair_epochs);
     if (!st.ok())
@@ -190,7 +190,7 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::devicePointToPoint(P2PEngine& 
     // The op's copies wait for what the caller has queued so far, and for
     // nothing it queues later.
     const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(exec->device().index()).stream();
-    auto ordered = device_pools_->orderAfter(caller);
+    auto ordered = cuda_p2p_.pools->orderAfter(caller);
     TORCH_CHECK_WITH(DistBackendError, ordered.ok(), "Mooncake PG: ", op, " on group '",
                      config_.group_name, "': ", ordered.status().toString());
     std::shared_ptr<const P2POrder> order = std::move(ordered).value();
@@ -198,8 +198,8 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::devicePointToPoint(P2PEngine& 
     // copies may still read or write these later: the allocator must not
     // hand their memory out before the pools' stream has passed them.
     const c10::Stream pool_stream =
-        c10::cuda::getStreamFromExternal(device_pools_->stream(), exec->device().index());
-    device_pools_->streamInUse();
+        c10::cuda::getStreamFromExternal(cuda_p2p_.pools->stream(), exec->device().index());
+    cuda_p2p_.pools->streamInUse();
     user.record_stream(pool_stream);
     if (!buffer.is_same(user))
         buffer.record_stream(pool_stream);
@@ -212,7 +212,7 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::devicePointToPoint(P2PEngine& 
                                                   std::vector<c10::Device>{exec->device()});
     // Armed once the copies have completed: synchronize() and the Future's
     // events follow them, as the staged path's fences follow its copies.
-    std::shared_ptr<DeviceFence> fence = exec->fenceOn(device_pools_->stream());
+    std::shared_ptr<DeviceFence> fence = exec->fenceOn(cuda_p2p_.pools->stream());
     work->addFence(fence);
     const auto timeout = opTimeout(c10d::kUnsetTimeout);
     std::string context = p2pContext(is_send, peer, tag, timeout);
@@ -244,7 +244,7 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::devicePointToPoint(P2PEngine& 
     const size_t bytes = static_cast<size_t>(buffer.numel()) * buffer.element_size();
     void* data = buffer.data_ptr();
     P2PEngine* posted_to = &engine;
-    device_p2p_ops_.fetch_add(1);
+    cuda_p2p_.ops.fetch_add(1);
     // Nothing to wait for before posting: the engine queues the copies once
     // the caller's stream has passed `order`.
     postP2P([=](Status view) {
@@ -272,9 +272,9 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::devicePointToPoint(P2PEngine& 
 std::shared_ptr<P2PEngine> MooncakeBackend::releaseDeviceP2P(int64_t flush_ms) {
     std::shared_ptr<P2PEngine> engine;
     {
-        std::lock_guard<std::mutex> lock(device_p2p_mu_);
-        device_p2p_ptr_.store(nullptr, std::memory_order_release);
-        engine = std::move(device_p2p_);
+        std::lock_guard<std::mutex> lock(cuda_p2p_.mu);
+        cuda_p2p_.engine_ptr.store(nullptr, std::memory_order_release);
+        engine = std::move(cuda_p2p_.engine);
     }
     if (engine && engine->onProgressThread()) {
         // Destroyed from one of its completion callbacks: as for the host

@@ -152,7 +152,7 @@ uint64_t MooncakeBackend::abortReasonAgainst(int size, uint64_t epoch) const {
 }
 
 int64_t MooncakeBackend::liveGraphCalls() const {
-    return live_graph_calls_ ? live_graph_calls_->count() : 0;
+    return graphs_.live_calls ? graphs_.live_calls->count() : 0;
 }
 
 void MooncakeBackend::watchGraphReplays() {
@@ -175,29 +175,29 @@ void MooncakeBackend::watchGraphReplays() {
         const uint64_t reason = abortReasonAgainst(w->size(), applied);
         if (reason != 0) {
             w->setAbort(reason);
-            graph_abort_reason_ = reason;
+            graphs_.abort_reason = reason;
         }
-    } else if (graph_abort_reason_ != 0) {
+    } else if (graphs_.abort_reason != 0) {
         // Under the queue lock: abort() raises abort_pending_ there before
         // it sets the word, so its reason is never withdrawn here.
         std::lock_guard<std::mutex> lock(queue_mu_);
-        if (!abort_pending_ && w->abortReason() == graph_abort_reason_)
+        if (!abort_pending_ && w->abortReason() == graphs_.abort_reason)
             w->clearAbort();
-        graph_abort_reason_ = 0;
+        graphs_.abort_reason = 0;
     }
 
-    std::optional<GraphFailure> report;
+    std::optional<GraphWatch::Failure> report;
     {
-        std::lock_guard<std::mutex> lock(graph_mu_);
-        if (graph_evidence_) {
-            report = graph_evidence_;
-            graph_evidence_.reset();
-        } else if (!graph_failure_taken_) {
+        std::lock_guard<std::mutex> lock(graphs_.mu);
+        if (graphs_.evidence) {
+            report = graphs_.evidence;
+            graphs_.evidence.reset();
+        } else if (!graphs_.failure_taken) {
             const device::DeviceOpResult r = w->graphResult();
             if (r.status != 0) {
-                graph_failure_taken_ = true;
+                graphs_.failure_taken = true;
                 if (device::isFailureEvidence(r))
-                    report = GraphFailure{r, applied};
+                    report = GraphWatch::Failure{r, applied};
             }
         }
     }
@@ -212,7 +212,7 @@ void MooncakeBackend::watchGraphReplays() {
     MC_LOG(kWarn, "pg") << "rank " << config_.rank << " of group '" << config_.group_name
                         << "': " << st.toString()
                         << "; reported to the control plane as failure evidence";
-    graph_failures_reported_.fetch_add(1);
+    graphs_.failures_reported.fetch_add(1);
     // As failWork does for an eager op: a timeout leaves no deadline to count on.
     reportFailure(failed, st.code() == StatusCode::kTimeout
                               ? Deadline::after({})
@@ -221,12 +221,12 @@ void MooncakeBackend::watchGraphReplays() {
 
 void MooncakeBackend::forgetGraphFailures() {
     device::GroupWindow* w = device_window_.get();
-    std::lock_guard<std::mutex> lock(graph_mu_);
-    graph_evidence_.reset();
+    std::lock_guard<std::mutex> lock(graphs_.mu);
+    graphs_.evidence.reset();
     // One standing now happened in an older view: check_graph_replays still
     // raises it, but it is no evidence against the members of this one.
     if (w && w->graphResult().status != 0)
-        graph_failure_taken_ = true;
+        graphs_.failure_taken = true;
 }
 
 void MooncakeBackend::finishKernelCalls(size_t keep) {
