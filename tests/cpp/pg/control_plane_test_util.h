@@ -1,6 +1,6 @@
 // Helpers for the control-plane tests: building member messages, picking
-// effects out of a handle() result, and a Cluster that wires a Coordinator to
-// MemberAgents through the wire format with a scripted network.
+// effects out of a handle() result (control_plane_cluster.h adds the member
+// agents' side).
 #pragma once
 
 #include <gtest/gtest.h>
