@@ -17,8 +17,10 @@ Written against the documented API (seed 000, docs/design/control-plane.md):
   a 5th joins: world size 4 -> 5), with redundant activate_ranks calls;
 * holes: active [1, 0, 1, 0] -> dist.get_world_size() == 3 and collectives
   skip the hole; in-place rejoin of deactivated ranks;
-* join_group with nobody activating fails with an error naming activation;
-* the elastic examples of seed 000 and seed 004, as written (mooncake-cpu).
+* join_group with nobody activating fails with an error naming activation.
+
+The elastic examples of seeds 000 and 004, as written, are in
+test_elastic_seeds.py.
 
 Processes never coordinate through a process group a failure could break: they
 use the harness's file events. Each job is one run_ranks call (module-scoped,
@@ -29,7 +31,6 @@ stop instead of waiting out the watchdog.
 MC_PG_TIMEOUT_MS=3000 and MC_PG_RECONCILE_WINDOW_MS=4000 keep it fast.
 """
 
-import os
 import time
 
 import pytest
@@ -61,7 +62,6 @@ def fail_bound(mode):
 def _phase_kill(ctx, checks, mode, slot, victim, active, max_group_size, salt):
     """`victim` is SIGKILLed in the middle of an all_reduce that the others already
     entered; returns the new active set. Runs on every member of `active`."""
-    P = pg()
     survivors = sorted(active - {victim})
     if slot == victim:
         wait_all(ctx, f"kill{salt}_entered", survivors)
@@ -424,92 +424,6 @@ def _job_join_timeout(ctx):
     return run_guarded(checks, body, final)
 
 
-def _job_seeds(ctx, port_004):
-    """Procs 0-2: seed 000's example; procs 3-5: seed 004's (active_ranks tensors,
-    max_world_size), each on its own store. Backend mooncake-cpu, CPU tensors."""
-    checks = Checks(ctx)
-    seed = "000" if ctx.rank < 3 else "004"
-    rank = ctx.rank % 3
-    port = ctx.port if seed == "000" else port_004
-    from mooncake import pg as mpg
-
-    def body():
-        with checks.step(f"seed{seed}: the example as written"):
-            if rank < 2:
-                if seed == "000":
-                    dist.init_process_group(
-                        backend=ctx.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                        pg_options=mpg.MooncakeBackendOptions(
-                            3,      # max_group_size
-                            False,  # is_extension
-                        ),
-                    )
-                else:
-                    active_ranks = torch.tensor([1, 1, 0], dtype=torch.int32)
-                    dist.init_process_group(
-                        backend=ctx.backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                        pg_options=mpg.MooncakeBackendOptions(
-                            active_ranks,
-                            False,  # is_extension
-                            3,      # max_world_size
-                        ),
-                    )
-                ctx.signal(f"seed{seed}_up_{rank}")
-                if rank == 0:
-                    wait_all(ctx, f"seed{seed}_up", [0, 1])
-                    ctx.signal(f"seed{seed}_launch_joiner")
-                backend = dist.group.WORLD
-                join_ranks = [2]
-                deadline = time.monotonic() + STEP_S
-                while not all(mpg.get_peer_state(backend, join_ranks)):
-                    # Continue serving, back off, or poll according to your scheduler policy.
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("get_peer_state never reported the joiner ready")
-                    time.sleep(0.01)
-                mpg.recover_ranks(backend, join_ranks)
-            else:
-                if seed == "000":
-                    dist.init_process_group(
-                        backend=ctx.backend, init_method=f"tcp://127.0.0.1:{port}", rank=2, world_size=3,
-                        pg_options=mpg.MooncakeBackendOptions(
-                            3,     # max_group_size
-                            True,  # is_extension
-                        ),
-                    )
-                else:
-                    active_ranks = torch.tensor([1, 1, 1], dtype=torch.int32)
-                    dist.init_process_group(
-                        backend=ctx.backend, init_method=f"tcp://127.0.0.1:{port}", rank=2, world_size=3,
-                        pg_options=mpg.MooncakeBackendOptions(
-                            active_ranks,
-                            True,  # is_extension
-                            3,     # max_world_size
-                        ),
-                    )
-                backend = dist.group.WORLD
-                # Collectives are local-only before join_group (warm-up window).
-                mpg.join_group(backend)
-        with checks.step(f"seed{seed}: all three active afterwards, size 3"):
-            wait_mask(ctx, [1, 1, 1])
-            assert dist.get_world_size() == 3, f"dist.get_world_size() {dist.get_world_size()}"
-            if seed == "004":
-                assert active_ranks.tolist() == [1, 1, 1], (
-                    f"the active_ranks tensor given to MooncakeBackendOptions holds {active_ranks.tolist()}, "
-                    f"expected the committed membership [1, 1, 1]")
-        with checks.step(f"seed{seed}: all_reduce over the 3 ranks"):
-            check_all_reduce({0, 1, 2}, 1, rank)
-        ctx.signal(f"seed{seed}_done_{rank}")
-        wait_all(ctx, f"seed{seed}_done", [0, 1, 2])
-
-    def final():
-        if rank != 0:
-            leave(ctx, checks)
-        else:
-            last_out(ctx, [ctx.rank + 1, ctx.rank + 2])
-
-    return run_guarded(checks, body, final)
-
-
 # =============================================================================== jobs, cached
 
 _jobs = {}
@@ -533,9 +447,6 @@ def _run(name, backend):
             res = harness.run_ranks(_job_holes, 4, backend, **kw)
         elif name == "jointimeout":
             res = harness.run_ranks(_job_join_timeout, 3, backend, **kw)
-        elif name == "seeds":
-            res = harness.run_ranks(_job_seeds, 6, backend, args=(harness.free_port(),),
-                                    late={2: "seed000_launch_joiner", 5: "seed004_launch_joiner"}, **kw)
         else:
             raise KeyError(name)
         out = {"procs": res, "error": None}
@@ -591,16 +502,11 @@ def test_join_group_without_activation_fails_clearly(backend):
     _expect(_run("jointimeout", backend), "jointimeout")
 
 
-@pytest.mark.parametrize("seed", ["000", "004"])
-def test_seed_examples_as_written(backend, seed):
-    _expect(_run("seeds", backend), f"seed{seed}")
-
-
 def test_processes_leave_cleanly(backend):
     """Every process that was not killed leaves with destroy_process_group (no error).
     A job that failed as a whole fails this test too: it never showed a clean exit."""
     failed = []
-    for name in ("default", "deferred", "framework", "replace", "holes", "jointimeout", "seeds"):
+    for name in ("default", "deferred", "framework", "replace", "holes", "jointimeout"):
         job = _run(name, backend)
         if job["error"] is not None:
             failed.append(f"job {name!r} failed as a whole, so its exits were never checked:\n"
