@@ -228,6 +228,37 @@ inline int launchOrReplay(RankContext& c, cudaGraphExec_t* exec,
     return 0;
 }
 
+// A dispatch / combine of `num_tokens` tokens over the step buffers.
+inline DispatchArgs dispatchArgsOf(const RankContext& c, int num_tokens, bool use_fp8) {
+    const StepBuffers& b = *c.buffers;
+    DispatchArgs d;
+    d.x = b.x.as<void>();
+    d.topk_idx = b.topk.as<int64_t>();
+    d.num_tokens = num_tokens;
+    d.top_k = c.s.top_k;
+    d.use_fp8 = use_fp8;
+    d.packed_recv_x = b.recv_x.as<void>();
+    d.packed_recv_scales = b.recv_scales.as<float>();
+    d.packed_recv_count = b.recv_count.as<int32_t>();
+    d.src_info = b.src_info.as<int32_t>();
+    d.layout_range = b.layout.as<int64_t>();
+    return d;
+}
+
+inline CombineArgs combineArgsOf(const RankContext& c, int num_tokens) {
+    const StepBuffers& b = *c.buffers;
+    CombineArgs cb;
+    cb.x = b.expert_out.as<void>();
+    cb.src_info = b.src_info.as<int32_t>();
+    cb.layout_range = b.layout.as<int64_t>();
+    cb.topk_idx = b.topk.as<int64_t>();
+    cb.topk_weights = b.weights.as<float>();
+    cb.num_tokens = num_tokens;
+    cb.top_k = c.s.top_k;
+    cb.out = b.out.as<void>();
+    return cb;
+}
+
 // One dispatch + combine on a participating rank, every output checked.
 inline int step(RankContext& c, const std::vector<RankInputs>& all, const StepPlan& plan) {
     const Shape& s = c.s;
@@ -246,17 +277,7 @@ inline int step(RankContext& c, const std::vector<RankInputs>& all, const StepPl
     CUDA_OK(upload(c, c.active, active.data(), active.size() * 4));
 
     const EpGroupArgs g = c.group(plan.timeout_ns);
-    DispatchArgs d;
-    d.x = x.as<void>();
-    d.topk_idx = topk.as<int64_t>();
-    d.num_tokens = mine.num_tokens;
-    d.top_k = s.top_k;
-    d.use_fp8 = plan.use_fp8;
-    d.packed_recv_x = recv_x.as<void>();
-    d.packed_recv_scales = recv_scales.as<float>();
-    d.packed_recv_count = recv_count.as<int32_t>();
-    d.src_info = src_info.as<int32_t>();
-    d.layout_range = layout.as<int64_t>();
+    const DispatchArgs d = dispatchArgsOf(c, mine.num_tokens, plan.use_fp8);
     const auto t0 = std::chrono::steady_clock::now();
     if (launchOrReplay(c, &c.dispatch_graph, [&] { return launchDispatch(g, d, c.stream); }))
         return 1;
@@ -302,15 +323,7 @@ inline int step(RankContext& c, const std::vector<RankInputs>& all, const StepPl
         }
     }
     CUDA_OK(upload(c, expert_out.as<void>(), y.data(), y.size() * 2));
-    CombineArgs cb;
-    cb.x = expert_out.as<void>();
-    cb.src_info = src_info.as<int32_t>();
-    cb.layout_range = layout.as<int64_t>();
-    cb.topk_idx = topk.as<int64_t>();
-    cb.topk_weights = weights.as<float>();
-    cb.num_tokens = mine.num_tokens;
-    cb.top_k = s.top_k;
-    cb.out = out.as<void>();
+    const CombineArgs cb = combineArgsOf(c, mine.num_tokens);
     const auto t1 = std::chrono::steady_clock::now();
     if (launchOrReplay(c, &c.combine_graph, [&] { return launchCombine(g, cb, c.stream); }))
         return 1;

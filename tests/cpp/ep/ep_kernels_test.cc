@@ -9,6 +9,8 @@
 //             it inactive, finish, and the next step among them is correct
 //   combine timeout   the same with a rank that dispatches but skips the combine
 //   phase trace   a traced FP8 step: outputs exact, marks consistent
+//   start together   ep_benchmark's shape, every rank's op started at one
+//             instant, many times over (a test of its own)
 // The step and its checks are in ep_kernel_step.h.
 // Processes are forked before any CUDA call; the tests skip with the reason
 // where no GPU is usable.
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "mooncake-ep/kernels/aligned_pad.h"
 #include "mooncake-ep/kernels/ep_kernels.h"
 #include "tests/cpp/ep/ep_kernel_step.h"
 #include "tests/cpp/ep/ep_reference.h"
@@ -205,11 +208,74 @@ int scenarioPhaseTrace(RankContext& c) {
     return checkPhaseTrace(c, marks, all[c.rank].num_tokens);
 }
 
+// Every rank's dispatch, and then every rank's combine, starts at one
+// instant of the GPU clock (an aligned pad after a barrier), as
+// `ep_benchmark --align-ranks --launch-pad-us` runs them: the first step
+// checked against the reference, `repeats` more with the same inputs checked
+// against it. A kernel that never ends (the benchmark's combine stalled so on
+// 2026-12-06) shows as a rank the 1 s deadline marked inactive.
+int scenarioStartTogether(RankContext& c, int repeats) {
+    if (resetBuffers(c, "start together"))
+        return 1;
+    const Shape& s = c.s;
+    const std::vector<RankInputs> all = inputsFor(s, 0);
+    StepPlan plan;
+    plan.use_fp8 = true;
+    plan.active_before.assign(s.num_ranks, 1);
+    plan.active_after = plan.active_before;
+    if (step(c, all, plan))
+        return 1;
+    const int num_tokens = all[c.rank].num_tokens;
+    std::vector<uint16_t> first(static_cast<size_t>(num_tokens) * s.hidden), last(first.size());
+    CUDA_OK(cudaMemcpy(first.data(), c.buffers->out.as<void>(), first.size() * 2,
+                       cudaMemcpyDeviceToHost));
+    constexpr int64_t kStallDeadlineNs = 1'000'000'000;
+    // Outlasts a rank's launch after the barrier, so the ranks' ops start in
+    // one period of the pad.
+    constexpr uint64_t kPadNs = 1'000'000;
+    const EpGroupArgs g = c.group(kStallDeadlineNs);
+    const DispatchArgs d = dispatchArgsOf(c, num_tokens, /*use_fp8=*/true);
+    const CombineArgs cb = combineArgsOf(c, num_tokens);
+    double slowest_ms = 0;
+    int slowest = 0;
+    for (int i = 1; i <= repeats; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        EXPECT_CHILD(c.barrier->arrive(), "barrier before the dispatch of repeat %d", i);
+        Status st = launchAlignedPad(kPadNs, 2 * kPadNs, c.stream);
+        if (st.ok())
+            st = launchDispatch(g, d, c.stream);
+        EXPECT_CHILD(st.ok(), "repeat %d: %s", i, st.toString().c_str());
+        EXPECT_CHILD(waitStream(c.stream, kStreamWaitMs, "dispatch", c.rank), "repeat %d", i);
+        EXPECT_CHILD(c.barrier->arrive(), "barrier before the combine of repeat %d", i);
+        st = launchAlignedPad(kPadNs, 2 * kPadNs, c.stream);
+        if (st.ok())
+            st = launchCombine(g, cb, c.stream);
+        EXPECT_CHILD(st.ok(), "repeat %d: %s", i, st.toString().c_str());
+        EXPECT_CHILD(waitStream(c.stream, kStreamWaitMs, "combine", c.rank), "repeat %d", i);
+        const std::string when = "after repeat " + std::to_string(i);
+        if (checkActive(c, plan.active_after, when.c_str()))
+            return 1;
+        if (msSince(t0) > slowest_ms) {
+            slowest_ms = msSince(t0);
+            slowest = i;
+        }
+    }
+    CUDA_OK(cudaMemcpy(last.data(), c.buffers->out.as<void>(), last.size() * 2,
+                       cudaMemcpyDeviceToHost));
+    EXPECT_CHILD(last == first, "the combine of repeat %d differs from the checked first step's",
+                 repeats);
+    std::printf("rank %d %s: %d repeats ok, the slowest (repeat %d) %.2f ms with its barriers\n",
+                c.rank, c.scenario.c_str(), repeats, slowest, slowest_ms);
+    std::fflush(stdout);
+    return 0;
+}
+
 struct Plan {
     Shape shape;
     int inactive_rank;
     int absent_rank;
     bool graphs_only = false;
+    int start_together_repeats = 0;  // > 0: only scenarioStartTogether
 };
 
 int rankMain(const Plan& plan, int rank, const std::string& dir) {
@@ -254,6 +320,8 @@ int rankMain(const Plan& plan, int rank, const std::string& dir) {
     int rc = 0;
     if (plan.graphs_only) {
         rc = scenarioGraphs(c);
+    } else if (plan.start_together_repeats > 0) {
+        rc = scenarioStartTogether(c, plan.start_together_repeats);
     } else {
         rc = scenarioBasic(c);
         if (rc == 0)
@@ -329,6 +397,17 @@ TEST(EpKernels, GraphReplayTwoProcesses) {
     runRanks({Shape{/*num_ranks=*/2, /*num_experts=*/8, /*max_tokens=*/32, /*hidden=*/1024,
                     /*top_k=*/4},
               /*inactive_rank=*/1, /*absent_rank=*/1, /*graphs_only=*/true});
+}
+
+// ep_benchmark's shape (8 ranks, 256 experts, 128 tokens, hidden 7168,
+// top-8, FP8) with every rank's op starting at once, 200 times.
+TEST(EpKernels, EightProcessesStartingTogetherNeverStall) {
+    SKIP_WITHOUT_GPU();
+    Plan plan{Shape{/*num_ranks=*/8, /*num_experts=*/256, /*max_tokens=*/128, /*hidden=*/7168,
+                    /*top_k=*/8},
+              /*inactive_rank=*/0, /*absent_rank=*/0};
+    plan.start_together_repeats = 200;
+    runRanks(plan);
 }
 
 }  // namespace
