@@ -81,17 +81,28 @@ Status checkDispatchArgs(const EpGroupArgs& g, const DispatchArgs& a);
 Status checkCombineArgs(const EpGroupArgs& g, const CombineArgs& a);
 
 // Blocks of a combine receive grid (each loops over tokens) on a GPU of
-// `sms` SMs. Receive blocks spin until their peers' send kernels signal;
-// when ranks share the GPU, a grid of one block per token could fill every
-// SM and keep a peer's send kernel from ever being scheduled, so the ranks
-// sharing a GPU together keep their spinning blocks to a quarter of its
-// threads. Pure: the launch passes the current device's SM count.
+// `sms` SMs: one per token, except when ranks share the GPU. Receive blocks
+// spin until their peers' send kernels signal, and had the sharing ranks'
+// spinning blocks covered every SM, a rank whose send kernel had not been
+// scheduled yet might never be. Blocks of different MPS clients share an
+// SM only as the scheduler balances load (NVIDIA's MPS documentation), so
+// spare registers on an SM are no guarantee: the bound is dispatch's
+// (epSpinningBlocksPerRank). Two blocks per SM across the ranks, the bound
+// before, let 8 ranks' 264 spinning blocks outnumber an H100's 132 SMs, and
+// 8-process benchmark runs stalled in combine (2026-12-06). Pure: the
+// launch passes the current device's SM count.
 int epCombineReceiveBlocks(const EpGroupArgs& g, int num_tokens, int sms);
 // The same for a launch on the current device, which is asked for its SM
 // count only when ranks share it (the grid depends on it only then), or
 // MC_EP_COMBINE_RECV_BLOCKS (clamped to [1, tokens]) for benchmarks that
 // probe the bound.
 int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens);
+
+// How many spinning receive blocks each of `ranks_per_device` ranks sharing
+// a GPU of `sms` SMs may launch: together half as many as it has SMs, so
+// that whatever the block scheduler does, SMs stay free for send kernels
+// not scheduled yet. At least one.
+int epSpinningBlocksPerRank(int sms, int ranks_per_device);
 
 // Blocks of a dispatch receive grid (each loops over local experts) on a
 // GPU of `sms` SMs: one per local expert, except when ranks share the GPU.
@@ -102,8 +113,8 @@ int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens);
 // would never be, and every rank would wait for it (seen on one H200 with
 // 8 processes whose kernels the benchmark's aligned pad started at once).
 // The ranks sharing a GPU together keep their receive blocks to half as
-// many as it has SMs. Pure: the launch passes the current device's SM
-// count.
+// many as it has SMs (epSpinningBlocksPerRank). Pure: the launch passes the
+// current device's SM count.
 int epDispatchReceiveBlocks(const EpGroupArgs& g, int sms);
 // The launch's grid: epDispatchReceiveBlocks, or MC_EP_DISPATCH_RECV_BLOCKS
 // (clamped to [1, local experts]) for benchmarks that probe the bound; a

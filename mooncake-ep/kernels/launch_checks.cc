@@ -52,16 +52,15 @@ Status checkGroupArgs(const EpGroupArgs& g) {
     return Status::OK();
 }
 
+int epSpinningBlocksPerRank(int sms, int ranks_per_device) {
+    return std::max(1, sms / (2 * std::max(1, ranks_per_device)));
+}
+
 int epCombineReceiveBlocks(const EpGroupArgs& g, int num_tokens, int sms) {
     const int wanted = std::max(1, num_tokens);
     if (g.ranks_per_device <= 1)
         return wanted;  // its own send kernel finished before its receive began
-    // Two 256-thread receive blocks per SM across the sharing ranks: a
-    // quarter of an SM's threads, and with 48 registers a thread (sm_90)
-    // 40% of its registers. Unlike dispatch's bound this leaves a spinning
-    // block on most SMs; MC_EP_COMBINE_RECV_BLOCKS probes it.
-    constexpr int kSpinningBlocksPerSm = 2;
-    return std::min(wanted, std::max(1, kSpinningBlocksPerSm * sms / g.ranks_per_device));
+    return std::min(wanted, epSpinningBlocksPerRank(sms, g.ranks_per_device));
 }
 
 int epSendThreads(int64_t rows, int64_t blocks) {
@@ -83,7 +82,7 @@ int epDispatchReceiveBlocks(const EpGroupArgs& g, int sms) {
     const int wanted = std::max(1, g.num_ranks > 0 ? g.num_experts / g.num_ranks : 1);
     if (g.ranks_per_device <= 1)
         return wanted;  // its own send kernel finished before its receive began
-    return std::min(wanted, std::max(1, sms / (2 * g.ranks_per_device)));
+    return std::min(wanted, epSpinningBlocksPerRank(sms, g.ranks_per_device));
 }
 
 int epDispatchReceiveGrid(const EpGroupArgs& g) {

@@ -371,8 +371,8 @@ TEST(EpKernels, FourProcessesHidden7168) {
 }
 
 // More tokens than the combine receive grid has blocks when four ranks share
-// the GPU (2 * SMs / 4 of them: 66 on an H200, at most 128 on a GPU of 256
-// SMs), so each block reduces several tokens. Every rank sends 160 to 320.
+// the GPU (SMs / 8 of them: 16 on an H100 or H200, 32 on a GPU of 256 SMs),
+// so each block reduces several tokens. Every rank sends 160 to 320.
 // (The parent makes no CUDA call: the ranks are forked from it.)
 TEST(EpKernels, FourProcessesSharingTheGpuLoopOverTokens) {
     SKIP_WITHOUT_GPU();

@@ -151,15 +151,22 @@ TEST(EpLaunchChecks, DispatchReceiveBlocksOfRanksSharingTheGpuLeaveHalfItsSmsFre
 }
 
 TEST(EpLaunchChecks, CombineReceiveGridIsBoundedOnlyWhenRanksShareTheGpu) {
-    constexpr int kH200Sms = 132;
+    constexpr int kH100Sms = 132;
     EpGroupArgs g = validGroup();                          // two ranks, one per GPU
-    EXPECT_EQ(epCombineReceiveBlocks(g, 0, kH200Sms), 1);  // a block finishes an empty op
-    EXPECT_EQ(epCombineReceiveBlocks(g, 4096, kH200Sms), 4096);
-    g.ranks_per_device = 2;  // 2 blocks per SM shared by both ranks
-    EXPECT_EQ(epCombineReceiveBlocks(g, 4096, kH200Sms), 132);
-    EXPECT_EQ(epCombineReceiveBlocks(g, 100, kH200Sms), 100);
-    EXPECT_EQ(epCombineReceiveBlocks(g, 0, kH200Sms), 1);
+    EXPECT_EQ(epCombineReceiveBlocks(g, 0, kH100Sms), 1);  // a block finishes an empty op
+    EXPECT_EQ(epCombineReceiveBlocks(g, 4096, kH100Sms), 4096);
+    g.ranks_per_device = 2;  // 33 blocks each: 66 of the 132 SMs
+    EXPECT_EQ(epCombineReceiveBlocks(g, 4096, kH100Sms), 33);
+    EXPECT_EQ(epCombineReceiveBlocks(g, 20, kH100Sms), 20);
+    EXPECT_EQ(epCombineReceiveBlocks(g, 0, kH100Sms), 1);
     EXPECT_EQ(epCombineReceiveBlocks(g, 4096, 1), 1);  // never an empty grid
+    g.num_ranks = 8;
+    g.num_experts = 256;
+    g.ranks_per_device = 8;  // ep_benchmark's 8 processes, 128 tokens: 8 blocks each
+    EXPECT_EQ(epCombineReceiveBlocks(g, 128, kH100Sms), 8);
+    EXPECT_LE(g.ranks_per_device * epCombineReceiveBlocks(g, 128, kH100Sms), kH100Sms / 2);
+    g.num_ranks = 2;
+    g.num_experts = validGroup().num_experts;
     g.ranks_per_device = 3;
     expectInvalid(checkGroupArgs(g), "ranks_per_device is 3, expected in [1, 2]");
     g.ranks_per_device = 0;
