@@ -19,15 +19,14 @@ it and said so); the victim itself never enters it. Dying in the middle of a
 transfer is test_elastic_scenarios.py's all_reduce case.
 """
 
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
-import harness
 from elastic_checks import (ELASTIC_ENV, TIMEOUT_MS, Checks, check_all_reduce, check_failed_work,
-                            expect_checks, init, mask, mask_of, options, pg, run_guarded, wait_all,
+                            expect_checks, init, mask, mask_of, options, pg, run_guarded, run_job_once,
+                            wait_all,
                             wait_event, wait_facts, wait_mask)
 
 pytestmark = pytest.mark.elastic
@@ -143,22 +142,11 @@ _jobs = {}
 
 
 def _run(name, backend):
-    if not harness.is_mooncake(backend):
-        pytest.skip("elastic membership is a mooncake-cpu feature (gloo has none)")
-    if name not in _jobs:
-        kw = dict(timeout_s=180, env=ELASTIC_ENV, init=False, ref_group=False)
-        t0 = time.monotonic()
-        try:
-            if name == "coordinator":
-                res = harness.run_ranks(_job_coordinator, 3, backend, expect_killed=[0], **kw)
-            else:
-                res = harness.run_ranks(_job_ops, MAX, backend, args=(name,), expect_killed=[1, 2, 3, 4], **kw)
-            out = {"procs": res, "error": None}
-        except harness.WorkersFailed as e:
-            out = {"procs": None, "error": str(e)}
-        out["wall_s"] = round(time.monotonic() - t0, 1)
-        _jobs[name] = out
-    return _jobs[name]
+    kw = dict(timeout_s=180, env=ELASTIC_ENV, init=False, ref_group=False)
+    if name == "coordinator":
+        return run_job_once(_jobs, name, backend, _job_coordinator, 3, expect_killed=[0], **kw)
+    return run_job_once(_jobs, name, backend, _job_ops, MAX, args=(name,),
+                        expect_killed=[1, 2, 3, 4], **kw)
 
 
 @pytest.mark.parametrize("op", ["all_gather", "all_to_all", "broadcast", "p2p"])

@@ -19,16 +19,14 @@ works in both directions.
 Processes coordinate through the harness's file events, never sleeps.
 """
 
-import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
-import harness
 from elastic_checks import (STEP_S, Checks, check_all_reduce, check_p2p_pair, expect_checks, init,
                             join_group, last_out, leave, mask, mask_of, options, pg, run_guarded,
-                            wait_event, wait_mask, wait_peers_ready)
+                            run_job_once, wait_event, wait_mask, wait_peers_ready)
 
 pytestmark = pytest.mark.elastic
 
@@ -158,20 +156,8 @@ _result = {}
 
 
 def _run(backend):
-    if backend in _result:
-        return _result[backend]
-    if not harness.is_mooncake(backend):
-        pytest.skip("elastic membership is a mooncake-cpu feature (gloo has none)")
-    t0 = time.monotonic()
-    try:
-        procs = harness.run_ranks(_job, 4, backend, timeout_s=JOB_TIMEOUT_S, env=ENV, init=False,
-                                  ref_group=False, late={3: "launch_joiner"})
-        out = {"procs": procs, "error": None}
-    except harness.WorkersFailed as e:
-        out = {"procs": None, "error": str(e)}
-    out["wall_s"] = round(time.monotonic() - t0, 1)
-    _result[backend] = out
-    return out
+    return run_job_once(_result, backend, backend, _job, 4, timeout_s=JOB_TIMEOUT_S, env=ENV,
+                        init=False, ref_group=False, late={3: "launch_joiner"})
 
 
 def test_pending_p2p_between_staying_ranks_survives_a_join(backend):

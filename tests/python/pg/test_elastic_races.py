@@ -117,7 +117,6 @@ def _silent_member_keeps_the_window_open(ctx):
     whole window. Rank 0's Work must still complete by the op's deadline
     (default mode), not when the window closes."""
     import torch.distributed as dist
-    backend = dist.group.WORLD
     x = torch.ones(4)
     dist.all_reduce(x)
     assert x.tolist() == [3.0] * 4, x

@@ -37,12 +37,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import harness
 from elastic_checks import (ELASTIC_ENV, SLACK_S, STEP_S, TIMEOUT_MS, WINDOW_MS, Checks, big_input,
                             check_all_reduce, check_died_inside, check_failed_op,
                             die_inside_all_reduce, check_p2p_pair, expect_checks, init,
                             join_group, last_out, leave, mask, mask_of, options, outcome, pg,
-                            run_guarded, wait_all, wait_event, wait_mask, wait_peers_ready)
+                            run_guarded, run_job_once, wait_all, wait_event, wait_mask, wait_peers_ready)
 
 pytestmark = pytest.mark.elastic
 
@@ -430,31 +429,19 @@ _jobs = {}
 
 
 def _run(name, backend):
-    key = (name, backend)
-    if key in _jobs:
-        return _jobs[key]
-    if not harness.is_mooncake(backend):
-        pytest.skip("elastic membership is a mooncake-cpu feature (gloo has none)")
     kw = dict(timeout_s=JOB_TIMEOUT_S, env=ELASTIC_ENV, init=False, ref_group=False)
-    t0 = time.monotonic()
-    try:
-        if name in ("default", "deferred", "framework"):
-            res = harness.run_ranks(_job_modes, 4, backend, args=(name,), expect_killed=[3], **kw)
-        elif name == "replace":
-            res = harness.run_ranks(_job_replace, 6, backend, expect_killed=[3],
-                                    late={4: "launch_replacement", 5: "launch_joiner"}, **kw)
-        elif name == "holes":
-            res = harness.run_ranks(_job_holes, 4, backend, **kw)
-        elif name == "jointimeout":
-            res = harness.run_ranks(_job_join_timeout, 3, backend, **kw)
-        else:
-            raise KeyError(name)
-        out = {"procs": res, "error": None}
-    except harness.WorkersFailed as e:
-        out = {"procs": None, "error": str(e)}
-    out["wall_s"] = round(time.monotonic() - t0, 1)
-    _jobs[key] = out
-    return out
+    if name in ("default", "deferred", "framework"):
+        job, n, kw = _job_modes, 4, dict(kw, args=(name,), expect_killed=[3])
+    elif name == "replace":
+        job, n = _job_replace, 6
+        kw = dict(kw, expect_killed=[3], late={4: "launch_replacement", 5: "launch_joiner"})
+    elif name == "holes":
+        job, n = _job_holes, 4
+    elif name == "jointimeout":
+        job, n = _job_join_timeout, 3
+    else:
+        raise KeyError(name)
+    return run_job_once(_jobs, (name, backend), backend, job, n, **kw)
 
 
 _expect = expect_checks

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 import harness
 from elastic_checks import (ELASTIC_ENV, STEP_S, Checks, check_all_reduce, expect_checks, last_out,
-                            leave, run_guarded, wait_all, wait_mask)
+                            leave, run_guarded, run_job_once, wait_all, wait_mask)
 
 pytestmark = pytest.mark.elastic
 
@@ -115,22 +115,9 @@ _job = {}
 
 
 def _run(backend):
-    if backend in _job:
-        return _job[backend]
-    if not harness.is_mooncake(backend):
-        pytest.skip("elastic membership is a mooncake-cpu feature (gloo has none)")
-    t0 = time.monotonic()
-    try:
-        res = harness.run_ranks(_job_seeds, 6, backend, args=(harness.free_port(),),
-                                late={2: "seed000_launch_joiner", 5: "seed004_launch_joiner"},
-                                timeout_s=JOB_TIMEOUT_S, env=ELASTIC_ENV, init=False,
-                                ref_group=False)
-        out = {"procs": res, "error": None}
-    except harness.WorkersFailed as e:
-        out = {"procs": None, "error": str(e)}
-    out["wall_s"] = round(time.monotonic() - t0, 1)
-    _job[backend] = out
-    return out
+    return run_job_once(_job, backend, backend, _job_seeds, 6, args=(harness.free_port(),),
+                        late={2: "seed000_launch_joiner", 5: "seed004_launch_joiner"},
+                        timeout_s=JOB_TIMEOUT_S, env=ELASTIC_ENV, init=False, ref_group=False)
 
 
 @pytest.mark.parametrize("seed", ["000", "004"])
