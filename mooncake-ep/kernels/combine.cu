@@ -5,8 +5,8 @@
 //            the dispatch handle says came from that rank into its combine
 //            region at [global expert][source token], then signals that
 //            expert's flag there.
-//   receive  a block per token (fewer when ranks share the GPU, each then
-//            looping over tokens): waits for the flags of the experts the
+//   receive  a block per token (fewer and larger when ranks share the GPU,
+//            each then looping over tokens): waits for the flags of the experts the
 //            token selected (deadline, active_ranks), then reduces. Experts
 //            whose flag did not arrive (rank inactive or timed out) and -1
 //            entries add nothing.
@@ -19,8 +19,6 @@
 
 namespace mooncake::ep {
 namespace {
-
-constexpr int kRecvThreads = 256;
 
 struct CombineParams {
     EpGroupArgs g;
@@ -49,7 +47,7 @@ __global__ void __launch_bounds__(kSendThreads) combineSend(CombineParams p) {
     epTrace(p.g, kEpTraceCombineSend, kEpTraceEnd);
 }
 
-__global__ void __launch_bounds__(kRecvThreads) combineReceive(CombineParams p) {
+__global__ void __launch_bounds__(kEpCombineRecvMaxThreads) combineReceive(CombineParams p) {
     extern __shared__ int shared[];  // experts[top_k], included[top_k]
     const char* local = static_cast<const char*>(p.g.local_buffer);
     epCombineReceiveBlock(p.g, p.a, shared, [&](int owner, int64_t word, uint64_t seq) {
@@ -80,7 +78,7 @@ Status launchCombineReceive(const EpGroupArgs& g, const CombineArgs& a, cudaStre
     const CombineParams p{g, a};
     const int blocks = epCombineReceiveGrid(g, a.num_tokens);
     const size_t shared_bytes = 2 * sizeof(int) * static_cast<size_t>(a.top_k);
-    combineReceive<<<blocks, kRecvThreads, shared_bytes, stream>>>(p);
+    combineReceive<<<blocks, epCombineReceiveThreads(g), shared_bytes, stream>>>(p);
     return cudaLaunchStatus("combine receive");
 }
 

@@ -98,6 +98,16 @@ int epCombineReceiveBlocks(const EpGroupArgs& g, int num_tokens, int sms);
 // probe the bound.
 int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens);
 
+// Threads of a combine receive block. A block reduces one token at a time,
+// its threads over the hidden channels: 256 when every token has a block of
+// its own; when ranks share the GPU the grid is bounded and each block
+// loops over several tokens, so it gets kEpCombineRecvMaxThreads (one pass
+// over a 7168-channel row's 896 16-byte words instead of four).
+// MC_EP_COMBINE_RECV_THREADS=256|512|1024 forces it, for benchmarks.
+inline constexpr int kEpCombineRecvMinThreads = 256;
+inline constexpr int kEpCombineRecvMaxThreads = 1024;
+int epCombineReceiveThreads(const EpGroupArgs& g);
+
 // How many spinning receive blocks each of `ranks_per_device` ranks sharing
 // a GPU of `sms` SMs may launch: together half as many as it has SMs, so
 // that whatever the block scheduler does, SMs stay free for send kernels

@@ -108,6 +108,17 @@ int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens) {
                                   g.ranks_per_device > 1 ? currentDeviceSmCount() : 0);
 }
 
+int epCombineReceiveThreads(const EpGroupArgs& g) {
+    static const int forced = [] {
+        const char* v = std::getenv("MC_EP_COMBINE_RECV_THREADS");
+        const int n = v ? std::atoi(v) : 0;
+        return n == 256 || n == 512 || n == 1024 ? n : 0;
+    }();
+    if (forced)
+        return forced;
+    return g.ranks_per_device > 1 ? kEpCombineRecvMaxThreads : kEpCombineRecvMinThreads;
+}
+
 namespace {
 
 Status checkTokens(const EpGroupArgs& g, int num_tokens, int top_k) {

@@ -23,7 +23,6 @@ namespace {
 
 constexpr int kSendThreads = 512;
 constexpr int kRecvThreads = 512;
-constexpr int kCombineRecvThreads = 256;
 
 struct DispatchParams {
     NcclEpDevice d;
@@ -199,7 +198,7 @@ __global__ void __launch_bounds__(kSendThreads) ncclCombineSend(CombineParams p)
                   &p.d.last_sent[p.g.num_experts + b.local_expert * num_ranks + b.dst]);
 }
 
-__global__ void __launch_bounds__(kCombineRecvThreads) ncclCombineReceive(CombineParams p) {
+__global__ void __launch_bounds__(kEpCombineRecvMaxThreads) ncclCombineReceive(CombineParams p) {
     extern __shared__ int shared[];  // experts[top_k], included[top_k]
     epCombineReceiveBlock(p.g, p.a, shared, [&](int owner, int64_t word, uint64_t seq) {
         uint32_t unused = 0;
@@ -244,7 +243,7 @@ Status launchNcclCombine(const NcclEpDevice& d, const EpGroupArgs& g, const Comb
     MC_RETURN_IF_ERROR(cudaLaunchStatus("NCCL combine send"));
     const int blocks = epCombineReceiveGrid(g, a.num_tokens);
     const size_t shared_bytes = 2 * sizeof(int) * static_cast<size_t>(a.top_k);
-    ncclCombineReceive<<<blocks, kCombineRecvThreads, shared_bytes, stream>>>(p);
+    ncclCombineReceive<<<blocks, epCombineReceiveThreads(g), shared_bytes, stream>>>(p);
     return cudaLaunchStatus("NCCL combine receive");
 }
 

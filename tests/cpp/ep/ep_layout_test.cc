@@ -165,6 +165,12 @@ TEST(EpLaunchChecks, CombineReceiveGridIsBoundedOnlyWhenRanksShareTheGpu) {
     g.ranks_per_device = 8;  // ep_benchmark's 8 processes, 128 tokens: 8 blocks each
     EXPECT_EQ(epCombineReceiveBlocks(g, 128, kH100Sms), 8);
     EXPECT_LE(g.ranks_per_device * epCombineReceiveBlocks(g, 128, kH100Sms), kH100Sms / 2);
+    // Fewer blocks, larger ones: a 1024-thread block takes a 7168-channel
+    // row in one pass.
+    EXPECT_EQ(epCombineReceiveThreads(g), kEpCombineRecvMaxThreads);
+    g.ranks_per_device = 1;
+    EXPECT_EQ(epCombineReceiveThreads(g), kEpCombineRecvMinThreads);
+    g.ranks_per_device = 8;
     g.num_ranks = 2;
     g.num_experts = validGroup().num_experts;
     g.ranks_per_device = 3;
