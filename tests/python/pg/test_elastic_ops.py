@@ -144,8 +144,9 @@ _jobs = {}
 def _run(name, backend):
     kw = dict(timeout_s=180, env=ELASTIC_ENV, init=False, ref_group=False)
     if name == "coordinator":
-        return run_job_once(_jobs, name, backend, _job_coordinator, 3, expect_killed=[0], **kw)
-    return run_job_once(_jobs, name, backend, _job_ops, MAX, args=(name,),
+        return run_job_once(_jobs, (name, backend), backend, _job_coordinator, 3,
+                            expect_killed=[0], **kw)
+    return run_job_once(_jobs, (name, backend), backend, _job_ops, MAX, args=(name,),
                         expect_killed=[1, 2, 3, 4], **kw)
 
 
