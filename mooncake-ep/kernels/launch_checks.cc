@@ -3,11 +3,12 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "mooncake-ep/kernels/ep_kernels.h"
 #include "mooncake-transfer-engine/common/cuda_launch.h"
+#include "mooncake-transfer-engine/common/env.h"
 
 namespace mooncake::ep {
 namespace {
@@ -18,6 +19,26 @@ Status bad(const std::string& what) {
 
 std::string str(int64_t v) {
     return std::to_string(v);
+}
+
+// Benchmark knobs that force a launch setting; 0 (unset) leaves it alone.
+MC_ENV_INT(SendThreads, "MC_EP_SEND_THREADS", 0)
+MC_ENV_INT(DispatchRecvBlocks, "MC_EP_DISPATCH_RECV_BLOCKS", 0)
+MC_ENV_INT(CombineRecvBlocks, "MC_EP_COMBINE_RECV_BLOCKS", 0)
+MC_ENV_INT(CombineRecvThreads, "MC_EP_COMBINE_RECV_THREADS", 0)
+
+// A forced block size: `n` when it is a power of two in [lo, hi], else 0.
+int forcedBlockSize(int64_t n, int lo, int hi) {
+    return n >= lo && n <= hi && (n & (n - 1)) == 0 ? static_cast<int>(n) : 0;
+}
+
+// A forced block count: `n` when positive, else 0.
+int forcedBlockCount(int64_t n) {
+    return static_cast<int>(std::clamp<int64_t>(n, 0, std::numeric_limits<int>::max()));
+}
+
+int localExperts(const EpGroupArgs& g) {
+    return g.num_ranks > 0 ? g.num_experts / g.num_ranks : 1;
 }
 
 }  // namespace
@@ -64,11 +85,8 @@ int epCombineReceiveBlocks(const EpGroupArgs& g, int num_tokens, int sms) {
 }
 
 int epSendThreads(int64_t rows, int64_t blocks) {
-    static const int forced = [] {
-        const char* v = std::getenv("MC_EP_SEND_THREADS");
-        const int n = v ? std::atoi(v) : 0;
-        return n == 128 || n == 256 || n == 512 ? n : 0;
-    }();
+    static const int forced =
+        forcedBlockSize(envSendThreads(), kEpMinSendThreads, kEpMaxSendThreads);
     if (forced)
         return forced;
     const int64_t per_block = blocks > 0 ? (std::max<int64_t>(rows, 0) + blocks - 1) / blocks : 0;
@@ -79,29 +97,21 @@ int epSendThreads(int64_t rows, int64_t blocks) {
 }
 
 int epDispatchReceiveBlocks(const EpGroupArgs& g, int sms) {
-    const int wanted = std::max(1, g.num_ranks > 0 ? g.num_experts / g.num_ranks : 1);
+    const int wanted = std::max(1, localExperts(g));
     if (g.ranks_per_device <= 1)
         return wanted;  // its own send kernel finished before its receive began
     return std::min(wanted, epSpinningBlocksPerRank(sms, g.ranks_per_device));
 }
 
 int epDispatchReceiveGrid(const EpGroupArgs& g) {
-    static const int forced = [] {
-        const char* v = std::getenv("MC_EP_DISPATCH_RECV_BLOCKS");
-        return v ? std::max(0, std::atoi(v)) : 0;
-    }();
-    if (forced > 0) {
-        const int local_experts = g.num_ranks > 0 ? g.num_experts / g.num_ranks : 1;
-        return std::min(forced, std::max(1, local_experts));
-    }
+    static const int forced = forcedBlockCount(envDispatchRecvBlocks());
+    if (forced > 0)
+        return std::min(forced, std::max(1, localExperts(g)));
     return epDispatchReceiveBlocks(g, g.ranks_per_device > 1 ? currentDeviceSmCount() : 0);
 }
 
 int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens) {
-    static const int forced = [] {
-        const char* v = std::getenv("MC_EP_COMBINE_RECV_BLOCKS");
-        return v ? std::max(0, std::atoi(v)) : 0;
-    }();
+    static const int forced = forcedBlockCount(envCombineRecvBlocks());
     if (forced > 0)
         return std::min(forced, std::max(1, num_tokens));
     return epCombineReceiveBlocks(g, num_tokens,
@@ -109,11 +119,8 @@ int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens) {
 }
 
 int epCombineReceiveThreads(const EpGroupArgs& g) {
-    static const int forced = [] {
-        const char* v = std::getenv("MC_EP_COMBINE_RECV_THREADS");
-        const int n = v ? std::atoi(v) : 0;
-        return n == 256 || n == 512 || n == 1024 ? n : 0;
-    }();
+    static const int forced = forcedBlockSize(envCombineRecvThreads(), kEpCombineRecvMinThreads,
+                                              kEpCombineRecvMaxThreads);
     if (forced)
         return forced;
     return g.ranks_per_device > 1 ? kEpCombineRecvMaxThreads : kEpCombineRecvMinThreads;
