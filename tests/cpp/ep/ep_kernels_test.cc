@@ -241,25 +241,27 @@ int scenarioStartTogether(RankContext& c, int repeats) {
     const CombineArgs cb = combineArgsOf(c, num_tokens);
     double slowest_ms = 0;
     int slowest = 0;
-    for (int i = 1; i <= repeats; ++i) {
-        const auto t0 = std::chrono::steady_clock::now();
-        EXPECT_CHILD(c.barrier->arrive(), "barrier before the dispatch of repeat %d", i);
+    // Barrier, pad, launch, wait: one op of repeat `i`, every rank together.
+    auto together = [&](int i, const char* op, const std::function<Status()>& launch) {
+        EXPECT_CHILD(c.barrier->arrive(), "barrier before the %s of repeat %d", op, i);
         Status st = launchAlignedPad(kPadNs, 2 * kPadNs, c.stream);
         if (st.ok())
-            st = launchDispatch(g, d, c.stream);
-        EXPECT_CHILD(st.ok(), "repeat %d: %s", i, st.toString().c_str());
-        EXPECT_CHILD(waitStream(c.stream, kStreamWaitMs, "dispatch", c.rank), "repeat %d", i);
-        EXPECT_CHILD(c.barrier->arrive(), "barrier before the combine of repeat %d", i);
-        st = launchAlignedPad(kPadNs, 2 * kPadNs, c.stream);
-        if (st.ok())
-            st = launchCombine(g, cb, c.stream);
-        EXPECT_CHILD(st.ok(), "repeat %d: %s", i, st.toString().c_str());
-        EXPECT_CHILD(waitStream(c.stream, kStreamWaitMs, "combine", c.rank), "repeat %d", i);
+            st = launch();
+        EXPECT_CHILD(st.ok(), "repeat %d, %s: %s", i, op, st.toString().c_str());
+        EXPECT_CHILD(waitStream(c.stream, kStreamWaitMs, op, c.rank), "repeat %d", i);
+        return 0;
+    };
+    for (int i = 1; i <= repeats; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        if (together(i, "dispatch", [&] { return launchDispatch(g, d, c.stream); }) ||
+            together(i, "combine", [&] { return launchCombine(g, cb, c.stream); }))
+            return 1;
         const std::string when = "after repeat " + std::to_string(i);
         if (checkActive(c, plan.active_after, when.c_str()))
             return 1;
-        if (msSince(t0) > slowest_ms) {
-            slowest_ms = msSince(t0);
+        const double ms = msSince(t0);
+        if (ms > slowest_ms) {
+            slowest_ms = ms;
             slowest = i;
         }
     }
