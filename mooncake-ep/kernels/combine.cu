@@ -6,10 +6,11 @@
 //            region at [global expert][source token], then signals that
 //            expert's flag there.
 //   receive  a block per token (fewer and larger when ranks share the GPU,
-//            each then looping over tokens): waits for the flags of the experts the
-//            token selected (deadline, active_ranks), then reduces. Experts
-//            whose flag did not arrive (rank inactive or timed out) and -1
-//            entries add nothing.
+//            each then taking several): waits for the flags of all the
+//            experts its tokens selected at once (deadline, active_ranks),
+//            then reduces with its threads spread over all its tokens'
+//            channels (epCombineReceiveBlock). Experts whose flag did not
+//            arrive (rank inactive or timed out) and -1 entries add nothing.
 #include <cuda_bf16.h>
 
 #include <string>
@@ -48,7 +49,7 @@ __global__ void __launch_bounds__(kSendThreads) combineSend(CombineParams p) {
 }
 
 __global__ void __launch_bounds__(kEpCombineRecvMaxThreads) combineReceive(CombineParams p) {
-    extern __shared__ int shared[];  // experts[top_k], included[top_k]
+    extern __shared__ int shared[];  // epCombineReceiveSharedBytes
     const char* local = static_cast<const char*>(p.g.local_buffer);
     epCombineReceiveBlock(p.g, p.a, shared, [&](int owner, int64_t word, uint64_t seq) {
         uint32_t unused = 0;
@@ -77,8 +78,8 @@ Status launchCombine(const EpGroupArgs& g, const CombineArgs& a, cudaStream_t st
 Status launchCombineReceive(const EpGroupArgs& g, const CombineArgs& a, cudaStream_t stream) {
     const CombineParams p{g, a};
     const int blocks = epCombineReceiveGrid(g, a.num_tokens);
-    const size_t shared_bytes = 2 * sizeof(int) * static_cast<size_t>(a.top_k);
-    combineReceive<<<blocks, epCombineReceiveThreads(g), shared_bytes, stream>>>(p);
+    combineReceive<<<blocks, epCombineReceiveThreads(g), epCombineReceiveSharedBytes(g, a, blocks),
+                     stream>>>(p);
     return cudaLaunchStatus("combine receive");
 }
 

@@ -8,10 +8,11 @@
 //            messages into the owner's receive region, then one signal
 //            carrying the count.
 //   receive  a block per local expert (fewer when ranks share the GPU, each
-//            then looping over experts: epDispatchReceiveGrid): waits for
-//            every source rank's count (deadline, active_ranks), then packs
-//            in source-rank order and writes the handle (src_info,
-//            layout_range).
+//            then taking several: epDispatchReceiveGrid): waits for all its
+//            experts' counts from every source at once (deadline,
+//            active_ranks), writes the handle (src_info, layout_range),
+//            then packs in source-rank order with all its warps spread over
+//            all its messages (epDispatchReceiveBlock).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -60,7 +61,7 @@ __global__ void __launch_bounds__(kSendThreads) dispatchSend(DispatchParams p) {
 }
 
 __global__ void __launch_bounds__(kRecvThreads) dispatchReceive(DispatchParams p) {
-    extern __shared__ int shared[];  // counts[num_ranks], begins[num_ranks]
+    extern __shared__ int shared[];  // epDispatchReceiveSharedBytes
     const char* local = static_cast<const char*>(p.g.local_buffer);
     epDispatchReceiveBlock<kRecvThreads>(
         p.g, p.a, shared, [&](int src, int64_t word, uint64_t seq, uint32_t* count) {
@@ -86,8 +87,9 @@ Status launchDispatch(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t 
 
 Status launchDispatchReceive(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t stream) {
     const DispatchParams p{g, a};
-    const size_t shared_bytes = 2 * sizeof(int) * static_cast<size_t>(g.num_ranks);
-    dispatchReceive<<<epDispatchReceiveGrid(g), kRecvThreads, shared_bytes, stream>>>(p);
+    const int grid = epDispatchReceiveGrid(g);
+    const size_t shared_bytes = epDispatchReceiveSharedBytes(g, grid);
+    dispatchReceive<<<grid, kRecvThreads, shared_bytes, stream>>>(p);
     return cudaLaunchStatus("dispatch receive");
 }
 

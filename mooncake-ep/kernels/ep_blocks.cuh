@@ -135,60 +135,85 @@ __device__ int epForEachSelected(const DispatchArgs& a, int expert, Write write)
     return sent;
 }
 
-// Packs what arrived for one local expert: waits for every source's count
-// with wait(src, word_offset, seq, &count) -> EpWait, then packs in
-// source-rank order and writes the expert's part of the handle. `shared`
-// holds 2 * num_ranks ints; every thread of the block must call it.
+// One round of a dispatch receive block: `experts` of its local experts,
+// first, first + gridDim.x, ..., one (expert, source) pair each per source.
+// It waits for every pair's count at once, one thread per pair with
+// wait(src, word_offset, seq, &count) -> EpWait, so no expert's wait holds
+// up another's; then writes the experts' part of the handle and packs each
+// expert's messages in source-rank order, all the round's messages spread
+// over all warps (a source with a few tokens leaves no warp idle). `shared`
+// holds 3 * experts * num_ranks ints; every thread of the block calls it.
 template <int kThreads, typename Wait>
-__device__ void epDispatchReceiveExpert(const EpGroupArgs& g, const DispatchArgs& a, int* shared,
-                                        int local_expert, uint64_t seq, Wait wait) {
+__device__ void epDispatchReceiveRound(const EpGroupArgs& g, const DispatchArgs& a, int* shared,
+                                       int first, int experts, uint64_t seq, Wait wait) {
     constexpr int kWarps = kThreads / 32;
     const EpLayout L = epLayoutOf(g);
     const int num_ranks = g.num_ranks;
-    int* counts = shared;
-    int* begins = shared + num_ranks;
+    const int pairs = experts * num_ranks;
     const int phase = static_cast<int>(seq & 1);
     const char* local = static_cast<const char*>(g.local_buffer);
+    // Pair p is (expert expertOf(p), source p % num_ranks): its count, its
+    // first row among the expert's packed rows, its first message in the round.
+    int* counts = shared;
+    int* begins = shared + pairs;
+    int* firsts = shared + 2 * pairs;
+    const auto expertOf = [&](int p) {
+        return first + (p / num_ranks) * static_cast<int>(gridDim.x);
+    };
 
     // A rank inactive in its own view receives nothing (no peer sends to it).
     const bool self_active = epLoadVolatile(&g.active_ranks[g.rank]) != 0;
-    for (int src = threadIdx.x; src < num_ranks; src += blockDim.x) {
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+        const int src = p % num_ranks;
         uint32_t count = 0;
         if (self_active && epLoadVolatile(&g.active_ranks[src]) != 0) {
-            if (wait(src, L.dispatchCountOffset(phase, local_expert, src), seq, &count) !=
+            if (wait(src, L.dispatchCountOffset(phase, expertOf(p), src), seq, &count) !=
                 EpWait::kArrived)
                 count = 0;  // the rank is out: its messages, if any, are ignored
         }
         // A count is the peer's word: never trust it past the region.
-        counts[src] = static_cast<int>(min(count, static_cast<uint32_t>(g.max_tokens)));
+        counts[p] = static_cast<int>(min(count, static_cast<uint32_t>(g.max_tokens)));
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        int total = 0;
-        for (int src = 0; src < num_ranks; ++src) {
-            begins[src] = total;
-            a.layout_range[static_cast<int64_t>(local_expert) * num_ranks + src] =
-                epEncodeRange(total, counts[src]);
-            total += counts[src];
+        int in_expert = 0, in_round = 0;
+        for (int p = 0; p < pairs; ++p) {
+            const int src = p % num_ranks;
+            const int expert = expertOf(p);
+            if (src == 0)
+                in_expert = 0;
+            begins[p] = in_expert;
+            firsts[p] = in_round;
+            a.layout_range[static_cast<int64_t>(expert) * num_ranks + src] =
+                epEncodeRange(in_expert, counts[p]);
+            in_expert += counts[p];
+            in_round += counts[p];
+            if (src == num_ranks - 1)
+                a.packed_recv_count[expert] = in_expert;
         }
-        a.packed_recv_count[local_expert] = total;
-        if (local_expert == static_cast<int>(blockIdx.x))
-            epTrace(g, kEpTraceDispatchReceive, kEpTraceMiddle);
+        if (first == static_cast<int>(blockIdx.x))
+            epTrace(g, kEpTraceDispatchReceive, kEpTraceMiddle);  // the first wait is over
     }
     __syncthreads();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int64_t capacity = static_cast<int64_t>(num_ranks) * g.max_tokens;
-    for (int src = 0; src < num_ranks; ++src) {
-        for (int i = warp; i < counts[src]; i += kWarps) {
-            const char* msg = local + L.dispatchMessageOffset(phase, local_expert, src, i);
-            epUnpackMessage(g, a, L, msg, local_expert * capacity + begins[src] + i, lane);
-        }
+    const int total = firsts[pairs - 1] + counts[pairs - 1];
+    int p = 0;  // a warp's messages come in round order, so its pair only moves on
+    for (int m = warp; m < total; m += kWarps) {
+        while (m >= firsts[p] + counts[p])
+            ++p;
+        const int i = m - firsts[p];
+        const int expert = expertOf(p);
+        const char* msg = local + L.dispatchMessageOffset(phase, expert, p % num_ranks, i);
+        epUnpackMessage(g, a, L, msg, expert * capacity + begins[p] + i, lane);
     }
-    __syncthreads();  // `shared` is reused for the block's next expert
+    __syncthreads();  // `shared` is reused by the block's next round
 }
 
 // A dispatch receive block: packs local experts blockIdx.x, + gridDim.x, ...
-// (epDispatchReceiveExpert), then finishes the operation.
+// in rounds of epDispatchReceiveExpertsPerRound (all of them unless their
+// pairs outgrow the shared memory), then finishes the operation. `shared`
+// holds epDispatchReceiveSharedBytes(g, gridDim.x).
 template <int kThreads, typename Wait>
 __device__ void epDispatchReceiveBlock(const EpGroupArgs& g, const DispatchArgs& a, int* shared,
                                        Wait wait) {
@@ -196,8 +221,12 @@ __device__ void epDispatchReceiveBlock(const EpGroupArgs& g, const DispatchArgs&
     EpState* state = epState(g.local_buffer);
     const uint64_t seq = state->dispatch_seq + 1;
     const int nle = static_cast<int>(epLayoutOf(g).numLocalExperts());
-    for (int local_expert = blockIdx.x; local_expert < nle; local_expert += gridDim.x)
-        epDispatchReceiveExpert<kThreads>(g, a, shared, local_expert, seq, wait);
+    const int grid = static_cast<int>(gridDim.x);
+    const int per_round = epDispatchReceiveExpertsPerRound(nle, g.num_ranks, grid);
+    for (int first = blockIdx.x; first < nle; first += per_round * grid) {
+        const int experts = min(per_round, (nle - 1 - first) / grid + 1);
+        epDispatchReceiveRound<kThreads>(g, a, shared, first, experts, seq, wait);
+    }
     epTrace(g, kEpTraceDispatchReceive, kEpTraceEnd);
     if (threadIdx.x == 0)
         epFinishOperation(&state->dispatch_done, &state->dispatch_seq, seq);
@@ -261,95 +290,129 @@ __device__ inline void epCopyExpertRow(const EpGroupArgs& g, const CombineArgs& 
         g.hidden / 8, lane, epLoadPlain);
 }
 
-// Reduces token `token` for a combine receive block: waits for the flags of
-// the experts it selected with wait(owner, word_offset, seq) -> EpWait, then
-// sums in FP32. Experts whose flag did not arrive and -1 entries add nothing.
-// `seq` is the operation's, read once by the block at its start (the grid's
-// last block advances EpState's copy). `experts` and `included` hold top_k
-// ints of shared memory; every thread of the block must call it.
+// The states of a combine receive block's per-expert bytes.
+enum EpCombineExpert : uint8_t {
+    kEpCombineUnused = 0,   // no token of the block's so far selected it
+    kEpCombineNeeded = 1,   // selected; its flag not yet waited for
+    kEpCombineArrived = 2,  // its rows for this rank are in
+    kEpCombineMissing = 3,  // its owner is inactive or timed out: adds nothing
+};
+
+// One round of a combine receive block: `tokens` of its tokens, first,
+// first + gridDim.x, ... It marks the experts they selected that no earlier
+// round waited for, waits for all those flags at once, one thread per expert
+// with wait(owner, word_offset, seq) -> EpWait (a flag means every row of
+// that expert for this rank is in), then reduces with all threads spread
+// over the round's (token, 16-byte word) pairs, summing in FP32 in k order.
+// Experts whose flag did not arrive and -1 entries add nothing. `state`
+// holds num_experts bytes kept across rounds; `entries` tokens * top_k ints.
 template <typename Wait>
-__device__ void epCombineReceiveToken(const EpGroupArgs& g, const CombineArgs& a, int token,
-                                      uint64_t seq, int* experts, int* included, Wait wait) {
+__device__ void epCombineReceiveRound(const EpGroupArgs& g, const CombineArgs& a, int first,
+                                      int tokens, uint64_t seq, uint8_t* state, int* entries,
+                                      Wait wait) {
     const EpLayout L = epLayoutOf(g);
     const int top_k = a.top_k;
     const int nle = static_cast<int>(L.numLocalExperts());
-    EpState* state = epState(g.local_buffer);
+    EpState* ep_state = epState(g.local_buffer);
     const int phase = static_cast<int>(seq & 1);
     const char* local = static_cast<const char*>(g.local_buffer);
+    const auto tokenOf = [&](int j) { return first + j * static_cast<int>(gridDim.x); };
 
-    // A rank inactive in its own view sent nothing, so nothing comes back.
-    const bool self_active = epLoadVolatile(&g.active_ranks[g.rank]) != 0;
-    for (int k = threadIdx.x; k < top_k; k += blockDim.x) {
-        const int64_t id = a.topk_idx[static_cast<int64_t>(token) * top_k + k];
-        int use = 0;
+    for (int i = threadIdx.x; i < tokens * top_k; i += blockDim.x) {
+        const int64_t id = a.topk_idx[static_cast<int64_t>(tokenOf(i / top_k)) * top_k + i % top_k];
         if (id < -1 || id >= g.num_experts) {
-            epReportError(&state->error_code, &state->error_info, kEpErrorBadExpertId,
+            epReportError(&ep_state->error_code, &ep_state->error_info, kEpErrorBadExpertId,
                           static_cast<int32_t>(id));
-        } else if (id >= 0 && self_active) {
-            const int owner = static_cast<int>(id / nle);
-            if (epLoadVolatile(&g.active_ranks[owner]) != 0)
-                use = wait(owner, L.combineFlagOffset(phase, id), seq) == EpWait::kArrived;
+            entries[i] = -1;
+            continue;
         }
-        experts[k] = static_cast<int>(id);
-        included[k] = use;
+        entries[i] = static_cast<int>(id);
+        if (id >= 0 && state[id] == kEpCombineUnused)
+            state[id] = kEpCombineNeeded;  // racing threads store the same byte
     }
     __syncthreads();
-    if (token == static_cast<int>(blockIdx.x))
-        epTrace(g, kEpTraceCombineReceive, kEpTraceMiddle);
-    const int64_t hidden = g.hidden;
-    const float* weights = a.topk_weights + static_cast<int64_t>(token) * top_k;
-    int4* out = reinterpret_cast<int4*>(static_cast<char*>(a.out) + token * hidden * 2);
-    for (int64_t c = threadIdx.x; c < hidden / 8; c += blockDim.x) {
+    // A rank inactive in its own view sent nothing, so nothing comes back.
+    const bool self_active = epLoadVolatile(&g.active_ranks[g.rank]) != 0;
+    for (int e = threadIdx.x; e < g.num_experts; e += blockDim.x) {
+        if (state[e] != kEpCombineNeeded)
+            continue;
+        const int owner = e / nle;
+        const bool arrived = self_active && epLoadVolatile(&g.active_ranks[owner]) != 0 &&
+                             wait(owner, L.combineFlagOffset(phase, e), seq) == EpWait::kArrived;
+        state[e] = arrived ? kEpCombineArrived : kEpCombineMissing;
+    }
+    __syncthreads();
+    if (first == static_cast<int>(blockIdx.x))
+        epTrace(g, kEpTraceCombineReceive, kEpTraceMiddle);  // the first wait is over
+    const int64_t words = g.hidden / 8;
+    for (int64_t item = threadIdx.x; item < tokens * words; item += blockDim.x) {
+        const int j = static_cast<int>(item / words);
+        const int64_t c = item % words;
+        const int token = tokenOf(j);
+        const int* mine = entries + j * top_k;
+        const float* weights = a.topk_weights + static_cast<int64_t>(token) * top_k;
         float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         // A batch of the experts' rows is loaded before any is summed (see
         // kEpCopyBatch); the sum stays in k order.
-        for (int first = 0; first < top_k; first += kEpCopyBatch) {
+        for (int k0 = 0; k0 < top_k; k0 += kEpCopyBatch) {
             int4 raw[kEpCopyBatch];
 #pragma unroll
             for (int b = 0; b < kEpCopyBatch; ++b) {
-                const int k = first + b;
-                if (k < top_k && included[k]) {
-                    raw[b] = __ldcg(reinterpret_cast<const int4*>(
-                                        local + L.combineRowOffset(phase, experts[k], token)) +
-                                    c);
+                const int k = k0 + b;
+                const int e = k < top_k ? mine[k] : -1;
+                if (e >= 0 && state[e] == kEpCombineArrived) {
+                    raw[b] = __ldcg(
+                        reinterpret_cast<const int4*>(local + L.combineRowOffset(phase, e, token)) +
+                        c);
                 }
             }
 #pragma unroll
             for (int b = 0; b < kEpCopyBatch; ++b) {
-                const int k = first + b;
-                if (k >= top_k || !included[k])
+                const int k = k0 + b;
+                const int e = k < top_k ? mine[k] : -1;
+                if (e < 0 || state[e] != kEpCombineArrived)
                     continue;
                 const float w = weights[k];
                 const __nv_bfloat162* y = reinterpret_cast<const __nv_bfloat162*>(&raw[b]);
-                for (int j = 0; j < 4; ++j) {
-                    acc[2 * j] = fmaf(w, __low2float(y[j]), acc[2 * j]);
-                    acc[2 * j + 1] = fmaf(w, __high2float(y[j]), acc[2 * j + 1]);
+                for (int q = 0; q < 4; ++q) {
+                    acc[2 * q] = fmaf(w, __low2float(y[q]), acc[2 * q]);
+                    acc[2 * q + 1] = fmaf(w, __high2float(y[q]), acc[2 * q + 1]);
                 }
             }
         }
         int4 packed;
         __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&packed);
-        for (int j = 0; j < 4; ++j)
-            o[j] = __floats2bfloat162_rn(acc[2 * j], acc[2 * j + 1]);
-        out[c] = packed;
+        for (int q = 0; q < 4; ++q)
+            o[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
+        reinterpret_cast<int4*>(static_cast<char*>(a.out) + token * g.hidden * 2)[c] = packed;
     }
-    __syncthreads();  // `experts` and `included` are reused by the next token
+    __syncthreads();  // `entries` is reused by the next round
 }
 
-// A combine receive block: reduces tokens blockIdx.x, + gridDim.x, ... (see
-// epCombineReceiveToken), then finishes the operation. The grid has at
-// least one block even with no tokens. `shared` holds 2 * top_k ints.
+// A combine receive block: reduces tokens blockIdx.x, + gridDim.x, ... in
+// rounds of epCombineReceiveTokensPerRound (see epCombineReceiveRound),
+// then finishes the operation. The grid has at least one block even with no
+// tokens. `shared` holds epCombineReceiveSharedBytes(g, a, gridDim.x).
 template <typename Wait>
-__device__ void epCombineReceiveBlock(const EpGroupArgs& g, const CombineArgs& a, int* shared,
+__device__ void epCombineReceiveBlock(const EpGroupArgs& g, const CombineArgs& a, void* shared,
                                       Wait wait) {
     epTrace(g, kEpTraceCombineReceive, kEpTraceStart);
-    EpState* state = epState(g.local_buffer);
-    const uint64_t seq = state->combine_seq + 1;
-    for (int token = blockIdx.x; token < a.num_tokens; token += gridDim.x)
-        epCombineReceiveToken(g, a, token, seq, shared, shared + a.top_k, wait);
+    EpState* ep_state = epState(g.local_buffer);
+    const uint64_t seq = ep_state->combine_seq + 1;
+    uint8_t* state = static_cast<uint8_t*>(shared);
+    int* entries = reinterpret_cast<int*>(state + epCombineReceiveStateBytes(g.num_experts));
+    for (int e = threadIdx.x; e < g.num_experts; e += blockDim.x)
+        state[e] = kEpCombineUnused;
+    __syncthreads();
+    const int grid = static_cast<int>(gridDim.x);
+    const int per_round = epCombineReceiveTokensPerRound(a.num_tokens, a.top_k, grid);
+    for (int first = blockIdx.x; first < a.num_tokens; first += per_round * grid) {
+        const int tokens = min(per_round, (a.num_tokens - 1 - first) / grid + 1);
+        epCombineReceiveRound(g, a, first, tokens, seq, state, entries, wait);
+    }
     epTrace(g, kEpTraceCombineReceive, kEpTraceEnd);
     if (threadIdx.x == 0)
-        epFinishOperation(&state->combine_done, &state->combine_seq, seq);
+        epFinishOperation(&ep_state->combine_done, &ep_state->combine_seq, seq);
 }
 
 }  // namespace mooncake::ep

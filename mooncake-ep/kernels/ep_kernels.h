@@ -10,6 +10,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 
 #include "mooncake-ep/core/buffer_layout.h"
@@ -108,6 +109,26 @@ inline constexpr int kEpCombineRecvMinThreads = 256;
 inline constexpr int kEpCombineRecvMaxThreads = 1024;
 int epCombineReceiveThreads(const EpGroupArgs& g);
 
+// A combine receive block waits for the flags of all the experts a round of
+// its tokens selected at once: it keeps a byte per expert and top_k ints
+// per token of the round in shared memory, at most this many ints a round.
+// They bound top_k and num_experts (the launch checks say so).
+inline constexpr int kEpCombineReceiveMaxEntries = 4096;
+inline constexpr int kEpMaxExperts = 16384;
+MC_EP_HD constexpr int64_t epCombineReceiveStateBytes(int64_t num_experts) {
+    return (num_experts + 15) / 16 * 16;
+}
+// Tokens a combine receive block of a `grid`-block launch takes per round:
+// all it has, unless their top-k entries pass kEpCombineReceiveMaxEntries.
+MC_EP_HD constexpr int epCombineReceiveTokensPerRound(int num_tokens, int top_k, int grid) {
+    const int per_block = (num_tokens + grid - 1) / grid;
+    const int fit = kEpCombineReceiveMaxEntries / top_k;
+    const int n = per_block < fit ? per_block : fit;
+    return n > 1 ? n : 1;
+}
+// The dynamic shared memory of such a launch.
+size_t epCombineReceiveSharedBytes(const EpGroupArgs& g, const CombineArgs& a, int grid);
+
 // How many spinning receive blocks each of `ranks_per_device` ranks sharing
 // a GPU of `sms` SMs may launch: together half as many as it has SMs, so
 // that whatever the block scheduler does, SMs stay free for send kernels
@@ -126,6 +147,21 @@ int epSpinningBlocksPerRank(int sms, int ranks_per_device);
 // many as it has SMs (epSpinningBlocksPerRank). Pure: the launch passes the
 // current device's SM count.
 int epDispatchReceiveBlocks(const EpGroupArgs& g, int sms);
+// A dispatch receive block waits for the counts of many (local expert,
+// source) pairs at once and keeps three ints per pair in shared memory:
+// at most this many pairs, 48 KiB, per round. It also bounds num_ranks
+// (one expert's pairs must fit a round).
+inline constexpr int kEpDispatchReceiveMaxPairs = 4096;
+// Local experts a dispatch receive block of a `grid`-block launch takes per
+// round: all it has, unless their pairs pass kEpDispatchReceiveMaxPairs.
+MC_EP_HD constexpr int epDispatchReceiveExpertsPerRound(int nle, int num_ranks, int grid) {
+    const int per_block = (nle + grid - 1) / grid;
+    const int fit = kEpDispatchReceiveMaxPairs / num_ranks;
+    const int n = per_block < fit ? per_block : fit;
+    return n > 1 ? n : 1;
+}
+// The dynamic shared memory of such a launch.
+size_t epDispatchReceiveSharedBytes(const EpGroupArgs& g, int grid);
 // The launch's grid: epDispatchReceiveBlocks, or MC_EP_DISPATCH_RECV_BLOCKS
 // (clamped to [1, local experts]) for benchmarks that probe the bound; a
 // value that lets spinning blocks fill the GPU can hang ranks sharing it.

@@ -44,13 +44,14 @@ int localExperts(const EpGroupArgs& g) {
 }  // namespace
 
 Status checkGroupArgs(const EpGroupArgs& g) {
-    if (g.num_ranks < 1)
-        return bad("num_ranks is " + str(g.num_ranks) + ", expected >= 1");
+    if (g.num_ranks < 1 || g.num_ranks > kEpDispatchReceiveMaxPairs)
+        return bad("num_ranks is " + str(g.num_ranks) + ", expected in [1, " +
+                   str(kEpDispatchReceiveMaxPairs) + "]");
     if (g.rank < 0 || g.rank >= g.num_ranks)
         return bad("rank is " + str(g.rank) + ", expected in [0, " + str(g.num_ranks) + ")");
-    if (g.num_experts < 1 || g.num_experts % g.num_ranks != 0)
+    if (g.num_experts < 1 || g.num_experts % g.num_ranks != 0 || g.num_experts > kEpMaxExperts)
         return bad("num_experts is " + str(g.num_experts) + ", expected a positive multiple of " +
-                   "num_ranks (" + str(g.num_ranks) + ")");
+                   "num_ranks (" + str(g.num_ranks) + ") up to " + str(kEpMaxExperts));
     if (g.hidden < kEpHiddenAlign || g.hidden % kEpHiddenAlign != 0)
         return bad("hidden is " + str(g.hidden) + ", expected a positive multiple of 128");
     if (g.max_tokens < 1)
@@ -110,6 +111,17 @@ int epDispatchReceiveGrid(const EpGroupArgs& g) {
     return epDispatchReceiveBlocks(g, g.ranks_per_device > 1 ? currentDeviceSmCount() : 0);
 }
 
+size_t epDispatchReceiveSharedBytes(const EpGroupArgs& g, int grid) {
+    const int per_round = epDispatchReceiveExpertsPerRound(localExperts(g), g.num_ranks, grid);
+    return 3 * sizeof(int) * static_cast<size_t>(per_round) * static_cast<size_t>(g.num_ranks);
+}
+
+size_t epCombineReceiveSharedBytes(const EpGroupArgs& g, const CombineArgs& a, int grid) {
+    const int per_round = epCombineReceiveTokensPerRound(a.num_tokens, a.top_k, grid);
+    return static_cast<size_t>(epCombineReceiveStateBytes(g.num_experts)) +
+           sizeof(int) * static_cast<size_t>(per_round) * static_cast<size_t>(a.top_k);
+}
+
 int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens) {
     static const int forced = forcedBlockCount(envCombineRecvBlocks());
     if (forced > 0)
@@ -132,8 +144,9 @@ Status checkTokens(const EpGroupArgs& g, int num_tokens, int top_k) {
     if (num_tokens < 0 || num_tokens > g.max_tokens)
         return bad("num_tokens is " + str(num_tokens) +
                    ", expected in [0, max_tokens = " + str(g.max_tokens) + "]");
-    if (top_k < 1)
-        return bad("top_k is " + str(top_k) + ", expected >= 1");
+    if (top_k < 1 || top_k > kEpCombineReceiveMaxEntries)
+        return bad("top_k is " + str(top_k) + ", expected in [1, " +
+                   str(kEpCombineReceiveMaxEntries) + "]");
     return Status::OK();
 }
 

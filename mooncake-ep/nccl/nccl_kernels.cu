@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(kSendThreads) ncclDispatchSend(DispatchParams 
 }
 
 __global__ void __launch_bounds__(kRecvThreads) ncclDispatchReceive(DispatchParams p) {
-    extern __shared__ int shared[];  // counts[num_ranks], begins[num_ranks]
+    extern __shared__ int shared[];  // epDispatchReceiveSharedBytes
     epDispatchReceiveBlock<kRecvThreads>(p.g, p.a, shared,
                                          [&](int src, int64_t word, uint64_t seq, uint32_t* count) {
                                              return waitWord(p.d, p.g, src, word, seq, count);
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(kSendThreads) ncclCombineSend(CombineParams p)
 }
 
 __global__ void __launch_bounds__(kEpCombineRecvMaxThreads) ncclCombineReceive(CombineParams p) {
-    extern __shared__ int shared[];  // experts[top_k], included[top_k]
+    extern __shared__ int shared[];  // epCombineReceiveSharedBytes
     epCombineReceiveBlock(p.g, p.a, shared, [&](int owner, int64_t word, uint64_t seq) {
         uint32_t unused = 0;
         return waitWord(p.d, p.g, owner, word, seq, &unused);
@@ -229,8 +229,7 @@ Status launchNcclDispatch(const NcclEpDevice& d, const EpGroupArgs& g, const Dis
     const int nle = g.num_experts / g.num_ranks;
     ncclDispatchSend<<<g.num_experts, kSendThreads, 0, stream>>>(p);
     MC_RETURN_IF_ERROR(cudaLaunchStatus("NCCL dispatch send"));
-    const size_t shared_bytes = 2 * sizeof(int) * static_cast<size_t>(g.num_ranks);
-    ncclDispatchReceive<<<nle, kRecvThreads, shared_bytes, stream>>>(p);
+    ncclDispatchReceive<<<nle, kRecvThreads, epDispatchReceiveSharedBytes(g, nle), stream>>>(p);
     return cudaLaunchStatus("NCCL dispatch receive");
 }
 
@@ -242,8 +241,8 @@ Status launchNcclCombine(const NcclEpDevice& d, const EpGroupArgs& g, const Comb
     ncclCombineSend<<<nle * g.num_ranks, kSendThreads, 0, stream>>>(p);
     MC_RETURN_IF_ERROR(cudaLaunchStatus("NCCL combine send"));
     const int blocks = epCombineReceiveGrid(g, a.num_tokens);
-    const size_t shared_bytes = 2 * sizeof(int) * static_cast<size_t>(a.top_k);
-    ncclCombineReceive<<<blocks, epCombineReceiveThreads(g), shared_bytes, stream>>>(p);
+    ncclCombineReceive<<<blocks, epCombineReceiveThreads(g),
+                         epCombineReceiveSharedBytes(g, a, blocks), stream>>>(p);
     return cudaLaunchStatus("NCCL combine receive");
 }
 

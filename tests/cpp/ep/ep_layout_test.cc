@@ -101,6 +101,14 @@ TEST(EpLaunchChecks, NameTheArgumentTheValueAndTheExpectation) {
     g.rank = 2;
     expectInvalid(checkGroupArgs(g), "rank is 2, expected in [0, 2)");
     g = validGroup();
+    g.num_experts = kEpMaxExperts + 2;
+    expectInvalid(checkGroupArgs(g),
+                  "num_experts is 16386, expected a positive multiple of "
+                  "num_ranks (2) up to 16384");
+    g = validGroup();
+    g.num_ranks = kEpDispatchReceiveMaxPairs + 1;
+    expectInvalid(checkGroupArgs(g), "num_ranks is 4097, expected in [1, 4096]");
+    g = validGroup();
     g.local_buffer_bytes -= 1;
     expectInvalid(checkGroupArgs(g), "local_buffer_bytes is");
     g = validGroup();
@@ -114,7 +122,9 @@ TEST(EpLaunchChecks, NameTheArgumentTheValueAndTheExpectation) {
                   "num_tokens is 17, expected in [0, max_tokens = 16]");
     d.num_tokens = 0;
     d.top_k = 0;
-    expectInvalid(checkDispatchArgs(validGroup(), d), "top_k is 0, expected >= 1");
+    expectInvalid(checkDispatchArgs(validGroup(), d), "top_k is 0, expected in [1, 4096]");
+    d.top_k = kEpCombineReceiveMaxEntries + 1;
+    expectInvalid(checkDispatchArgs(validGroup(), d), "top_k is 4097, expected in [1, 4096]");
     d.top_k = 16;
     expectInvalid(checkDispatchArgs(validGroup(), d), "a dispatch output");
     // Launching validates first: no CUDA call is made for bad arguments.
@@ -149,6 +159,45 @@ TEST(EpLaunchChecks, DispatchReceiveBlocksOfRanksSharingTheGpuLeaveHalfItsSmsFre
     EXPECT_EQ(epDispatchReceiveBlocks(g, kH200Sms), 32);
     g.ranks_per_device = 8;
     EXPECT_EQ(epDispatchReceiveBlocks(g, 4), 1);  // never an empty grid
+}
+
+TEST(EpLaunchChecks, DispatchReceiveBlocksWaitForAllTheirExpertsAtOnceWhileTheyFit) {
+    // 32 local experts over 8 blocks: each waits for its 4 experts' 8 counts together.
+    EXPECT_EQ(epDispatchReceiveExpertsPerRound(32, 8, 8), 4);
+    EXPECT_EQ(epDispatchReceiveExpertsPerRound(33, 8, 8), 5);      // the first block has 5
+    EXPECT_EQ(epDispatchReceiveExpertsPerRound(32, 8, 32), 1);     // a block per expert
+    EXPECT_EQ(epDispatchReceiveExpertsPerRound(1024, 64, 1), 64);  // 4096 pairs: the limit
+    EXPECT_EQ(epDispatchReceiveExpertsPerRound(1024, 4096, 1), 1);
+    EpGroupArgs g = validGroup();
+    g.num_ranks = 8;
+    g.num_experts = 256;
+    EXPECT_EQ(epDispatchReceiveSharedBytes(g, 8), 3 * sizeof(int) * 4 * 8);
+    g.num_ranks = 64;
+    g.num_experts = 64 * 1024;  // 1024 local experts in rounds of 64
+    EXPECT_EQ(epDispatchReceiveSharedBytes(g, 1), 3 * sizeof(int) * kEpDispatchReceiveMaxPairs);
+    EXPECT_LE(epDispatchReceiveSharedBytes(g, 1), 48u * 1024);
+}
+
+TEST(EpLaunchChecks, CombineReceiveBlocksWaitForAllTheirTokensExpertsAtOnceWhileTheyFit) {
+    // 128 tokens over 8 blocks: 16 each, 128 top-8 entries.
+    EXPECT_EQ(epCombineReceiveTokensPerRound(128, 8, 8), 16);
+    EXPECT_EQ(epCombineReceiveTokensPerRound(128, 8, 128), 1);    // a block per token
+    EXPECT_EQ(epCombineReceiveTokensPerRound(0, 8, 1), 1);        // an empty op has no round
+    EXPECT_EQ(epCombineReceiveTokensPerRound(4096, 16, 1), 256);  // 4096 entries: the limit
+    EXPECT_EQ(epCombineReceiveTokensPerRound(8, kEpCombineReceiveMaxEntries, 1), 1);
+    EpGroupArgs g = validGroup();
+    g.num_ranks = 8;
+    g.num_experts = 250;  // a byte per expert, rounded up to 16
+    CombineArgs a;
+    a.num_tokens = 128;
+    a.top_k = 8;
+    EXPECT_EQ(epCombineReceiveSharedBytes(g, a, 8), 256 + sizeof(int) * 16 * 8);
+    g.num_experts = kEpMaxExperts;
+    a.num_tokens = 4096;
+    a.top_k = 16;
+    EXPECT_LE(epCombineReceiveSharedBytes(g, a, 1), 48u * 1024);
+    a.top_k = kEpCombineReceiveMaxEntries;
+    EXPECT_LE(epCombineReceiveSharedBytes(g, a, 1), 48u * 1024);
 }
 
 TEST(EpLaunchChecks, CombineReceiveGridIsBoundedOnlyWhenRanksShareTheGpu) {
