@@ -11,6 +11,9 @@
 //            then reduces with its threads spread over all its tokens'
 //            channels (epCombineReceiveBlock). Experts whose flag did not
 //            arrive (rank inactive or timed out) and -1 entries add nothing.
+//            When ranks share the GPU it is split (epSplitReceive): one
+//            block spins until every flag is in, then a block per token
+//            reduces.
 #include <cuda_bf16.h>
 
 #include <string>
@@ -48,14 +51,46 @@ __global__ void __launch_bounds__(kSendThreads) combineSend(CombineParams p) {
     epTrace(p.g, kEpTraceCombineSend, kEpTraceEnd);
 }
 
+// kPeek: queued after combineReceiveWait, so every flag it waits for is in
+// or given up on, and it reads them without spinning.
+template <bool kPeek>
 __global__ void __launch_bounds__(kEpCombineRecvMaxThreads) combineReceive(CombineParams p) {
     extern __shared__ int shared[];  // epCombineReceiveSharedBytes
     const char* local = static_cast<const char*>(p.g.local_buffer);
     epCombineReceiveBlock(p.g, p.a, shared, [&](int owner, int64_t word, uint64_t seq) {
         uint32_t unused = 0;
-        return epWaitSignal(reinterpret_cast<const uint64_t*>(local + word), seq,
-                            &p.g.active_ranks[owner], p.g.timeout_ns, &unused);
+        const auto* w = reinterpret_cast<const uint64_t*>(local + word);
+        if (kPeek)
+            return epPeekSignal(w, seq, &unused);
+        return epWaitSignal(w, seq, &p.g.active_ranks[owner], p.g.timeout_ns, &unused);
     });
+}
+
+// The spinning half of a split receive (epSplitReceive): one block waits
+// for the flag of every expert this rank's tokens selected, a thread per
+// top-k entry (entries of one expert wait on one word), marking owners that
+// time out inactive, and ends. Bad ids are the copy kernel's to report.
+__global__ void __launch_bounds__(kEpReceiveWaitThreads) combineReceiveWait(CombineParams p) {
+    const EpGroupArgs& g = p.g;
+    const EpLayout L = epLayoutOf(g);
+    const uint64_t seq = epState(g.local_buffer)->combine_seq + 1;
+    const int phase = static_cast<int>(seq & 1);
+    const char* local = static_cast<const char*>(g.local_buffer);
+    if (epLoadVolatile(&g.active_ranks[g.rank]) == 0)
+        return;  // it sent nothing, so nothing comes back
+    const int64_t nle = L.numLocalExperts();
+    const int64_t entries = static_cast<int64_t>(p.a.num_tokens) * p.a.top_k;
+    for (int64_t i = threadIdx.x; i < entries; i += blockDim.x) {
+        const int64_t id = p.a.topk_idx[i];
+        if (id < 0 || id >= g.num_experts)
+            continue;
+        const int owner = static_cast<int>(id / nle);
+        if (epLoadVolatile(&g.active_ranks[owner]) == 0)
+            continue;
+        uint32_t unused = 0;
+        epWaitSignal(reinterpret_cast<const uint64_t*>(local + L.combineFlagOffset(phase, id)), seq,
+                     &g.active_ranks[owner], g.timeout_ns, &unused);
+    }
 }
 
 }  // namespace
@@ -77,9 +112,17 @@ Status launchCombine(const EpGroupArgs& g, const CombineArgs& a, cudaStream_t st
 
 Status launchCombineReceive(const EpGroupArgs& g, const CombineArgs& a, cudaStream_t stream) {
     const CombineParams p{g, a};
-    const int blocks = epCombineReceiveGrid(g, a.num_tokens);
-    combineReceive<<<blocks, epCombineReceiveThreads(g), epCombineReceiveSharedBytes(g, a, blocks),
-                     stream>>>(p);
+    const bool split = epSplitReceive(g);
+    const int blocks = epCombineReceiveGrid(g, a.num_tokens, split);
+    const int threads = epCombineReceiveThreads(g, split);
+    const size_t shared_bytes = epCombineReceiveSharedBytes(g, a, blocks);
+    if (split) {
+        combineReceiveWait<<<1, kEpReceiveWaitThreads, 0, stream>>>(p);
+        MC_RETURN_IF_ERROR(cudaLaunchStatus("combine receive wait"));
+        combineReceive<true><<<blocks, threads, shared_bytes, stream>>>(p);
+    } else {
+        combineReceive<false><<<blocks, threads, shared_bytes, stream>>>(p);
+    }
     return cudaLaunchStatus("combine receive");
 }
 

@@ -59,6 +59,17 @@ __device__ inline EpWait epWaitSignal(const uint64_t* word, uint64_t seq, int32_
     });
 }
 
+// For a kernel queued after one that waited (epWaitSignal) for the same
+// word: kArrived with the payload when `word` carries `seq`, else
+// kTimedOut (that wait gave up). Never spins.
+__device__ inline EpWait epPeekSignal(const uint64_t* word, uint64_t seq, uint32_t* payload) {
+    const uint64_t v = loadAcquireSys(word);
+    if (!epSignalMatches(v, seq))
+        return EpWait::kTimedOut;
+    *payload = epSignalPayload(v);
+    return EpWait::kArrived;
+}
+
 // The last block of a grid to call this (once per block, thread 0) stores
 // `seq` as the completed operation and resets the counter for the next one.
 // Every block read the previous value at its start, before any block got here.

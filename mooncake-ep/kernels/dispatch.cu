@@ -12,7 +12,9 @@
 //            experts' counts from every source at once (deadline,
 //            active_ranks), writes the handle (src_info, layout_range),
 //            then packs in source-rank order with all its warps spread over
-//            all its messages (epDispatchReceiveBlock).
+//            all its messages (epDispatchReceiveBlock). When ranks share
+//            the GPU it is split (epSplitReceive): one block spins until
+//            every count is in, then a block per local expert packs.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -60,14 +62,42 @@ __global__ void __launch_bounds__(kSendThreads) dispatchSend(DispatchParams p) {
     epTrace(p.g, kEpTraceDispatchSend, kEpTraceEnd);
 }
 
+// kPeek: queued after dispatchReceiveWait, so every count it waits for is
+// in or given up on, and it reads them without spinning.
+template <bool kPeek>
 __global__ void __launch_bounds__(kRecvThreads) dispatchReceive(DispatchParams p) {
     extern __shared__ int shared[];  // epDispatchReceiveSharedBytes
     const char* local = static_cast<const char*>(p.g.local_buffer);
     epDispatchReceiveBlock<kRecvThreads>(
         p.g, p.a, shared, [&](int src, int64_t word, uint64_t seq, uint32_t* count) {
-            return epWaitSignal(reinterpret_cast<const uint64_t*>(local + word), seq,
-                                &p.g.active_ranks[src], p.g.timeout_ns, count);
+            const auto* w = reinterpret_cast<const uint64_t*>(local + word);
+            if (kPeek)
+                return epPeekSignal(w, seq, count);
+            return epWaitSignal(w, seq, &p.g.active_ranks[src], p.g.timeout_ns, count);
         });
+}
+
+// The spinning half of a split receive (epSplitReceive): one block waits
+// for every (local expert, source) count of the op, marking sources that
+// time out inactive, and ends.
+__global__ void __launch_bounds__(kEpReceiveWaitThreads) dispatchReceiveWait(DispatchParams p) {
+    const EpGroupArgs& g = p.g;
+    const EpLayout L = epLayoutOf(g);
+    const uint64_t seq = epState(g.local_buffer)->dispatch_seq + 1;
+    const int phase = static_cast<int>(seq & 1);
+    const char* local = static_cast<const char*>(g.local_buffer);
+    if (epLoadVolatile(&g.active_ranks[g.rank]) == 0)
+        return;  // nothing is sent to a rank inactive in its own view
+    const int64_t pairs = L.numLocalExperts() * g.num_ranks;
+    for (int64_t i = threadIdx.x; i < pairs; i += blockDim.x) {
+        const int src = static_cast<int>(i % g.num_ranks);
+        if (epLoadVolatile(&g.active_ranks[src]) == 0)
+            continue;
+        uint32_t count = 0;
+        epWaitSignal(reinterpret_cast<const uint64_t*>(
+                         local + L.dispatchCountOffset(phase, i / g.num_ranks, src)),
+                     seq, &g.active_ranks[src], g.timeout_ns, &count);
+    }
 }
 
 }  // namespace
@@ -87,9 +117,16 @@ Status launchDispatch(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t 
 
 Status launchDispatchReceive(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t stream) {
     const DispatchParams p{g, a};
-    const int grid = epDispatchReceiveGrid(g);
+    const bool split = epSplitReceive(g);
+    const int grid = epDispatchReceiveGrid(g, split);
     const size_t shared_bytes = epDispatchReceiveSharedBytes(g, grid);
-    dispatchReceive<<<grid, kRecvThreads, shared_bytes, stream>>>(p);
+    if (split) {
+        dispatchReceiveWait<<<1, kEpReceiveWaitThreads, 0, stream>>>(p);
+        MC_RETURN_IF_ERROR(cudaLaunchStatus("dispatch receive wait"));
+        dispatchReceive<true><<<grid, kRecvThreads, shared_bytes, stream>>>(p);
+    } else {
+        dispatchReceive<false><<<grid, kRecvThreads, shared_bytes, stream>>>(p);
+    }
     return cudaLaunchStatus("dispatch receive");
 }
 

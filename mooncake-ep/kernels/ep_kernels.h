@@ -96,18 +96,20 @@ int epCombineReceiveBlocks(const EpGroupArgs& g, int num_tokens, int sms);
 // The same for a launch on the current device, which is asked for its SM
 // count only when ranks share it (the grid depends on it only then), or
 // MC_EP_COMBINE_RECV_BLOCKS (clamped to [1, tokens]) for benchmarks that
-// probe the bound.
-int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens);
+// probe the bound; `split` (epSplitReceive): the copy kernel's grid, a
+// block per token.
+int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens, bool split);
 
 // Threads of a combine receive block. A block reduces one token at a time,
 // its threads over the hidden channels: 256 when every token has a block of
 // its own; when ranks share the GPU the grid is bounded and each block
 // loops over several tokens, so it gets kEpCombineRecvMaxThreads (one pass
 // over a 7168-channel row's 896 16-byte words instead of four).
+// A split receive's copy kernel has a block per token: 256.
 // MC_EP_COMBINE_RECV_THREADS=256|512|1024 forces it, for benchmarks.
 inline constexpr int kEpCombineRecvMinThreads = 256;
 inline constexpr int kEpCombineRecvMaxThreads = 1024;
-int epCombineReceiveThreads(const EpGroupArgs& g);
+int epCombineReceiveThreads(const EpGroupArgs& g, bool split);
 
 // A combine receive block waits for the flags of all the experts a round of
 // its tokens selected at once: it keeps a byte per expert and top_k ints
@@ -134,6 +136,17 @@ size_t epCombineReceiveSharedBytes(const EpGroupArgs& g, const CombineArgs& a, i
 // that whatever the block scheduler does, SMs stay free for send kernels
 // not scheduled yet. At least one.
 int epSpinningBlocksPerRank(int sms, int ranks_per_device);
+
+// Whether a receive runs split in two kernels: one block that spins until
+// every signal the op needs is in (or its peer timed out), then, queued
+// after it, a copy kernel with a block per local expert (dispatch) or per
+// token (combine) that reads the signals without spinning. Ranks sharing a
+// GPU must keep spinning blocks to a few SMs (epSpinningBlocksPerRank), and
+// the copies are most of a receive's time: split, they get the whole GPU.
+// On when ranks share the GPU; MC_EP_SPLIT_RECEIVE=0 turns it off (for
+// benchmarks), as does a forced receive grid (MC_EP_*_RECV_BLOCKS).
+bool epSplitReceive(const EpGroupArgs& g);
+inline constexpr int kEpReceiveWaitThreads = 1024;
 
 // Blocks of a dispatch receive grid (each loops over local experts) on a
 // GPU of `sms` SMs: one per local expert, except when ranks share the GPU.
@@ -164,8 +177,9 @@ MC_EP_HD constexpr int epDispatchReceiveExpertsPerRound(int nle, int num_ranks, 
 size_t epDispatchReceiveSharedBytes(const EpGroupArgs& g, int grid);
 // The launch's grid: epDispatchReceiveBlocks, or MC_EP_DISPATCH_RECV_BLOCKS
 // (clamped to [1, local experts]) for benchmarks that probe the bound; a
-// value that lets spinning blocks fill the GPU can hang ranks sharing it.
-int epDispatchReceiveGrid(const EpGroupArgs& g);
+// value that lets spinning blocks fill the GPU can hang ranks sharing it;
+// `split` (epSplitReceive): the copy kernel's grid, a block per local expert.
+int epDispatchReceiveGrid(const EpGroupArgs& g, bool split);
 
 // Threads of a send block (dispatch: a block per global expert; combine: a
 // block per local expert and destination), which copies one row per warp:

@@ -26,6 +26,7 @@ MC_ENV_INT(SendThreads, "MC_EP_SEND_THREADS", 0)
 MC_ENV_INT(DispatchRecvBlocks, "MC_EP_DISPATCH_RECV_BLOCKS", 0)
 MC_ENV_INT(CombineRecvBlocks, "MC_EP_COMBINE_RECV_BLOCKS", 0)
 MC_ENV_INT(CombineRecvThreads, "MC_EP_COMBINE_RECV_THREADS", 0)
+MC_ENV_INT(SplitReceive, "MC_EP_SPLIT_RECEIVE", 1)
 
 // A forced block size: `n` when it is a power of two in [lo, hi], else 0.
 int forcedBlockSize(int64_t n, int lo, int hi) {
@@ -104,10 +105,18 @@ int epDispatchReceiveBlocks(const EpGroupArgs& g, int sms) {
     return std::min(wanted, epSpinningBlocksPerRank(sms, g.ranks_per_device));
 }
 
-int epDispatchReceiveGrid(const EpGroupArgs& g) {
+bool epSplitReceive(const EpGroupArgs& g) {
+    static const bool on =
+        envSplitReceive() != 0 && envDispatchRecvBlocks() <= 0 && envCombineRecvBlocks() <= 0;
+    return on && g.ranks_per_device > 1;
+}
+
+int epDispatchReceiveGrid(const EpGroupArgs& g, bool split) {
     static const int forced = forcedBlockCount(envDispatchRecvBlocks());
     if (forced > 0)
         return std::min(forced, std::max(1, localExperts(g)));
+    if (split)
+        return std::max(1, localExperts(g));  // nothing spins: a block per local expert
     return epDispatchReceiveBlocks(g, g.ranks_per_device > 1 ? currentDeviceSmCount() : 0);
 }
 
@@ -122,20 +131,22 @@ size_t epCombineReceiveSharedBytes(const EpGroupArgs& g, const CombineArgs& a, i
            sizeof(int) * static_cast<size_t>(per_round) * static_cast<size_t>(a.top_k);
 }
 
-int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens) {
+int epCombineReceiveGrid(const EpGroupArgs& g, int num_tokens, bool split) {
     static const int forced = forcedBlockCount(envCombineRecvBlocks());
     if (forced > 0)
         return std::min(forced, std::max(1, num_tokens));
+    if (split)
+        return std::max(1, num_tokens);  // nothing spins: a block per token
     return epCombineReceiveBlocks(g, num_tokens,
                                   g.ranks_per_device > 1 ? currentDeviceSmCount() : 0);
 }
 
-int epCombineReceiveThreads(const EpGroupArgs& g) {
+int epCombineReceiveThreads(const EpGroupArgs& g, bool split) {
     static const int forced = forcedBlockSize(envCombineRecvThreads(), kEpCombineRecvMinThreads,
                                               kEpCombineRecvMaxThreads);
     if (forced)
         return forced;
-    return g.ranks_per_device > 1 ? kEpCombineRecvMaxThreads : kEpCombineRecvMinThreads;
+    return g.ranks_per_device > 1 && !split ? kEpCombineRecvMaxThreads : kEpCombineRecvMinThreads;
 }
 
 namespace {

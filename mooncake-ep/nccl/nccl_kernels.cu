@@ -240,8 +240,8 @@ Status launchNcclCombine(const NcclEpDevice& d, const EpGroupArgs& g, const Comb
     const int nle = g.num_experts / g.num_ranks;
     ncclCombineSend<<<nle * g.num_ranks, kSendThreads, 0, stream>>>(p);
     MC_RETURN_IF_ERROR(cudaLaunchStatus("NCCL combine send"));
-    const int blocks = epCombineReceiveGrid(g, a.num_tokens);
-    ncclCombineReceive<<<blocks, epCombineReceiveThreads(g),
+    const int blocks = epCombineReceiveGrid(g, a.num_tokens, false);  // its receive spins
+    ncclCombineReceive<<<blocks, epCombineReceiveThreads(g, false),
                          epCombineReceiveSharedBytes(g, a, blocks), stream>>>(p);
     return cudaLaunchStatus("NCCL combine receive");
 }

@@ -146,8 +146,8 @@ int checkPhaseTrace(const RankContext& c, const std::vector<uint64_t>& t, int nu
         int with_middle;  // blocks that have a first wait or data to write
         const char* name;
     };
-    const int dispatch_receive = epDispatchReceiveGrid(g);
-    const int combine_receive = epCombineReceiveGrid(g, num_tokens);
+    const int dispatch_receive = epDispatchReceiveGrid(g, epSplitReceive(g));
+    const int combine_receive = epCombineReceiveGrid(g, num_tokens, epSplitReceive(g));
     const Grid grids[] = {
         {kEpTraceDispatchSend, s.num_experts, s.num_experts, "dispatch send"},
         {kEpTraceDispatchReceive, dispatch_receive, dispatch_receive, "dispatch receive"},

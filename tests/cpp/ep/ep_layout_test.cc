@@ -178,6 +178,27 @@ TEST(EpLaunchChecks, DispatchReceiveBlocksWaitForAllTheirExpertsAtOnceWhileTheyF
     EXPECT_LE(epDispatchReceiveSharedBytes(g, 1), 48u * 1024);
 }
 
+TEST(EpLaunchChecks, RanksSharingTheGpuSplitTheirReceivesAndCopyWithFullGrids) {
+    EpGroupArgs g = validGroup();
+    g.num_ranks = 8;
+    g.num_experts = 256;
+    EXPECT_FALSE(epSplitReceive(g));  // one rank per GPU: its grids are full already
+    g.ranks_per_device = 8;
+    const bool knobs = std::getenv("MC_EP_SPLIT_RECEIVE") ||
+                       std::getenv("MC_EP_DISPATCH_RECV_BLOCKS") ||
+                       std::getenv("MC_EP_COMBINE_RECV_BLOCKS");
+    if (!knobs) {
+        EXPECT_TRUE(epSplitReceive(g));
+    }
+    if (!std::getenv("MC_EP_DISPATCH_RECV_BLOCKS")) {
+        EXPECT_EQ(epDispatchReceiveGrid(g, true), 32);  // a block per local expert
+    }
+    if (!std::getenv("MC_EP_COMBINE_RECV_BLOCKS")) {
+        EXPECT_EQ(epCombineReceiveGrid(g, 128, true), 128);  // a block per token
+        EXPECT_EQ(epCombineReceiveGrid(g, 0, true), 1);
+    }
+}
+
 TEST(EpLaunchChecks, CombineReceiveBlocksWaitForAllTheirTokensExpertsAtOnceWhileTheyFit) {
     // 128 tokens over 8 blocks: 16 each, 128 top-8 entries.
     EXPECT_EQ(epCombineReceiveTokensPerRound(128, 8, 8), 16);
@@ -218,9 +239,11 @@ TEST(EpLaunchChecks, CombineReceiveGridIsBoundedOnlyWhenRanksShareTheGpu) {
     // Fewer blocks, larger ones: a 1024-thread block takes a 7168-channel
     // row in one pass (unless a benchmark's setting forces the size).
     if (std::getenv("MC_EP_COMBINE_RECV_THREADS") == nullptr) {
-        EXPECT_EQ(epCombineReceiveThreads(g), kEpCombineRecvMaxThreads);
+        EXPECT_EQ(epCombineReceiveThreads(g, false), kEpCombineRecvMaxThreads);
+        // Split, the copy kernel has a block per token and nothing spins.
+        EXPECT_EQ(epCombineReceiveThreads(g, true), kEpCombineRecvMinThreads);
         g.ranks_per_device = 1;
-        EXPECT_EQ(epCombineReceiveThreads(g), kEpCombineRecvMinThreads);
+        EXPECT_EQ(epCombineReceiveThreads(g, false), kEpCombineRecvMinThreads);
     }
     g.num_ranks = 2;
     g.num_experts = validGroup().num_experts;
