@@ -34,12 +34,13 @@ inline constexpr int64_t kEpRegionAlign = 256;
 // kernels graph-replayable: each operation reads its number here instead of
 // taking it from the host.
 struct EpState {
-    uint64_t dispatch_seq;   // last completed dispatch (0: none yet)
-    uint64_t combine_seq;    // last completed combine
-    uint32_t dispatch_done;  // blocks of the running dispatch receive that finished
-    uint32_t combine_done;   // blocks of the running combine receive that finished
-    int32_t error_code;      // EpError; the first error wins, the caller clears it
-    int32_t error_info;      // the offending value (e.g. the expert id)
+    uint64_t dispatch_seq;        // last completed dispatch (0: none yet)
+    uint64_t combine_seq;         // last completed combine
+    uint32_t dispatch_done;       // blocks of the running dispatch receive that finished
+    uint32_t combine_done;        // blocks of the running combine receive that finished
+    int32_t error_code;           // EpError; the first error wins, the caller clears it
+    int32_t error_info;           // the offending value (e.g. the expert id)
+    uint32_t dispatch_send_done;  // blocks of the running token-major dispatch send that finished
 };
 static_assert(sizeof(EpState) <= kEpStateBytes, "EpState outgrew its reserved bytes");
 

@@ -2,11 +2,12 @@
 // experts it selected, and each rank packs what it received per local expert.
 //
 // Two kernels, so no block ever waits on a block of its own grid:
-//   send     one block per global expert e (4 to 16 warps: epSendThreads):
-//            finds the tokens that selected e
+//   send     token-major where it fits (dispatch_by_token.cu:
+//            epDispatchSendByToken), else one block per global expert e (4
+//            to 16 warps: epSendThreads): finds the tokens that selected e
 //            (in token order, so slots are deterministic), writes their
 //            messages into the owner's receive region, then one signal
-//            carrying the count.
+//            carrying the count. Both give a token the same slot.
 //   receive  a block per local expert (fewer when ranks share the GPU, each
 //            then taking several: epDispatchReceiveGrid): waits for all its
 //            experts' counts from every source at once (deadline,
@@ -105,12 +106,17 @@ __global__ void __launch_bounds__(kEpReceiveWaitThreads) dispatchReceiveWait(Dis
 Status launchDispatch(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t stream) {
     MC_RETURN_IF_ERROR(checkDispatchArgs(g, a));
     const DispatchParams p{g, a};
-    // A block per global expert; each of this rank's tokens goes to top_k.
-    epWithSendThreads(epSendThreads(static_cast<int64_t>(a.num_tokens) * a.top_k, g.num_experts),
-                      [&](auto threads) {
-                          dispatchSend<decltype(threads)::value>
-                              <<<g.num_experts, threads.value, 0, stream>>>(p);
-                      });
+    if (epDispatchSendByToken(g, a)) {
+        launchDispatchSendByToken(g, a, stream);
+    } else {
+        // A block per global expert; each of this rank's tokens goes to top_k.
+        epWithSendThreads(
+            epSendThreads(static_cast<int64_t>(a.num_tokens) * a.top_k, g.num_experts),
+            [&](auto threads) {
+                dispatchSend<decltype(threads)::value>
+                    <<<g.num_experts, threads.value, 0, stream>>>(p);
+            });
+    }
     MC_RETURN_IF_ERROR(cudaLaunchStatus("dispatch send"));
     return launchDispatchReceive(g, a, stream);
 }

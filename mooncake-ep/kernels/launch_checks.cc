@@ -27,6 +27,7 @@ MC_ENV_INT(DispatchRecvBlocks, "MC_EP_DISPATCH_RECV_BLOCKS", 0)
 MC_ENV_INT(CombineRecvBlocks, "MC_EP_COMBINE_RECV_BLOCKS", 0)
 MC_ENV_INT(CombineRecvThreads, "MC_EP_COMBINE_RECV_THREADS", 0)
 MC_ENV_INT(SplitReceive, "MC_EP_SPLIT_RECEIVE", 1)
+MC_ENV_INT(DispatchSendByToken, "MC_EP_DISPATCH_SEND_BY_TOKEN", 1)
 
 // A forced block size: `n` when it is a power of two in [lo, hi], else 0.
 int forcedBlockSize(int64_t n, int lo, int hi) {
@@ -103,6 +104,16 @@ int epDispatchReceiveBlocks(const EpGroupArgs& g, int sms) {
     if (g.ranks_per_device <= 1)
         return wanted;  // its own send kernel finished before its receive began
     return std::min(wanted, epSpinningBlocksPerRank(sms, g.ranks_per_device));
+}
+
+bool epDispatchSendByToken(const EpGroupArgs& g, const DispatchArgs& a) {
+    static const bool on = envDispatchSendByToken() != 0;
+    return on && a.use_fp8 && a.top_k <= kEpMaxTopKByToken &&
+           epDispatchSendByTokenSharedBytes(g, a) <= kEpMaxSharedBytesByToken;
+}
+
+int epDispatchSendBlocks(const EpGroupArgs& g, const DispatchArgs& a) {
+    return epDispatchSendByToken(g, a) ? epDispatchSendByTokenBlocks(a) : g.num_experts;
 }
 
 bool epSplitReceive(const EpGroupArgs& g) {

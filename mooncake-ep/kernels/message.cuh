@@ -43,28 +43,52 @@ __device__ __forceinline__ int4 epLoadFromL2(const int4* p) {
     return __ldcg(p);
 }
 
-// One warp writes one token's message: header, then BF16 or FP8 + scales.
-__device__ inline void epWriteMessage(const EpGroupArgs& g, const DispatchArgs& a,
-                                      const EpLayout& L, int token, char* msg, int lane) {
-    if (lane == 0)
-        *reinterpret_cast<int4*>(msg) = make_int4(token, 0, 0, 0);
+// One warp writes share `part` of `parts` of token `token`'s message to
+// each of msgs[0, n): an even share of its 16-byte words (BF16) or of its
+// 128-channel groups (FP8, each with its scale); share 0 also writes the
+// header. The token's share is read and quantized once, whatever n.
+__device__ inline void epWriteMessageParts(const EpGroupArgs& g, const DispatchArgs& a,
+                                           const EpLayout& L, int token, char* const* msgs, int n,
+                                           int part, int parts, int lane) {
+    if (part == 0 && lane == 0) {
+        for (int m = 0; m < n; ++m)
+            *reinterpret_cast<int4*>(msgs[m]) = make_int4(token, 0, 0, 0);
+    }
     const int64_t hidden = g.hidden;
     const char* row = static_cast<const char*>(a.x) + static_cast<int64_t>(token) * hidden * 2;
-    char* payload = msg + kEpMessageHeaderBytes;
     if (!a.use_fp8) {
-        epWarpCopy16(reinterpret_cast<int4*>(payload), reinterpret_cast<const int4*>(row),
-                     hidden / 8, lane, epLoadPlain);
+        const int64_t words = hidden / 8;
+        const int64_t begin = words * part / parts, end = words * (part + 1) / parts;
+        const int4* src = reinterpret_cast<const int4*>(row);
+        for (int64_t first = begin; first < end; first += kEpCopyBatch * 32) {
+            int4 v[kEpCopyBatch];
+#pragma unroll
+            for (int b = 0; b < kEpCopyBatch; ++b) {
+                const int64_t i = first + b * 32 + lane;
+                if (i < end)
+                    v[b] = src[i];
+            }
+            for (int m = 0; m < n; ++m) {
+                int4* dst = reinterpret_cast<int4*>(msgs[m] + kEpMessageHeaderBytes);
+#pragma unroll
+                for (int b = 0; b < kEpCopyBatch; ++b) {
+                    const int64_t i = first + b * 32 + lane;
+                    if (i < end)
+                        dst[i] = v[b];
+                }
+            }
+        }
         return;
     }
-    float* scales = reinterpret_cast<float*>(msg + L.fp8ScaleOffset());
     const int64_t groups = hidden / kEpFp8GroupSize;
-    for (int64_t first = 0; first < groups; first += kEpCopyBatch) {
+    const int64_t begin = groups * part / parts, end = groups * (part + 1) / parts;
+    for (int64_t first = begin; first < end; first += kEpCopyBatch) {
         // Each lane holds 4 of a group's 128 channels; a batch of groups is
         // loaded before any is quantized (see kEpCopyBatch).
         uint2 raw[kEpCopyBatch];
 #pragma unroll
         for (int b = 0; b < kEpCopyBatch; ++b) {
-            if (first + b < groups) {
+            if (first + b < end) {
                 raw[b] = *reinterpret_cast<const uint2*>(
                     row + ((first + b) * kEpFp8GroupSize + lane * 4) * 2);
             }
@@ -72,7 +96,7 @@ __device__ inline void epWriteMessage(const EpGroupArgs& g, const DispatchArgs& 
 #pragma unroll
         for (int b = 0; b < kEpCopyBatch; ++b) {
             const int64_t group = first + b;
-            if (group >= groups)
+            if (group >= end)
                 break;  // the same for the whole warp
             const int64_t c = group * kEpFp8GroupSize + lane * 4;
             const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&raw[b].x);
@@ -88,12 +112,21 @@ __device__ inline void epWriteMessage(const EpGroupArgs& g, const DispatchArgs& 
                 make_float2(v[0] * inv, v[1] * inv), __NV_SATFINITE, __NV_E4M3);
             const __nv_fp8x2_storage_t q23 = __nv_cvt_float2_to_fp8x2(
                 make_float2(v[2] * inv, v[3] * inv), __NV_SATFINITE, __NV_E4M3);
-            *reinterpret_cast<uint32_t*>(payload + c) =
-                static_cast<uint32_t>(q01) | (static_cast<uint32_t>(q23) << 16);
-            if (lane == 0)
-                scales[group] = amax / kEpFp8Max;
+            const uint32_t q = static_cast<uint32_t>(q01) | (static_cast<uint32_t>(q23) << 16);
+            for (int m = 0; m < n; ++m) {
+                *reinterpret_cast<uint32_t*>(msgs[m] + kEpMessageHeaderBytes + c) = q;
+                if (lane == 0)
+                    reinterpret_cast<float*>(msgs[m] + L.fp8ScaleOffset())[group] =
+                        amax / kEpFp8Max;
+            }
         }
     }
+}
+
+// One warp writes one token's message: header, then BF16 or FP8 + scales.
+__device__ inline void epWriteMessage(const EpGroupArgs& g, const DispatchArgs& a,
+                                      const EpLayout& L, int token, char* msg, int lane) {
+    epWriteMessageParts(g, a, L, token, &msg, 1, 0, 1, lane);
 }
 
 // Copies one received message (one warp) into packed row `row` of its expert.

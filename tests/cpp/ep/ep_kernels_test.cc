@@ -146,10 +146,15 @@ int checkPhaseTrace(const RankContext& c, const std::vector<uint64_t>& t, int nu
         int with_middle;  // blocks that have a first wait or data to write
         const char* name;
     };
+    DispatchArgs d;
+    d.num_tokens = num_tokens;
+    d.top_k = s.top_k;
+    d.use_fp8 = true;  // the traced step's
+    const int dispatch_send = epDispatchSendBlocks(g, d);
     const int dispatch_receive = epDispatchReceiveGrid(g, epSplitReceive(g));
     const int combine_receive = epCombineReceiveGrid(g, num_tokens, epSplitReceive(g));
     const Grid grids[] = {
-        {kEpTraceDispatchSend, s.num_experts, s.num_experts, "dispatch send"},
+        {kEpTraceDispatchSend, dispatch_send, dispatch_send, "dispatch send"},
         {kEpTraceDispatchReceive, dispatch_receive, dispatch_receive, "dispatch receive"},
         {kEpTraceCombineSend, s.num_experts, s.num_experts, "combine send"},
         {kEpTraceCombineReceive, combine_receive, std::min(combine_receive, num_tokens),

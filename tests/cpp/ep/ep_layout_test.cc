@@ -178,6 +178,34 @@ TEST(EpLaunchChecks, DispatchReceiveBlocksWaitForAllTheirExpertsAtOnceWhileTheyF
     EXPECT_LE(epDispatchReceiveSharedBytes(g, 1), 48u * 1024);
 }
 
+TEST(EpLaunchChecks, DispatchSendIsTokenMajorWhereItsSharedMemoryAndTopKFit) {
+    if (std::getenv("MC_EP_DISPATCH_SEND_BY_TOKEN")) {
+        GTEST_SKIP() << "MC_EP_DISPATCH_SEND_BY_TOKEN is set";
+    }
+    EpGroupArgs g = validGroup();
+    g.num_ranks = 8;
+    g.num_experts = 256;
+    DispatchArgs a;
+    a.num_tokens = 128;  // ids and counts: 4 * (1024 + 256) bytes
+    a.top_k = 8;
+    a.use_fp8 = true;
+    EXPECT_EQ(epDispatchSendByTokenSharedBytes(g, a), 4u * (1024 + 256));
+    EXPECT_TRUE(epDispatchSendByToken(g, a));
+    EXPECT_EQ(epDispatchSendBlocks(g, a), 64);  // two tokens a block
+    a.num_tokens = 0;
+    EXPECT_EQ(epDispatchSendBlocks(g, a), 1);  // the counts still go out
+    a.num_tokens = 128;
+    a.top_k = kEpMaxTopKByToken + 1;
+    EXPECT_FALSE(epDispatchSendByToken(g, a));
+    EXPECT_EQ(epDispatchSendBlocks(g, a), 256);  // a block per global expert
+    a.top_k = 8;
+    a.num_tokens = 4096;  // 128 KiB of ids
+    EXPECT_FALSE(epDispatchSendByToken(g, a));
+    a.num_tokens = 128;
+    a.use_fp8 = false;  // BF16: nothing to quantize once
+    EXPECT_FALSE(epDispatchSendByToken(g, a));
+}
+
 TEST(EpLaunchChecks, RanksSharingTheGpuSplitTheirReceivesAndCopyWithFullGrids) {
     EpGroupArgs g = validGroup();
     g.num_ranks = 8;

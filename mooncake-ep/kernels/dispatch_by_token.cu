@@ -1,0 +1,165 @@
+// The cuda_ipc dispatch send organised by token (dispatch.cu chooses it,
+// epDispatchSendByToken): a token is read and quantized once, by
+// kWarpsPerToken warps that each take a share of its channels, and every
+// share is stored to each of the token's destinations. The expert-major
+// send reads and quantizes a token once per expert it selected, and has a
+// block per global expert to schedule where this has one per
+// kTokensPerBlock tokens. Slots are the expert-major send's (a token's
+// slot for expert e counts the earlier tokens that selected e), so the
+// receive and the handle are the same. The counts go out from the grid's
+// last block once every block's messages are written (EpState's
+// dispatch_send_done counts the blocks that finished).
+#include <cuda_bf16.h>
+
+#include "mooncake-ep/kernels/device_sync.cuh"
+#include "mooncake-ep/kernels/ep_blocks.cuh"
+#include "mooncake-ep/kernels/ep_kernels.h"
+#include "mooncake-ep/kernels/message.cuh"
+#include "mooncake-transfer-engine/common/cuda_launch.h"
+
+namespace mooncake::ep {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarpsPerToken = 4;
+constexpr int kTokensPerBlock = kThreads / 32 / kWarpsPerToken;
+
+struct Params {
+    EpGroupArgs g;
+    DispatchArgs a;
+};
+
+// Thread `lane` of the token's first warp: the remote messages of `token`
+// (ids: the op's top-k entries in shared memory, -1 where out of range),
+// one per distinct expert whose owner is active; returns how many.
+__device__ int findMessages(const EpGroupArgs& g, const DispatchArgs& a, const EpLayout& L,
+                            const int* ids, int token, int phase, char** msgs, int lane) {
+    const int nle = static_cast<int>(L.numLocalExperts());
+    const int* mine = ids + token * a.top_k;
+    int n = 0;
+    for (int k = 0; k < a.top_k; ++k) {
+        const int e = mine[k];
+        bool skip = e < 0;
+        for (int j = 0; j < k && !skip; ++j)
+            skip = mine[j] == e;  // a token that lists e twice is sent once
+        // One read for the warp: a receive's timeout may mark the rank
+        // meanwhile, and its lanes must agree before the reduction below.
+        int dst_active = lane == 0 && !skip ? epLoadVolatile(&g.active_ranks[e / nle]) : 0;
+        if (__shfl_sync(0xffffffffu, dst_active, 0) == 0)
+            continue;  // the same for the whole warp
+        int before = 0;
+        for (int t = lane; t < token; t += 32) {
+            bool selected = false;
+            for (int j = 0; j < a.top_k && !selected; ++j)
+                selected = ids[t * a.top_k + j] == e;
+            before += selected ? 1 : 0;
+        }
+        before = __reduce_add_sync(0xffffffffu, before);
+        if (lane == 0) {
+            msgs[n] = static_cast<char*>(g.peer_buffers[e / nle]) +
+                      L.dispatchMessageOffset(phase, e % nle, g.rank, before);
+        }
+        ++n;
+    }
+    return n;
+}
+
+// The grid's last block: one count per expert, after every block's messages.
+__device__ void sendCounts(const EpGroupArgs& g, const DispatchArgs& a, const EpLayout& L,
+                           const int* ids, int* counts, uint64_t seq) {
+    const int nle = static_cast<int>(L.numLocalExperts());
+    const int phase = static_cast<int>(seq & 1);
+    const int entries = a.num_tokens * a.top_k;
+    for (int e = threadIdx.x; e < g.num_experts; e += blockDim.x)
+        counts[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < entries; i += blockDim.x) {
+        const int e = ids[i];
+        bool first = e >= 0;
+        for (int j = i - i % a.top_k; j < i && first; ++j)
+            first = ids[j] != e;
+        if (first)
+            atomicAdd(&counts[e], 1);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < g.num_experts; e += blockDim.x) {
+        // Read again now: a block that started later may have seen a rank
+        // inactive and sent it nothing (entries only go from 1 to 0).
+        if (epLoadVolatile(&g.active_ranks[g.rank]) == 0 ||
+            epLoadVolatile(&g.active_ranks[e / nle]) == 0)
+            continue;
+        char* remote = static_cast<char*>(g.peer_buffers[e / nle]);
+        epSignal(
+            reinterpret_cast<uint64_t*>(remote + L.dispatchCountOffset(phase, e % nle, g.rank)),
+            seq, static_cast<uint32_t>(counts[e]));
+    }
+}
+
+__global__ void __launch_bounds__(kThreads) dispatchSendByToken(Params p) {
+    const EpGroupArgs& g = p.g;
+    const DispatchArgs& a = p.a;
+    epTrace(g, kEpTraceDispatchSend, kEpTraceStart);
+    extern __shared__ int shared[];  // ids [num_tokens * top_k], then counts [num_experts]
+    int* ids = shared;
+    __shared__ char* msgs[kTokensPerBlock][kEpMaxTopKByToken];
+    __shared__ int num_msgs[kTokensPerBlock];
+    __shared__ bool self_active, last_block;
+    const EpLayout L = epLayoutOf(g);
+    EpState* state = epState(g.local_buffer);
+    const uint64_t seq = state->dispatch_seq + 1;
+    if (blockIdx.x == 0)
+        epCheckExpertIds(g, a, state);
+    const int entries = a.num_tokens * a.top_k;
+    for (int i = threadIdx.x; i < entries; i += blockDim.x) {
+        const int64_t id = a.topk_idx[i];
+        ids[i] = id >= 0 && id < g.num_experts ? static_cast<int>(id) : -1;
+    }
+    if (threadIdx.x == 0)
+        self_active = epLoadVolatile(&g.active_ranks[g.rank]) != 0;
+    __syncthreads();
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int slot = warp / kWarpsPerToken, part = warp % kWarpsPerToken;
+    const int token = static_cast<int>(blockIdx.x) * kTokensPerBlock + slot;
+    if (part == 0) {
+        const bool mine = self_active && token < a.num_tokens;
+        const int n =
+            mine ? findMessages(g, a, L, ids, token, static_cast<int>(seq & 1), msgs[slot], lane)
+                 : 0;
+        if (lane == 0)
+            num_msgs[slot] = n;
+    }
+    __syncthreads();
+    if (num_msgs[slot] > 0)
+        epWriteMessageParts(g, a, L, token, msgs[slot], num_msgs[slot], part, kWarpsPerToken, lane);
+    __syncthreads();
+    epTrace(g, kEpTraceDispatchSend, kEpTraceMiddle);
+    if (threadIdx.x == 0) {
+        __threadfence_system();  // this block's messages before its share of the counter
+        last_block = atomicAdd(&state->dispatch_send_done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (last_block) {
+        __threadfence();
+        sendCounts(g, a, L, ids, shared + entries, seq);
+        if (threadIdx.x == 0)
+            state->dispatch_send_done = 0;  // for the next op (stream order)
+    }
+    epTrace(g, kEpTraceDispatchSend, kEpTraceEnd);
+}
+
+}  // namespace
+
+size_t epDispatchSendByTokenSharedBytes(const EpGroupArgs& g, const DispatchArgs& a) {
+    return sizeof(int) * (static_cast<size_t>(a.num_tokens) * a.top_k + g.num_experts);
+}
+
+int epDispatchSendByTokenBlocks(const DispatchArgs& a) {
+    return a.num_tokens > 0 ? (a.num_tokens + kTokensPerBlock - 1) / kTokensPerBlock : 1;
+}
+
+void launchDispatchSendByToken(const EpGroupArgs& g, const DispatchArgs& a, cudaStream_t stream) {
+    dispatchSendByToken<<<epDispatchSendByTokenBlocks(a), kThreads,
+                          epDispatchSendByTokenSharedBytes(g, a), stream>>>(Params{g, a});
+}
+
+}  // namespace mooncake::ep
