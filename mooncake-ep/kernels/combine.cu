@@ -59,10 +59,8 @@ __global__ void __launch_bounds__(kEpCombineRecvMaxThreads) combineReceive(Combi
     const char* local = static_cast<const char*>(p.g.local_buffer);
     epCombineReceiveBlock(p.g, p.a, shared, [&](int owner, int64_t word, uint64_t seq) {
         uint32_t unused = 0;
-        const auto* w = reinterpret_cast<const uint64_t*>(local + word);
-        if (kPeek)
-            return epPeekSignal(w, seq, &unused);
-        return epWaitSignal(w, seq, &p.g.active_ranks[owner], p.g.timeout_ns, &unused);
+        return epAwaitSignal<kPeek>(reinterpret_cast<const uint64_t*>(local + word), seq,
+                                    &p.g.active_ranks[owner], p.g.timeout_ns, &unused);
     });
 }
 

@@ -70,6 +70,16 @@ __device__ inline EpWait epPeekSignal(const uint64_t* word, uint64_t seq, uint32
     return EpWait::kArrived;
 }
 
+// A receive's wait for `word`: epPeekSignal in the copy kernel of a split
+// receive (kPeek, its wait kernel has spun already), else epWaitSignal.
+template <bool kPeek>
+__device__ inline EpWait epAwaitSignal(const uint64_t* word, uint64_t seq, int32_t* peer_active,
+                                       int64_t timeout_ns, uint32_t* payload) {
+    if (kPeek)
+        return epPeekSignal(word, seq, payload);
+    return epWaitSignal(word, seq, peer_active, timeout_ns, payload);
+}
+
 // The last block of a grid to call this (once per block, thread 0) stores
 // `seq` as the completed operation and resets the counter for the next one.
 // Every block read the previous value at its start, before any block got here.

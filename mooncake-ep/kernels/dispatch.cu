@@ -71,10 +71,8 @@ __global__ void __launch_bounds__(kRecvThreads) dispatchReceive(DispatchParams p
     const char* local = static_cast<const char*>(p.g.local_buffer);
     epDispatchReceiveBlock<kRecvThreads>(
         p.g, p.a, shared, [&](int src, int64_t word, uint64_t seq, uint32_t* count) {
-            const auto* w = reinterpret_cast<const uint64_t*>(local + word);
-            if (kPeek)
-                return epPeekSignal(w, seq, count);
-            return epWaitSignal(w, seq, &p.g.active_ranks[src], p.g.timeout_ns, count);
+            return epAwaitSignal<kPeek>(reinterpret_cast<const uint64_t*>(local + word), seq,
+                                        &p.g.active_ranks[src], p.g.timeout_ns, count);
         });
 }
 
