@@ -384,7 +384,8 @@ __device__ void epCombineReceiveRound(const EpGroupArgs& g, const CombineArgs& a
         __nv_bfloat162* o = reinterpret_cast<__nv_bfloat162*>(&packed);
         for (int q = 0; q < 4; ++q)
             o[q] = __floats2bfloat162_rn(acc[2 * q], acc[2 * q + 1]);
-        reinterpret_cast<int4*>(static_cast<char*>(a.out) + token * g.hidden * 2)[c] = packed;
+        reinterpret_cast<int4*>(static_cast<char*>(a.out) +
+                                static_cast<int64_t>(token) * g.hidden * 2)[c] = packed;
     }
     __syncthreads();  // `entries` is reused by the next round
 }

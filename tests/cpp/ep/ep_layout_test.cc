@@ -173,7 +173,7 @@ TEST(EpLaunchChecks, DispatchReceiveBlocksWaitForAllTheirExpertsAtOnceWhileTheyF
     g.num_experts = 256;
     EXPECT_EQ(epDispatchReceiveSharedBytes(g, 8), 3 * sizeof(int) * 4 * 8);
     g.num_ranks = 64;
-    g.num_experts = 64 * 1024;  // 1024 local experts in rounds of 64
+    g.num_experts = 64 * 128;  // within kEpMaxExperts: 128 local experts, rounds of 64 (4096 pairs)
     EXPECT_EQ(epDispatchReceiveSharedBytes(g, 1), 3 * sizeof(int) * kEpDispatchReceiveMaxPairs);
     EXPECT_LE(epDispatchReceiveSharedBytes(g, 1), 48u * 1024);
 }
@@ -236,7 +236,7 @@ TEST(EpLaunchChecks, CombineReceiveBlocksWaitForAllTheirTokensExpertsAtOnceWhile
     EXPECT_EQ(epCombineReceiveTokensPerRound(8, kEpCombineReceiveMaxEntries, 1), 1);
     EpGroupArgs g = validGroup();
     g.num_ranks = 8;
-    g.num_experts = 250;  // a byte per expert, rounded up to 16
+    g.num_experts = 248;  // a byte per expert, rounded up to 16
     CombineArgs a;
     a.num_tokens = 128;
     a.top_k = 8;
