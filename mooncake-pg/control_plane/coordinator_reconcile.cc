@@ -183,8 +183,10 @@ void Coordinator::closeWindow() {
     }
     LinkGraph graph(cand.size());
     std::vector<bool> preferred(cand.size());
+    std::vector<bool> blamed(cand.size());
     for (size_t i = 0; i < cand.size(); ++i) {
         preferred[i] = view_.isActive(cand[i]);
+        blamed[i] = slots_[cand[i]].blamed_in_window;
         for (size_t j = i + 1; j < cand.size(); ++j) {
             const auto& a = slots_[cand[i]].window_links;
             const auto& b = slots_[cand[j]].window_links;
@@ -192,7 +194,7 @@ void Coordinator::closeWindow() {
                 graph.connect(i, j);
         }
     }
-    HealthyChoice choice = chooseHealthySet(graph, preferred);
+    HealthyChoice choice = chooseHealthySet(graph, preferred, blamed);
 
     std::vector<bool> healthy(slots_.size(), false);
     ReconciliationResult result;

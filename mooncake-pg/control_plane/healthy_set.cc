@@ -5,10 +5,17 @@
 namespace mooncake::pg::control_plane {
 namespace {
 
-// Score = (#preferred) * (n + 1) + (#members): any extra Active member beats
-// any number of extra non-Active ones, and size breaks ties among equals.
-int64_t weightOf(bool preferred, size_t n) {
-    return preferred ? static_cast<int64_t>(n) + 2 : 1;
+// Score = (#preferred) * A + (#members) * B - (#blamed), B = n + 1 and
+// A = B * (n + 1): any extra Active member beats any number of extra
+// non-Active ones, size breaks ties among equals, and fewer blamed members
+// break ties among sets of one size. Every weight stays positive.
+int64_t weightOf(bool preferred, bool blamed, size_t n) {
+    const int64_t b = static_cast<int64_t>(n) + 1;
+    return (preferred ? b * b : 0) + b - (blamed ? 1 : 0);
+}
+
+bool isBlamed(const std::vector<bool>& blamed, size_t v) {
+    return v < blamed.size() && blamed[v];
 }
 
 // Branch and bound over cliques. Candidates are expanded in ascending index
@@ -18,9 +25,11 @@ int64_t weightOf(bool preferred, size_t n) {
 // bound cannot beat the best is cut.
 class ExactSearch {
 public:
-    ExactSearch(const LinkGraph& g, const std::vector<bool>& preferred) : g_(g), weight_(g.size()) {
+    ExactSearch(const LinkGraph& g, const std::vector<bool>& preferred,
+                const std::vector<bool>& blamed)
+        : g_(g), weight_(g.size()) {
         for (size_t i = 0; i < g.size(); ++i)
-            weight_[i] = weightOf(preferred[i], g.size());
+            weight_[i] = weightOf(preferred[i], isBlamed(blamed, i), g.size());
     }
 
     bool run() {
@@ -78,9 +87,10 @@ private:
 };
 
 // Repeatedly drops the candidate with the most missing edges (non-Active
-// first, then the highest index) until the rest is a clique, then re-adds
-// dropped candidates that fit, Active ones and low indices first.
-std::vector<size_t> greedy(const LinkGraph& g, const std::vector<bool>& preferred) {
+// first, then blamed, then the highest index) until the rest is a clique,
+// then re-adds dropped candidates that fit, Active ones and low indices first.
+std::vector<size_t> greedy(const LinkGraph& g, const std::vector<bool>& preferred,
+                           const std::vector<bool>& blamed) {
     const size_t n = g.size();
     std::vector<bool> in(n, true);
     std::vector<size_t> missing(n, 0);
@@ -103,7 +113,10 @@ std::vector<size_t> greedy(const LinkGraph& g, const std::vector<bool>& preferre
             // The scan is ascending, so a later index wins a full tie.
             bool more = missing[v] > missing[victim];
             bool same = missing[v] == missing[victim];
-            bool keep_victim = preferred[v] && !preferred[victim];  // drop non-Active first
+            // Among equals: drop non-Active first, then blamed.
+            bool keep_victim = preferred[v] != preferred[victim]
+                                   ? preferred[v]
+                                   : isBlamed(blamed, victim) && !isBlamed(blamed, v);
             if (more || (same && !keep_victim))
                 victim = v;
         }
@@ -137,19 +150,20 @@ std::vector<size_t> greedy(const LinkGraph& g, const std::vector<bool>& preferre
 
 }  // namespace
 
-HealthyChoice chooseHealthySet(const LinkGraph& graph, const std::vector<bool>& preferred) {
+HealthyChoice chooseHealthySet(const LinkGraph& graph, const std::vector<bool>& preferred,
+                               const std::vector<bool>& blamed) {
     HealthyChoice choice;
     if (graph.size() == 0)
         return choice;
     if (graph.size() <= kExactCandidateLimit) {
-        ExactSearch search(graph, preferred);
+        ExactSearch search(graph, preferred, blamed);
         if (search.run()) {
             choice.members = search.best();
             return choice;
         }
     }
     choice.exact = false;
-    choice.members = greedy(graph, preferred);
+    choice.members = greedy(graph, preferred, blamed);
     return choice;
 }
 

@@ -4,7 +4,13 @@
 // pairs of them reported each other reachable (an edge needs both
 // directions). Output: a set of processes that are pairwise connected (a
 // clique), chosen to keep as many current Active members as possible, then as
-// many processes as possible, then the lexicographically smallest rank list.
+// many processes as possible, then as few as possible that an Active member's
+// data plane blamed in this window, then the lexicographically smallest rank
+// list. The third rule decides between an accuser and the rank it blamed when
+// only their link is missing: the window can close on everyone's link report
+// while the other members are still inside the collective the blamed rank
+// stalls (their own evidence not sent yet), and then nothing else tells the
+// two apart; the accuser has shown its data plane works, the blamed has not.
 // Only the Coordinator evaluates this and it broadcasts the outcome, so the
 // rule must be deterministic but members never have to agree on it.
 #pragma once
@@ -38,10 +44,12 @@ struct HealthyChoice {
 };
 
 // Candidate indices must be in ascending rank order; `preferred[i]` marks
-// candidates that are Active members. Exact (branch and bound) up to
+// candidates that are Active members, `blamed[i]` (empty: none) candidates
+// named in this window's negative evidence. Exact (branch and bound) up to
 // kExactCandidateLimit candidates within kExactStepBudget search steps.
 inline constexpr size_t kExactCandidateLimit = 256;
 inline constexpr size_t kExactStepBudget = 1 << 16;
-HealthyChoice chooseHealthySet(const LinkGraph& graph, const std::vector<bool>& preferred);
+HealthyChoice chooseHealthySet(const LinkGraph& graph, const std::vector<bool>& preferred,
+                               const std::vector<bool>& blamed = {});
 
 }  // namespace mooncake::pg::control_plane

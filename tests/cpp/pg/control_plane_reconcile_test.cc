@@ -178,7 +178,10 @@ TEST(CoordinatorTest, HealthySetIsTheLargestConnectedGroupOfActives) {
 
 TEST(CoordinatorTest, HealthySetTieBreaksByLowestRanks) {
     auto d = bootstrapped(4, 4);
+    // Each side blames the other (with one accusation only, the blamed side
+    // would lose: AnEarlyWindowWithOneAccusation... above).
     d.evidence(3, {0});
+    d.evidence(0, {3});
     d.fullMesh({2, 3});  // reported first, but {0,1} wins the tie
     d.reportLinks(0, {0, 1});
     auto fx = d.reportLinks(1, {0, 1});
@@ -380,7 +383,50 @@ TEST(CoordinatorTest, TimeNeverRunsBackwards) {
     EXPECT_EQ(d.coord().nextDeadline(), Millis(11000));
 }
 
+// A rank stalled in a collective while its control plane still answers: the
+// first survivor whose op times out blames it, and every process (the
+// stalled one included) reports its links before the other survivors' ops
+// time out, so the window closes with one missing link, accuser to blamed.
+// Both 3-member cliques keep as many Active members; the blamed rank goes.
+TEST(CoordinatorTest, AnEarlyWindowWithOneAccusationDeactivatesTheBlamedNotTheAccuser) {
+    auto d = bootstrapped();
+    d.tickAt(1000ms);
+    d.evidence(3, {2});
+    ASSERT_TRUE(d.coord().reconciling());
+    d.reportLinks(0, {0, 1, 2, 3});
+    d.reportLinks(1, {0, 1, 2, 3});
+    d.reportLinks(2, {0, 1, 2, 3});
+    auto fx = d.reportLinks(3, {0, 1, 3});
+    EXPECT_FALSE(d.coord().reconciling()) << "everyone reported: the window closes early";
+    auto res = effectsOf<ReconciliationResult>(fx);
+    ASSERT_EQ(res.size(), 1u);
+    EXPECT_EQ(res[0].healthy, (std::vector<uint32_t>{0, 1, 3}));
+    EXPECT_EQ(res[0].unhealthy_active, (std::vector<uint32_t>{2}));
+    EXPECT_EQ(d.view().activeMask(), mask({1, 1, 0, 1, 0, 0, 0, 0}));
+}
+
 // ---- healthy-set choice --------------------------------------------------
+
+TEST(HealthySetTest, BreaksATieOfSizeAgainstTheBlamed) {
+    // Five Active candidates, every link but 2-3: {0,1,2,4} and {0,1,3,4}.
+    LinkGraph g(5);
+    for (size_t a = 0; a < 5; ++a) {
+        for (size_t b = a + 1; b < 5; ++b) {
+            if (!(a == 2 && b == 3))
+                g.connect(a, b);
+        }
+    }
+    const std::vector<bool> active(5, true);
+    EXPECT_EQ(chooseHealthySet(g, active).members, (std::vector<size_t>{0, 1, 2, 4}));
+    EXPECT_EQ(chooseHealthySet(g, active, {false, false, true, false, false}).members,
+              (std::vector<size_t>{0, 1, 3, 4}));
+    EXPECT_EQ(chooseHealthySet(g, active, {false, false, false, true, false}).members,
+              (std::vector<size_t>{0, 1, 2, 4}));
+    // Blame alone removes no one: it only breaks ties between cliques.
+    g.connect(2, 3);
+    EXPECT_EQ(chooseHealthySet(g, active, {false, false, true, true, false}).members,
+              (std::vector<size_t>{0, 1, 2, 3, 4}));
+}
 
 TEST(HealthySetTest, PrefersActiveMembersOverMoreProcesses) {
     // 0,1 Active and linked; 2,3,4 inactive, linked to each other and to 0.
@@ -426,6 +472,26 @@ TEST(HealthySetTest, LargeGraphsUseTheGreedyRule) {
     EXPECT_FALSE(c.exact);
     EXPECT_EQ(c.members.size(), n - 1);
     EXPECT_EQ(std::count(c.members.begin(), c.members.end(), 7u), 0);
+}
+
+TEST(HealthySetTest, TheGreedyRuleDropsTheBlamedOfTwoEqualCandidates) {
+    const size_t n = kExactCandidateLimit + 4;
+    LinkGraph g(n);
+    for (size_t a = 0; a < n; ++a) {
+        for (size_t b = a + 1; b < n; ++b) {
+            if (!(a == 5 && b == 9))
+                g.connect(a, b);  // only 5-9 is missing
+        }
+    }
+    const std::vector<bool> pref(n, true);
+    auto c = chooseHealthySet(g, pref);
+    ASSERT_FALSE(c.exact);
+    EXPECT_EQ(std::count(c.members.begin(), c.members.end(), 9u), 0) << "the higher index goes";
+    std::vector<bool> blamed(n, false);
+    blamed[5] = true;
+    c = chooseHealthySet(g, pref, blamed);
+    EXPECT_EQ(c.members.size(), n - 1);
+    EXPECT_EQ(std::count(c.members.begin(), c.members.end(), 5u), 0) << "the blamed goes";
 }
 
 }  // namespace
