@@ -120,13 +120,19 @@ inline constexpr int kEpMaxExperts = 16384;
 MC_EP_HD constexpr int64_t epCombineReceiveStateBytes(int64_t num_experts) {
     return (num_experts + 15) / 16 * 16;
 }
+// Items (tokens, local experts) a receive block of a `grid`-block launch
+// takes per round: all of its share of `items`, unless they need more than
+// `budget` shared-memory units at `per_item` each; at least one.
+MC_EP_HD constexpr int epReceiveItemsPerRound(int items, int grid, int budget, int per_item) {
+    const int per_block = (items + grid - 1) / grid;
+    const int fit = budget / per_item;
+    const int n = per_block < fit ? per_block : fit;
+    return n > 1 ? n : 1;
+}
 // Tokens a combine receive block of a `grid`-block launch takes per round:
 // all it has, unless their top-k entries pass kEpCombineReceiveMaxEntries.
 MC_EP_HD constexpr int epCombineReceiveTokensPerRound(int num_tokens, int top_k, int grid) {
-    const int per_block = (num_tokens + grid - 1) / grid;
-    const int fit = kEpCombineReceiveMaxEntries / top_k;
-    const int n = per_block < fit ? per_block : fit;
-    return n > 1 ? n : 1;
+    return epReceiveItemsPerRound(num_tokens, grid, kEpCombineReceiveMaxEntries, top_k);
 }
 // The dynamic shared memory of such a launch.
 size_t epCombineReceiveSharedBytes(const EpGroupArgs& g, const CombineArgs& a, int grid);
@@ -168,10 +174,7 @@ inline constexpr int kEpDispatchReceiveMaxPairs = 4096;
 // Local experts a dispatch receive block of a `grid`-block launch takes per
 // round: all it has, unless their pairs pass kEpDispatchReceiveMaxPairs.
 MC_EP_HD constexpr int epDispatchReceiveExpertsPerRound(int nle, int num_ranks, int grid) {
-    const int per_block = (nle + grid - 1) / grid;
-    const int fit = kEpDispatchReceiveMaxPairs / num_ranks;
-    const int n = per_block < fit ? per_block : fit;
-    return n > 1 ? n : 1;
+    return epReceiveItemsPerRound(nle, grid, kEpDispatchReceiveMaxPairs, num_ranks);
 }
 // The dynamic shared memory of such a launch.
 size_t epDispatchReceiveSharedBytes(const EpGroupArgs& g, int grid);
