@@ -83,11 +83,20 @@ __device__ inline EpWait epAwaitSignal(const uint64_t* word, uint64_t seq, int32
 // The last block of a grid to call this (once per block, thread 0) stores
 // `seq` as the completed operation and resets the counter for the next one.
 // Every block read the previous value at its start, before any block got here.
-__device__ inline void epFinishOperation(uint32_t* done, uint64_t* completed_seq, uint64_t seq) {
+// It also copies the error words (code, info) to `mirror` when there is one:
+// every block reported its errors before it got here.
+__device__ inline void epFinishOperation(uint32_t* done, uint64_t* completed_seq, uint64_t seq,
+                                         const int32_t* error_words, int32_t* mirror) {
     __threadfence();
     if (atomicAdd(done, 1u) == gridDim.x * gridDim.y - 1) {
         *done = 0;
         *static_cast<volatile uint64_t*>(completed_seq) = seq;
+        if (mirror != nullptr) {
+            __threadfence();  // the other blocks' reports, before their count
+            const volatile int32_t* words = error_words;
+            mirror[1] = words[1];
+            mirror[0] = words[0];
+        }
         __threadfence();
     }
 }

@@ -229,7 +229,8 @@ __device__ void epDispatchReceiveBlock(const EpGroupArgs& g, const DispatchArgs&
     }
     epTrace(g, kEpTraceDispatchReceive, kEpTraceEnd);
     if (threadIdx.x == 0)
-        epFinishOperation(&state->dispatch_done, &state->dispatch_seq, seq);
+        epFinishOperation(&state->dispatch_done, &state->dispatch_seq, seq, &state->error_code,
+                          g.error_mirror);
 }
 
 // The rows a combine send block returns to `dst`: count, clamped to what the
@@ -413,7 +414,8 @@ __device__ void epCombineReceiveBlock(const EpGroupArgs& g, const CombineArgs& a
     }
     epTrace(g, kEpTraceCombineReceive, kEpTraceEnd);
     if (threadIdx.x == 0)
-        epFinishOperation(&ep_state->combine_done, &ep_state->combine_seq, seq);
+        epFinishOperation(&ep_state->combine_done, &ep_state->combine_seq, seq,
+                          &ep_state->error_code, g.error_mirror);
 }
 
 }  // namespace mooncake::ep

@@ -43,6 +43,10 @@ struct EpGroupArgs {
     // Device [kEpTraceSlots] or null: per-block timestamps for benchmarks
     // (core/phase_trace.h).
     uint64_t* phase_trace = nullptr;
+    // Host-mapped int32 [2] or null: the last receive block of each op copies
+    // EpState's error_code and error_info here, so that the host reads the
+    // op's errors after its event without a copy queued behind the kernel.
+    int32_t* error_mirror = nullptr;
 };
 
 struct DispatchArgs {

@@ -45,8 +45,8 @@ void alignedPad(double min_us, double period_us);
 int64_t gpuClockNs();
 void padUntil(int64_t target_ns, int64_t max_wait_ns);
 
-// The device error word of an EP buffer (EpState::error_code/info), copied
-// to pinned host memory after each launch and read without blocking.
+// The device error word of an EP buffer (EpState::error_code/info), mirrored
+// in pinned host memory after each launch and read without blocking.
 class ErrorWord {
 public:
     ErrorWord();
@@ -54,16 +54,24 @@ public:
     ErrorWord(const ErrorWord&) = delete;
     ErrorWord& operator=(const ErrorWord&) = delete;
 
+    // The device's view of the host words, for EpGroupArgs::error_mirror:
+    // kernels that finish an op there copy the error words into them.
+    int32_t* mirror() const { return device_view_; }
     // After a launch on `stream` (skipped while the stream is captured).
-    void record(EpState* state, cudaStream_t stream);
-    // (EpError, value) of the last completed copy, then cleared; nullopt when
-    // none or while the copy is in flight (unless `wait`).
+    // `mirrored`: the launch's kernels write mirror() (the cuda_ipc and IBGDA
+    // receives), so only an event is recorded; otherwise the words are
+    // copied behind the kernels.
+    void record(EpState* state, cudaStream_t stream, bool mirrored);
+    // (EpError, value) of the last completed op, then cleared; nullopt when
+    // none or while the op is in flight (unless `wait`).
     std::optional<std::pair<int32_t, int32_t>> take(EpState* state, int device, bool wait);
 
 private:
-    int32_t* host_ = nullptr;  // pinned [2]: error_code, error_info
+    int32_t* host_ = nullptr;         // pinned, mapped [2]: error_code, error_info
+    int32_t* device_view_ = nullptr;  // host_ as kernels address it
     cudaEvent_t event_ = nullptr;
     bool pending_ = false;
+    bool mirrored_ = false;  // how the pending op reports
 };
 
 }  // namespace mooncake::ep

@@ -158,6 +158,7 @@ EpGroupArgs FastBuffer::groupArgs(const at::Tensor& active_ranks, int64_t max_to
     g.ranks_per_device = options_.ranks_per_device;
     if (phase_trace_.defined())
         g.phase_trace = static_cast<uint64_t*>(phase_trace_.data_ptr());
+    g.error_mirror = error_->mirror();
     return g;
 }
 
@@ -188,7 +189,7 @@ DispatchResult FastBuffer::dispatch(const at::Tensor& x, const at::Tensor& topk_
     if (!st.ok())
         raiseStatus(st, "dispatch");
     pinIbgdaShape(g);
-    error_->record(epState(buffer_), stream);
+    error_->record(epState(buffer_), stream, /*mirrored=*/true);
     return r;
 }
 
@@ -208,7 +209,7 @@ at::Tensor FastBuffer::combine(const at::Tensor& x, const at::Tensor& src_info,
     if (!st.ok())
         raiseStatus(st, "combine");
     pinIbgdaShape(g);
-    error_->record(epState(buffer_), stream);
+    error_->record(epState(buffer_), stream, /*mirrored=*/true);
     return result;
 }
 

@@ -67,7 +67,7 @@ DispatchResult NcclBuffer::dispatch(const at::Tensor& x, const at::Tensor& topk_
     Status st = transport_->launchDispatch(g, a, stream);
     if (!st.ok())
         raiseStatus(st, "NCCL dispatch");
-    error_->record(epState(g.local_buffer), stream);
+    error_->record(epState(g.local_buffer), stream, /*mirrored=*/false);
     return r;
 }
 
@@ -84,7 +84,7 @@ at::Tensor NcclBuffer::combine(const at::Tensor& x, const at::Tensor& src_info,
     Status st = transport_->launchCombine(g, a, stream);
     if (!st.ok())
         raiseStatus(st, "NCCL combine");
-    error_->record(epState(g.local_buffer), stream);
+    error_->record(epState(g.local_buffer), stream, /*mirrored=*/false);
     return result;
 }
 

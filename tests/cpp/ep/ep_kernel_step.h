@@ -76,6 +76,10 @@ struct RankContext {
     cudaGraphExec_t dispatch_graph = nullptr;
     cudaGraphExec_t combine_graph = nullptr;
     uint64_t* phase_trace = nullptr;  // device [kEpTraceSlots] while a scenario traces
+    // Pinned, mapped [2] or null: the error words each op's last receive
+    // block copies out (error_mirror_view is how the kernels address it).
+    volatile int32_t* error_mirror = nullptr;
+    int32_t* error_mirror_view = nullptr;
 
     EpGroupArgs group(int64_t timeout_ns) const {
         EpGroupArgs g;
@@ -91,6 +95,7 @@ struct RankContext {
         g.timeout_ns = timeout_ns;
         g.ranks_per_device = s.num_ranks;  // every rank's process runs on GPU 0
         g.phase_trace = phase_trace;
+        g.error_mirror = error_mirror_view;
         return g;
     }
 };
@@ -351,6 +356,13 @@ inline int step(RankContext& c, const std::vector<RankInputs>& all, const StepPl
     CUDA_OK(cudaMemcpy(&state, c.buffer, sizeof(state), cudaMemcpyDeviceToHost));
     EXPECT_CHILD(state.error_code == plan.expected_error, "error word %d (info %d), expected %d",
                  state.error_code, state.error_info, plan.expected_error);
+    if (c.error_mirror) {
+        // The combine's last receive block copied the words out; the stream
+        // is idle, so nothing has changed them since.
+        EXPECT_CHILD(c.error_mirror[0] == state.error_code && c.error_mirror[1] == state.error_info,
+                     "mirrored error words (%d, %d), the device's (%d, %d)", c.error_mirror[0],
+                     c.error_mirror[1], state.error_code, state.error_info);
+    }
     if (plan.expected_error != kEpErrorNone) {
         bool known = false;
         for (int v : plan.expected_error_infos)

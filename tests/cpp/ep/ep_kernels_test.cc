@@ -327,6 +327,12 @@ int rankMain(const Plan& plan, int rank, const std::string& dir) {
     RankContext c{
         s,      rank,     "setup", mem.value(), bytes, peers_dev.as<void*>(), active.as<int32_t>(),
         stream, &barrier, &buffers};
+    void* mirror = nullptr;
+    CUDA_OK(cudaHostAlloc(&mirror, 2 * sizeof(int32_t), cudaHostAllocMapped));
+    c.error_mirror = static_cast<int32_t*>(mirror);
+    c.error_mirror[0] = -1;  // until an op's receive copies the words
+    c.error_mirror[1] = -1;
+    CUDA_OK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&c.error_mirror_view), mirror, 0));
     int rc = 0;
     if (plan.graphs_only) {
         rc = scenarioGraphs(c);
@@ -351,6 +357,7 @@ int rankMain(const Plan& plan, int rank, const std::string& dir) {
     if (rc == 0)
         CHILD_CHECK(barrier.arrive());
     (void)cudaStreamDestroy(stream);
+    (void)cudaFreeHost(mirror);
     return rc;
 }
 
