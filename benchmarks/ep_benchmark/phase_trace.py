@@ -15,6 +15,13 @@ send block when all ranks share one GPU, else each rank's from its own
     first_wait_min, _max        receive blocks' first wait done (counts or flags of
                                 their first expert or token), earliest and latest
     receive_end                 the last receive block's end: the op is done there
+    pad                         the instant the launch pads ended (--align-ranks with
+                                --launch-pad-us: every rank's op was queued behind it)
+    send_block, receive_block   a block's own time (end - start), median over the
+                                kernel's blocks: what one block costs, where the
+                                instants above include blocks waiting for an SM
+    event_end                   the rank's completion event (the benchmark's latency
+                                after the pad): what the op costs past its receive
 
 The receive kernel starts after the send kernel on the rank's stream, so
 ``receive_start - send_end`` is the gap between them, and ``first_wait_max -
@@ -29,15 +36,18 @@ import torch.distributed as dist
 
 OPS = {"dispatch": ("dispatch_send", "dispatch_receive"),
        "combine": ("combine_send", "combine_receive")}
-FIELDS = ("send_start", "send_written", "send_end", "receive_start", "first_wait_min",
-          "first_wait_max", "receive_end")
+FIELDS = ("pad", "send_start", "send_written", "send_end", "receive_start", "first_wait_min",
+          "first_wait_max", "receive_end", "event_end", "send_block", "receive_block")
 
 
-def summarize(trace, layout):
+def summarize(trace, layout, ops=None):
     """One rank's trace of one step (int64 [layout['slots']], ns; 0 = no mark)
-    -> {kernel: {"start", "middle_min", "middle_max", "end", "truncated"}}, the
-    instants in ns (None where no block wrote that mark); "truncated": the
-    grid may have had blocks past max_blocks, which record nothing."""
+    -> {kernel: {"start", "middle_min", "middle_max", "end", "block", "truncated"}},
+    the instants in ns (None where no block wrote that mark), "block" the
+    lower median of the blocks' end - start (ns, None without one); "truncated": the
+    grid may have had blocks past max_blocks, which record nothing. `ops`:
+    {op: {"pad_ns", "latency_us"}} where known (the GPU clock instant the op's
+    launch pad ended, and the op's event latency after it), kept under "ops"."""
     marks = trace.reshape(len(layout["kernels"]), layout["max_blocks"], len(layout["marks"]))
     start, middle, end = (layout["marks"].index(m) for m in ("start", "middle", "end"))
     out = {}
@@ -46,13 +56,17 @@ def summarize(trace, layout):
             v = marks[k, :, mark]
             v = v[v != 0]
             return int(reduce(v)) if v.numel() else None
+        both = (marks[k, :, start] != 0) & (marks[k, :, end] != 0)
+        spans = (marks[k, :, end] - marks[k, :, start])[both]
         out[name] = {"start": pick(start, torch.min), "middle_min": pick(middle, torch.min),
                      "middle_max": pick(middle, torch.max), "end": pick(end, torch.max),
+                     "block": int(spans.median()) if spans.numel() else None,
                      "truncated": bool(marks[k, -1, start] != 0)}
+    out["ops"] = dict(ops or {})
     return out
 
 
-def _op_timeline(ranks, send, receive, shared_clock):
+def _op_timeline(ranks, op, send, receive, shared_clock):
     """Every rank's instants of one op of one step, in us from the earliest
     send block (of all ranks with a shared clock, else of each rank's own)."""
     starts = [r[send]["start"] for r in ranks if r[send]["start"] is not None]
@@ -64,7 +78,14 @@ def _op_timeline(ranks, send, receive, shared_clock):
 
         def us(v):
             return None if v is None or t0 is None else (v - t0) / 1000.0
-        out.append({"send_start": us(r[send]["start"]), "send_written": us(r[send]["middle_max"]),
+        extra = r.get("ops", {}).get(op, {})
+        pad_ns, latency_us = extra.get("pad_ns"), extra.get("latency_us")
+        event_ns = None if pad_ns is None or latency_us is None else pad_ns + latency_us * 1000.0
+        def span(v):
+            return None if v is None else v / 1000.0
+        out.append({"pad": us(pad_ns), "event_end": us(event_ns),
+                    "send_block": span(r[send].get("block")),
+                    "receive_block": span(r[receive].get("block")), "send_start": us(r[send]["start"]), "send_written": us(r[send]["middle_max"]),
                     "send_end": us(r[send]["end"]), "receive_start": us(r[receive]["start"]),
                     "first_wait_min": us(r[receive]["middle_min"]),
                     "first_wait_max": us(r[receive]["middle_max"]),
@@ -95,9 +116,9 @@ def report(per_rank_steps, shared_clock=True):
                     "us after the rank's own earliest send block start (ranks on several GPUs, "
                     "whose clocks differ)"),
            "truncated": sorted({k for r in per_rank_steps for s in r[:steps] for k, v in s.items()
-                                if v["truncated"]})}
+                                if k != "ops" and v["truncated"]})}
     for op, (send, receive) in OPS.items():
-        timelines = [_op_timeline([r[i] for r in per_rank_steps], send, receive, shared_clock)
+        timelines = [_op_timeline([r[i] for r in per_rank_steps], op, send, receive, shared_clock)
                      for i in range(steps)]
         timelines = [t for t in timelines if t is not None]
         if not timelines:
@@ -161,8 +182,11 @@ def trace_steps(worker, steps, runtime):
         try:
             for _ in range(steps):
                 trace.zero_()
-                worker.step()  # ends with a device sync
-                summaries.append(summarize(trace.cpu(), layout))
+                times = worker.step()  # ends with a device sync
+                pads = getattr(worker, "last_pads", {})
+                ops = {op: {"pad_ns": pads.get(op), "latency_us": times[i] * 1000.0}
+                       for i, op in enumerate(OPS)}
+                summaries.append(summarize(trace.cpu(), layout, ops))
         finally:
             fast.set_phase_trace(None)
     except Exception as e:  # noqa: BLE001 - reported, and the other ranks are not left waiting

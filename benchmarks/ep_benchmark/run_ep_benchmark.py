@@ -260,13 +260,14 @@ class _Clock:
         2 * us more were seen, 1 in 10 to 100.) A rank that queues its wait
         after the target starts late, and its latency shows it."""
         if us <= 0:
-            return
+            return None
         runtime = self._runtime()
         target = torch.zeros(1, dtype=torch.int64, device=metrics._collective_device(group))
         if rank == 0:
             target.fill_(runtime.gpu_clock_ns() + int(us * 1000))
         dist.broadcast(target, 0, group=group)
         runtime.pad_until(int(target.item()), int(4 * us * 1000))
+        return int(target.item())
 
     def pad(self, us):
         """Queues a GPU wait of at least `us` microseconds (nothing on the CPU).
@@ -300,6 +301,7 @@ class EPBenchmarkWorker:
         self.args, self.rank, self.world = args, rank, world_size
         self.device, self.group = device, group
         self.clock = _Clock(device)
+        self.last_pads = {}  # op -> the GPU clock instant its pad ended at (pad_together)
         # Ranks sharing one GPU start each timed op at one instant of its clock.
         self.pads_together = bool(args.align_ranks and args.launch_pad_us
                                   and self.clock.can_pad_together(device, group))
@@ -336,16 +338,20 @@ class EPBenchmarkWorker:
             self.clock.sync()
             dist.barrier(group=self.group)
 
-    def _pad(self):
+    def _pad(self, op):
+        """Pads before `op`; keeps the shared instant it ends at (GPU clock ns)
+        in last_pads[op], None without one."""
+        target = None
         if self.pads_together:
-            self.clock.pad_together(self.args.launch_pad_us, self.group, self.rank)
+            target = self.clock.pad_together(self.args.launch_pad_us, self.group, self.rank)
         else:
             self.clock.pad(self.args.launch_pad_us)
+        self.last_pads[op] = target
 
     def step(self):
         a = self.args
         self._align()
-        self._pad()
+        self._pad("dispatch")
         t0 = self.clock.stamp()
         recv_x, _, handle, event, hook = self.buffer.dispatch(
             self.x, self.topk_idx, self.active_ranks, a.num_tokens, a.num_experts, a.timeout_us,
@@ -361,7 +367,7 @@ class EPBenchmarkWorker:
         else:
             combine_in = expert_out.contiguous()
         self._align()
-        self._pad()
+        self._pad("combine")
         t2 = self.clock.stamp()
         _, event, hook = self.buffer.combine(
             combine_in, self.topk_idx, self.topk_weights, self.active_ranks, a.timeout_us, handle,

@@ -293,7 +293,7 @@ def test_phase_trace_timeline_by_hand():
     s0 = phase_trace.summarize(rank_trace(0), layout)
     assert s0["dispatch_send"] == {"start": base, "middle_min": base + 4000,
                                    "middle_max": base + 6000, "end": base + 7000,
-                                   "truncated": False}
+                                   "block": 5000, "truncated": False}  # lower median of 5 and 6 us
     assert s0["combine_send"]["middle_min"] is None
     # rank 1 starts 2 us later; two steps, the second rank 1 3 us later
     steps = [[s0, phase_trace.summarize(rank_trace(0), layout)],
@@ -302,8 +302,10 @@ def test_phase_trace_timeline_by_hand():
     doc = phase_trace.report(steps)
     assert doc["steps"] == 2
     r0, r1 = doc["dispatch"]["per_rank"]
-    assert r0 == {"send_start": 0.0, "send_written": 6.0, "send_end": 7.0, "receive_start": 8.0,
-                  "first_wait_min": 12.0, "first_wait_max": 20.0, "receive_end": 30.0}
+    assert r0 == {"pad": None, "send_start": 0.0, "send_written": 6.0, "send_end": 7.0,
+                  "receive_start": 8.0, "first_wait_min": 12.0, "first_wait_max": 20.0,
+                  "receive_end": 30.0, "event_end": None, "send_block": 5.0,
+                  "receive_block": 17.0}
     assert r1["send_start"] == 2.5 and r1["receive_end"] == 32.5  # median of 2 and 3 us late
     # the slowest rank's own fields (rank 1 ends last in both steps), not a mix
     assert doc["dispatch"]["slowest"] == r1
@@ -320,6 +322,13 @@ def test_phase_trace_timeline_by_hand():
     # ranks on several GPUs: each rank's timeline starts at its own send
     apart = phase_trace.report(steps, shared_clock=False)
     assert apart["dispatch"]["per_rank"][1] == r0 and "own" in apart["unit"]
+    # the pad's instant and the completion event, on the same timeline: the
+    # pad ended 3 us before the first send block, the event 40 us after it
+    ops = {"dispatch": {"pad_ns": base - 3000, "latency_us": 43.0}}
+    padded = phase_trace.report([[phase_trace.summarize(rank_trace(0), layout, ops)]])
+    row = padded["dispatch"]["per_rank"][0]
+    assert row["pad"] == -3.0 and row["event_end"] == 40.0 and row["receive_end"] == 30.0
+    assert padded["combine"]["per_rank"][0]["pad"] is None
 
 
 def test_phase_trace_flags_grids_past_the_traced_blocks():
@@ -371,5 +380,6 @@ def test_phase_trace_reads_the_extensions_layout():
     for send, receive in phase_trace.OPS.values():
         assert send in layout["kernels"] and receive in layout["kernels"]
     summary = phase_trace.summarize(torch.zeros(layout["slots"], dtype=torch.int64), layout)
-    assert all(v is None for k in summary.values() for f, v in k.items() if f != "truncated")
-    assert not any(k["truncated"] for k in summary.values())
+    kernels = [summary[k] for k in layout["kernels"]]
+    assert all(v is None for k in kernels for f, v in k.items() if f != "truncated")
+    assert not any(k["truncated"] for k in kernels) and summary["ops"] == {}
