@@ -1,5 +1,7 @@
 #include "mooncake-ep/ibgda/device_queues.h"
 
+#include "mooncake-ep/ibgda/pinned_pages.h"
+
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -25,7 +27,8 @@ Status cudaFailed(const char* call, cudaError_t err, const std::string& what) {
 template <typename T>
 Result<T*> deviceAddress(T* p, const char* what) {
     void* d = nullptr;
-    const cudaError_t err = cudaHostGetDevicePointer(&d, const_cast<void*>(static_cast<const volatile void*>(p)), 0);
+    const cudaError_t err =
+        cudaHostGetDevicePointer(&d, const_cast<void*>(static_cast<const volatile void*>(p)), 0);
     if (err != cudaSuccess)
         return cudaFailed("cudaHostGetDevicePointer", err, what);
     return static_cast<T*>(d);
@@ -53,23 +56,10 @@ Result<std::unique_ptr<IbgdaDeviceQueues>> IbgdaDeviceQueues::map(
     }
     std::unique_ptr<IbgdaDeviceQueues> self(new IbgdaDeviceQueues());
     for (const Span& s : merged) {
-        void* p = reinterpret_cast<void*>(s.begin);
-        const size_t bytes = s.end - s.begin;
-        unsigned flags = cudaHostRegisterMapped | (s.io ? cudaHostRegisterIoMemory : 0u);
-        cudaError_t err = cudaHostRegister(p, bytes, flags);
-        if (err != cudaSuccess && s.io) {
-            // Not MMIO after all (a software provider's doorbell word).
-            (void)cudaGetLastError();
-            err = cudaHostRegister(p, bytes, cudaHostRegisterMapped);
-        }
-        if (err == cudaErrorHostMemoryAlreadyRegistered) {
-            (void)cudaGetLastError();
-            continue;  // pinned by someone else: used, not ours to unpin
-        }
-        if (err != cudaSuccess)
-            return cudaFailed("cudaHostRegister", err,
-                              std::string(s.io ? "the doorbell register" : "IBGDA queues"));
-        self->registered_.push_back(p);
+        // Pages another queue pair shares stay pinned while either uses them.
+        MC_ASSIGN_OR_RETURN(std::vector<uintptr_t> held,
+                            processPinnedPages().acquire(s.begin, s.end, s.io));
+        self->held_.insert(self->held_.end(), held.begin(), held.end());
     }
     const te::rdma::mlx5::SendQueue& hsq = qp.sendQueue();
     const te::rdma::mlx5::CompletionQueue& hcq = qp.completionQueue();
@@ -84,8 +74,7 @@ Result<std::unique_ptr<IbgdaDeviceQueues>> IbgdaDeviceQueues::map(
 }
 
 IbgdaDeviceQueues::~IbgdaDeviceQueues() {
-    for (void* p : registered_)
-        (void)cudaHostUnregister(p);
+    processPinnedPages().release(held_);
 }
 
 }  // namespace mooncake::ep

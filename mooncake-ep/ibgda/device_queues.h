@@ -7,6 +7,7 @@
 // Not yet run on hardware: see docs/rdma.md.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -18,7 +19,8 @@ namespace mooncake::ep {
 
 class IbgdaDeviceQueues {
 public:
-    // Maps `qp`'s ranges on the current device. Pages already registered by
+    // Maps `qp`'s ranges on the current device. Pages other queue pairs
+    // share are pinned once for all (pinned_pages.h); pages registered by
     // someone else are used as they are and left registered.
     static Result<std::unique_ptr<IbgdaDeviceQueues>> map(const te::rdma::IbgdaQueuePair& qp);
     ~IbgdaDeviceQueues();
@@ -32,7 +34,7 @@ public:
 private:
     IbgdaDeviceQueues() = default;
 
-    std::vector<void*> registered_;  // page-aligned starts this object pinned
+    std::vector<uintptr_t> held_;  // the registrations it holds (processPinnedPages)
     te::rdma::mlx5::SendQueue sq_;
     te::rdma::mlx5::CompletionQueue cq_;
 };
