@@ -20,6 +20,8 @@ send block when all ranks share one GPU, else each rank's from its own
     send_block, receive_block   a block's own time (end - start), median over the
                                 kernel's blocks: what one block costs, where the
                                 instants above include blocks waiting for an SM
+    send_block_middle,          the same up to the block's middle mark: a send
+    receive_block_middle        block's writing, a receive block's first wait
     event_end                   the rank's completion event (the benchmark's latency
                                 after the pad): what the op costs past its receive
 
@@ -37,14 +39,16 @@ import torch.distributed as dist
 OPS = {"dispatch": ("dispatch_send", "dispatch_receive"),
        "combine": ("combine_send", "combine_receive")}
 FIELDS = ("pad", "send_start", "send_written", "send_end", "receive_start", "first_wait_min",
-          "first_wait_max", "receive_end", "event_end", "send_block", "receive_block")
+          "first_wait_max", "receive_end", "event_end", "send_block", "send_block_middle",
+          "receive_block", "receive_block_middle")
 
 
 def summarize(trace, layout, ops=None):
     """One rank's trace of one step (int64 [layout['slots']], ns; 0 = no mark)
-    -> {kernel: {"start", "middle_min", "middle_max", "end", "block", "truncated"}},
-    the instants in ns (None where no block wrote that mark), "block" the
-    lower median of the blocks' end - start (ns, None without one); "truncated": the
+    -> {kernel: {"start", "middle_min", "middle_max", "end", "block", "block_middle",
+    "truncated"}}, the instants in ns (None where no block wrote that mark),
+    "block" and "block_middle" the lower medians of the blocks' end - start
+    and middle - start (ns, None without one); "truncated": the
     grid may have had blocks past max_blocks, which record nothing. `ops`:
     {op: {"pad_ns", "latency_us"}} where known (the GPU clock instant the op's
     launch pad ended, and the op's event latency after it), kept under "ops"."""
@@ -56,11 +60,13 @@ def summarize(trace, layout, ops=None):
             v = marks[k, :, mark]
             v = v[v != 0]
             return int(reduce(v)) if v.numel() else None
-        both = (marks[k, :, start] != 0) & (marks[k, :, end] != 0)
-        spans = (marks[k, :, end] - marks[k, :, start])[both]
+        def span(mark):
+            both = (marks[k, :, start] != 0) & (marks[k, :, mark] != 0)
+            spans = (marks[k, :, mark] - marks[k, :, start])[both]
+            return int(spans.median()) if spans.numel() else None
         out[name] = {"start": pick(start, torch.min), "middle_min": pick(middle, torch.min),
                      "middle_max": pick(middle, torch.max), "end": pick(end, torch.max),
-                     "block": int(spans.median()) if spans.numel() else None,
+                     "block": span(end), "block_middle": span(middle),
                      "truncated": bool(marks[k, -1, start] != 0)}
     out["ops"] = dict(ops or {})
     return out
@@ -85,7 +91,9 @@ def _op_timeline(ranks, op, send, receive, shared_clock):
             return None if v is None else v / 1000.0
         out.append({"pad": us(pad_ns), "event_end": us(event_ns),
                     "send_block": span(r[send].get("block")),
-                    "receive_block": span(r[receive].get("block")), "send_start": us(r[send]["start"]), "send_written": us(r[send]["middle_max"]),
+                    "send_block_middle": span(r[send].get("block_middle")),
+                    "receive_block": span(r[receive].get("block")),
+                    "receive_block_middle": span(r[receive].get("block_middle")), "send_start": us(r[send]["start"]), "send_written": us(r[send]["middle_max"]),
                     "send_end": us(r[send]["end"]), "receive_start": us(r[receive]["start"]),
                     "first_wait_min": us(r[receive]["middle_min"]),
                     "first_wait_max": us(r[receive]["middle_max"]),

@@ -293,7 +293,8 @@ def test_phase_trace_timeline_by_hand():
     s0 = phase_trace.summarize(rank_trace(0), layout)
     assert s0["dispatch_send"] == {"start": base, "middle_min": base + 4000,
                                    "middle_max": base + 6000, "end": base + 7000,
-                                   "block": 5000, "truncated": False}  # lower median of 5 and 6 us
+                                   "block": 5000, "block_middle": 4000,  # lower medians
+                                   "truncated": False}
     assert s0["combine_send"]["middle_min"] is None
     # rank 1 starts 2 us later; two steps, the second rank 1 3 us later
     steps = [[s0, phase_trace.summarize(rank_trace(0), layout)],
@@ -305,7 +306,7 @@ def test_phase_trace_timeline_by_hand():
     assert r0 == {"pad": None, "send_start": 0.0, "send_written": 6.0, "send_end": 7.0,
                   "receive_start": 8.0, "first_wait_min": 12.0, "first_wait_max": 20.0,
                   "receive_end": 30.0, "event_end": None, "send_block": 5.0,
-                  "receive_block": 17.0}
+                  "send_block_middle": 4.0, "receive_block": 17.0, "receive_block_middle": 4.0}
     assert r1["send_start"] == 2.5 and r1["receive_end"] == 32.5  # median of 2 and 3 us late
     # the slowest rank's own fields (rank 1 ends last in both steps), not a mix
     assert doc["dispatch"]["slowest"] == r1
