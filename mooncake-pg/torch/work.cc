@@ -23,12 +23,7 @@ MooncakeWork::MooncakeWork(int rank, c10d::OpType op_type, std::vector<at::Tenso
     : c10d::Work(rank, op_type),
       outputs_(std::move(outputs)),
       hint_size_(hint_size),
-      devices_(std::move(devices)),
-      // With devices, the Future records events on the completing thread's
-      // current streams (the communication stream) and makes callbacks and
-      // value() consumers wait on them.
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()), devices_)) {}
+      devices_(std::move(devices)) {}
 
 void MooncakeWork::addFence(std::shared_ptr<DeviceFence> fence) {
     if (fence)
@@ -151,6 +146,13 @@ c10::intrusive_ptr<c10::ivalue::Future> MooncakeWork::getFuture() {
     std::exception_ptr error;
     {
         std::lock_guard<std::mutex> lock(mutex_);
+        if (!future_) {
+            // With devices, the Future records events on the completing
+            // thread's current streams and makes callbacks and value()
+            // consumers wait on them.
+            static const c10::TypePtr kTensorList = c10::ListType::create(c10::TensorType::get());
+            future_ = c10::make_intrusive<c10::ivalue::Future>(kTensorList, devices_);
+        }
         future_requested_ = true;
         settled = launched_.load() || completed_;
         if (settled && !future_claimed_) {

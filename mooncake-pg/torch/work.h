@@ -140,7 +140,9 @@ private:
     const std::vector<c10::Device> devices_;
     std::vector<std::shared_ptr<DeviceFence>> fences_;
     std::atomic<int> source_rank_{-1};
-    const c10::intrusive_ptr<c10::ivalue::Future> future_;
+    // Made by getFuture() (under mutex_, before future_requested_ is set):
+    // most Works are never asked for one, and making it cost every op.
+    c10::intrusive_ptr<c10::ivalue::Future> future_;
     // Mirrors Work::completed_ for wait()'s polling, which must not take
     // mutex_ (the completing thread needs it). Set under mutex_ after
     // everything wait() reads, so an acquire load that sees true sees them.
