@@ -12,17 +12,21 @@ namespace mooncake::ep {
 PinnedPages::PinnedPages(Register reg, Unregister unreg)
     : register_(std::move(reg)), unregister_(std::move(unreg)) {}
 
+std::map<uintptr_t, PinnedPages::Run>::iterator PinnedPages::firstEndingAfter(uintptr_t addr) {
+    auto it = runs_.upper_bound(addr);
+    if (it != runs_.begin() && std::prev(it)->second.end > addr)
+        --it;
+    return it;
+}
+
 Result<std::vector<uintptr_t>> PinnedPages::acquire(uintptr_t begin, uintptr_t end, bool io) {
     if (end <= begin)
         return InvalidArgument("pinning an empty range of host pages");
     std::lock_guard<std::mutex> lock(mu_);
     // The gaps no registration covers, then the registrations that overlap.
     std::vector<std::pair<uintptr_t, uintptr_t>> gaps;
-    auto it = runs_.upper_bound(begin);
-    if (it != runs_.begin() && std::prev(it)->second.end > begin)
-        --it;
     uintptr_t cursor = begin;
-    for (auto run = it; run != runs_.end() && run->first < end; ++run) {
+    for (auto run = firstEndingAfter(begin); run != runs_.end() && run->first < end; ++run) {
         if (run->first > cursor)
             gaps.emplace_back(cursor, run->first);
         cursor = std::max(cursor, run->second.end);
@@ -44,10 +48,7 @@ Result<std::vector<uintptr_t>> PinnedPages::acquire(uintptr_t begin, uintptr_t e
         added.push_back(gap_begin);
     }
     std::vector<uintptr_t> held;
-    it = runs_.upper_bound(begin);
-    if (it != runs_.begin() && std::prev(it)->second.end > begin)
-        --it;
-    for (auto run = it; run != runs_.end() && run->first < end; ++run) {
+    for (auto run = firstEndingAfter(begin); run != runs_.end() && run->first < end; ++run) {
         ++run->second.users;
         held.push_back(run->first);
     }

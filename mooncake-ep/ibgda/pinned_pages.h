@@ -51,6 +51,10 @@ private:
         bool ours;  // registered here, so unregistered here
     };
 
+    // The first registration that ends past `addr` (the one holding it, or
+    // the next); runs_.end() if none. Called with mu_ held.
+    std::map<uintptr_t, Run>::iterator firstEndingAfter(uintptr_t addr);
+
     const Register register_;
     const Unregister unregister_;
     mutable std::mutex mu_;

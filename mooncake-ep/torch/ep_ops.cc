@@ -82,7 +82,7 @@ at::Tensor prepareCombine(const at::Tensor& x, const at::Tensor& src_info,
     return result;
 }
 
-ErrorWord::ErrorWord() {
+ErrorWord::ErrorWord(bool mirrored) : mirrored_(mirrored) {
     void* host = nullptr;
     cudaCheck(cudaHostAlloc(&host, 2 * sizeof(int32_t), cudaHostAllocMapped), "cudaHostAlloc");
     host_ = static_cast<int32_t*>(host);
@@ -100,20 +100,19 @@ ErrorWord::~ErrorWord() {
         (void)cudaFreeHost(host_);
 }
 
-void ErrorWord::record(EpState* state, cudaStream_t stream, bool mirrored) {
+void ErrorWord::record(EpState* state, cudaStream_t stream) {
     if (streamCapturing(stream))
         return;  // a replayed graph's error shows after the next eager op
     // A copy queued behind the kernels costs the op a step of the stream
     // (about 10 us with several processes on one GPU); kernels that mirror
     // the words need only the event.
-    if (!mirrored) {
+    if (!mirrored_) {
         cudaCheck(cudaMemcpyAsync(host_, &state->error_code, 2 * sizeof(int32_t),
                                   cudaMemcpyDeviceToHost, stream),
                   "copying the error word");
     }
     cudaCheck(cudaEventRecord(event_, stream), "recording the error word's event");
     pending_ = true;
-    mirrored_ = mirrored;
 }
 
 void alignedPad(double min_us, double period_us) {
@@ -177,7 +176,7 @@ std::optional<std::pair<int32_t, int32_t>> ErrorWord::take(EpState* state, int d
     cudaCheck(cudaMemsetAsync(&state->error_code, 0, 2 * sizeof(int32_t), stream),
               "clearing the error word");
     if (!mirrored_)
-        record(state, stream, false);
+        record(state, stream);
     return err;
 }
 

@@ -49,29 +49,29 @@ void padUntil(int64_t target_ns, int64_t max_wait_ns);
 // in pinned host memory after each launch and read without blocking.
 class ErrorWord {
 public:
-    ErrorWord();
+    // `mirrored`: the kernels this word serves write mirror() at the end of
+    // each op (the cuda_ipc and IBGDA receives), so record() queues only an
+    // event; otherwise (the NCCL transport) it copies the words behind them.
+    explicit ErrorWord(bool mirrored);
     ~ErrorWord();
     ErrorWord(const ErrorWord&) = delete;
     ErrorWord& operator=(const ErrorWord&) = delete;
 
-    // The device's view of the host words, for EpGroupArgs::error_mirror:
-    // kernels that finish an op there copy the error words into them.
-    int32_t* mirror() const { return device_view_; }
+    // For EpGroupArgs::error_mirror: the device's view of the host words,
+    // null when not mirrored.
+    int32_t* mirror() const { return mirrored_ ? device_view_ : nullptr; }
     // After a launch on `stream` (skipped while the stream is captured).
-    // `mirrored`: the launch's kernels write mirror() (the cuda_ipc and IBGDA
-    // receives), so only an event is recorded; otherwise the words are
-    // copied behind the kernels.
-    void record(EpState* state, cudaStream_t stream, bool mirrored);
+    void record(EpState* state, cudaStream_t stream);
     // (EpError, value) of the last completed op, then cleared; nullopt when
     // none or while the op is in flight (unless `wait`).
     std::optional<std::pair<int32_t, int32_t>> take(EpState* state, int device, bool wait);
 
 private:
+    const bool mirrored_;
     int32_t* host_ = nullptr;         // pinned, mapped [2]: error_code, error_info
     int32_t* device_view_ = nullptr;  // host_ as kernels address it
     cudaEvent_t event_ = nullptr;
     bool pending_ = false;
-    bool mirrored_ = false;  // how the pending op reports
 };
 
 }  // namespace mooncake::ep

@@ -50,7 +50,7 @@ FastBuffer::FastBuffer(const c10::intrusive_ptr<c10d::Store>& store, FastBufferO
     cudaCheck(cudaMemset(buffer_, 0, static_cast<size_t>(options_.num_bytes)),
               "zeroing the buffer");
     cudaCheck(cudaDeviceSynchronize(), "zeroing the buffer");
-    error_ = std::make_unique<ErrorWord>();
+    error_ = std::make_unique<ErrorWord>(/*mirrored=*/true);
 }
 
 FastBuffer::~FastBuffer() {
@@ -189,7 +189,7 @@ DispatchResult FastBuffer::dispatch(const at::Tensor& x, const at::Tensor& topk_
     if (!st.ok())
         raiseStatus(st, "dispatch");
     pinIbgdaShape(g);
-    error_->record(epState(buffer_), stream, /*mirrored=*/true);
+    error_->record(epState(buffer_), stream);
     return r;
 }
 
@@ -209,7 +209,7 @@ at::Tensor FastBuffer::combine(const at::Tensor& x, const at::Tensor& src_info,
     if (!st.ok())
         raiseStatus(st, "combine");
     pinIbgdaShape(g);
-    error_->record(epState(buffer_), stream, /*mirrored=*/true);
+    error_->record(epState(buffer_), stream);
     return result;
 }
 

@@ -19,7 +19,7 @@ NcclBuffer::NcclBuffer(const std::string& unique_id, const NcclEpOptions& option
     Status st = NcclEpTransport::create(o, &transport_);
     if (!st.ok())
         raiseStatus(st, "setting up the NCCL device-API transport");
-    error_ = std::make_unique<ErrorWord>();
+    error_ = std::make_unique<ErrorWord>(/*mirrored=*/false);
 }
 
 NcclBuffer::~NcclBuffer() {
@@ -67,7 +67,7 @@ DispatchResult NcclBuffer::dispatch(const at::Tensor& x, const at::Tensor& topk_
     Status st = transport_->launchDispatch(g, a, stream);
     if (!st.ok())
         raiseStatus(st, "NCCL dispatch");
-    error_->record(epState(g.local_buffer), stream, /*mirrored=*/false);
+    error_->record(epState(g.local_buffer), stream);
     return r;
 }
 
@@ -84,7 +84,7 @@ at::Tensor NcclBuffer::combine(const at::Tensor& x, const at::Tensor& src_info,
     Status st = transport_->launchCombine(g, a, stream);
     if (!st.ok())
         raiseStatus(st, "NCCL combine");
-    error_->record(epState(g.local_buffer), stream, /*mirrored=*/false);
+    error_->record(epState(g.local_buffer), stream);
     return result;
 }
 
