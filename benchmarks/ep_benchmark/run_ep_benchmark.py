@@ -13,6 +13,7 @@ See README.md in this folder for every flag and the JSON schema.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -27,6 +28,7 @@ for _p in (_HERE, os.path.join(_REPO, "python")):
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+import clocks  # noqa: E402
 import metrics  # noqa: E402
 import phase_trace  # noqa: E402
 import routing  # noqa: E402
@@ -494,7 +496,12 @@ def run_worker(args, rank, world_size, local_rank):
         docs = {}
         for name, w in phases:
             w.warmup()
-            local = w.run_measured()
+            # Rank 0 records the SM clock the steps ran at (ranks on other GPUs
+            # are not sampled).
+            sampler = (clocks.ClockSampler(clocks.nvidia_smi_id(gpu_uuid(device)))
+                       if rank == 0 and device.type == "cuda" else None)
+            with sampler or contextlib.nullcontext():
+                local = w.run_measured()
             per_rank = w.gathered(local)
             load, counts = metrics.compute_global_expert_load(w.topk_idx, args.num_experts, group)
             extra = {
@@ -511,6 +518,8 @@ def run_worker(args, rank, world_size, local_rank):
             d_ms = metrics.latency_stats(metrics.critical_path(per_rank[0]))["p50"]
             c_ms = metrics.latency_stats(metrics.critical_path(per_rank[1]))["p50"]
             extra["bandwidth"] = metrics.bandwidth_summary(d_bytes, c_bytes, d_ms, c_ms, copy_rate)
+            if sampler:
+                extra["sm_clock"] = sampler.record()
             if len(per_rank) == 5:
                 # Each op's send half (launch pad to hook, slowest rank); the
                 # rest of its latency is the receive half.
@@ -556,6 +565,8 @@ def _emit(args, docs, phases, notice):
                       f"the fallback's for dispatch, {speedups['combine_median']:.1f}x for "
                       f"combine ({speedup:.2f}x mean end-to-end, mock experts included)")
         print(notice, file=sys.stderr)
+    if doc.get("sm_clock"):
+        print(clocks.describe(doc["sm_clock"]), file=sys.stderr)
     text = json.dumps(doc, indent=2)
     if args.json_output:
         os.makedirs(os.path.dirname(os.path.abspath(args.json_output)), exist_ok=True)

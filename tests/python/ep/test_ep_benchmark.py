@@ -5,6 +5,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -16,6 +17,7 @@ BENCH = os.path.join(harness.REPO_ROOT, "benchmarks", "ep_benchmark")
 if BENCH not in sys.path:
     sys.path.insert(0, BENCH)
 
+import clocks  # noqa: E402
 import metrics  # noqa: E402
 import phase_trace  # noqa: E402
 import routing  # noqa: E402
@@ -384,3 +386,56 @@ def test_phase_trace_reads_the_extensions_layout():
     kernels = [summary[k] for k in layout["kernels"]]
     assert all(v is None for k in kernels for f, v in k.items() if f != "truncated")
     assert not any(k["truncated"] for k in kernels) and summary["ops"] == {}
+
+
+def test_clock_samples_parse_and_summarize_by_hand():
+    assert clocks.parse_sample("705, 1980, 124.74\n") == (705.0, 1980.0, 124.74)
+    assert clocks.parse_sample("585, 1980, [N/A]") == (585.0, 1980.0, None)
+    assert clocks.parse_sample("[N/A], 1980, 90.0") is None  # no SM clock, no sample
+    assert clocks.parse_sample("No devices were found") is None
+    rec = clocks.summarize([(705.0, 1980.0, 124.0), (585.0, 1980.0, 108.0), (645.0, 1980.0, None)])
+    assert rec == {"samples": 3, "sm_mhz": {"min": 585.0, "median": 645.0, "max": 705.0},
+                   "max_sm_mhz": 1980.0, "power_w": {"min": 108.0, "median": 116.0, "max": 124.0}}
+    line = clocks.describe(rec)
+    assert "median 645 MHz (min 585, max 705; the device's maximum 1980), 3 samples" in line
+    assert "power median 116 W" in line
+    none = clocks.summarize([], "nvidia-smi could not run: not found")
+    assert none == {"samples": 0, "unavailable": "nvidia-smi could not run: not found"}
+    assert "not sampled (nvidia-smi could not run: not found)" in clocks.describe(none)
+    assert clocks.nvidia_smi_id("5f3c-aa") == "GPU-5f3c-aa"
+    assert clocks.nvidia_smi_id("GPU-5f3c-aa") == "GPU-5f3c-aa"
+
+
+def test_clock_sampler_reads_samples_while_its_body_runs(tmp_path):
+    # A stand-in for nvidia-smi -lms: prints a sample, then waits for a file
+    # the body writes, prints two more and a non-sample, then idles until
+    # terminated. The record holds exactly the three samples.
+    gate = tmp_path / "gate"
+    script = ("import os, sys, time\n"
+              "print('700, 1980, 120.5', flush=True)\n"
+              f"while not os.path.exists({str(gate)!r}): time.sleep(0.01)\n"
+              "print('600, 1980, 100.0', flush=True)\n"
+              "print('650, 1980, 110.0', flush=True)\n"
+              "print('Unknown Error', flush=True)\n"
+              "time.sleep(60)\n")
+    sampler = clocks.ClockSampler(0, command=[sys.executable, "-c", script])
+    with sampler:
+        gate.write_text("go")
+        deadline = time.monotonic() + 20
+        while len(sampler.samples) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    rec = sampler.record()
+    assert rec["samples"] == 3, rec
+    assert rec["sm_mhz"] == {"min": 600.0, "median": 650.0, "max": 700.0}
+    assert rec["power_w"]["median"] == 110.0
+
+
+def test_clock_sampler_says_why_it_has_no_samples():
+    with clocks.ClockSampler(0, command=["/nonexistent/nvidia-smi-for-this-test"]) as s:
+        pass
+    rec = s.record()
+    assert rec["samples"] == 0 and "could not run" in rec["unavailable"], rec
+    with clocks.ClockSampler(0, command=[sys.executable, "-c", "print('No devices were found')"]) as s:
+        pass
+    rec = s.record()
+    assert rec["samples"] == 0 and "printed no sample" in rec["unavailable"], rec
