@@ -23,6 +23,7 @@ import torch.distributed as dist
 import harness
 from ep_checks import (SYNC_MODES, calc_diff, check_combine, check_dispatch, combine_reference,
                        gather_topk, make_inputs, new_buffer, run_round)
+from gpu_ranks import use_rank_gpu, world_sizes
 from mooncake import _ep_runtime
 from mooncake.mooncake_ep_buffer import FORCE_FALLBACK_ENV, fp8_dequantize
 
@@ -39,7 +40,7 @@ FAIL_TIMEOUT_US = 2_000_000
 
 
 def _fast_buffer(ctx, max_tokens=8, hidden=256, num_experts=None):
-    torch.cuda.set_device(0)
+    use_rank_gpu(ctx.rank)
     world = ctx.world_size
     buf = new_buffer(dist.group.WORLD, max_tokens, hidden, world, num_experts or 3 * world)
     assert buf.use_fast_path, f"rank {ctx.rank}: fast path off: {buf.fast_path_reason}"
@@ -68,7 +69,7 @@ def _grid_worker(ctx):
     return max(diffs)
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", world_sizes(2, 4))
 def test_fast_grid(world_size):
     results = harness.run_ranks(_grid_worker, world_size, "mooncake-cpu", timeout_s=150)
     assert all(d < 1e-5 for d in results), results

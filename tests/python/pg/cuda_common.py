@@ -1,11 +1,10 @@
 """What the `mooncake` CUDA test modules share: the backend, their timeouts,
 the data paths they run under (MC_PG_CUDA_PATH), the GPU each rank runs on
-and the backend's counters."""
+and the world sizes (tests/python/gpu_ranks.py), and the backend's counters."""
 
-import os
-
-import torch
 import torch.distributed as dist
+
+from gpu_ranks import use_rank_gpu, world_sizes  # noqa: F401  (re-exported for the CUDA suites)
 
 BACKEND = "mooncake"
 # A 2-rank run of _values takes about 12 s on the H200 (MPS on): a hang is
@@ -23,19 +22,6 @@ PATHS = {
     "kernels-small-slots": {"MC_PG_CUDA_PATH": "kernels", "MC_PG_CUDA_SLOT_BYTES": "4096",
                             "MC_PG_CUDA_DIRECT": "0"},
 }
-
-
-def use_rank_gpu(rank):
-    """Makes this rank's GPU current and returns it. Every rank shares GPU 0 (N
-    processes on one GPU, under MPS), unless MC_TEST_GPUS=per-rank puts rank r on
-    GPU r mod the GPU count: one process per GPU, peers over the links between
-    GPUs (with more ranks than GPUs, some peers also share one)."""
-    mode = os.environ.get("MC_TEST_GPUS", "shared")
-    if mode not in ("shared", "per-rank"):
-        raise ValueError(f"MC_TEST_GPUS={mode!r}: expected 'shared' or 'per-rank'")
-    index = rank % torch.cuda.device_count() if mode == "per-rank" else 0
-    torch.cuda.set_device(index)
-    return torch.device("cuda", index)
 
 
 def _device_calls():

@@ -24,7 +24,7 @@ if not torch.cuda.is_available():
                 allow_module_level=True)
 
 from cuda_common import (BACKEND, JOB_TIMEOUT_S, OP_TIMEOUT_S, PATHS, _device_calls, _direct_calls,
-                         use_rank_gpu)
+                         use_rank_gpu, world_sizes)
 
 # Small values: sums, products and averages are exact in every dtype below.
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64,
@@ -297,7 +297,7 @@ def _values(ctx):
 
 
 @pytest.mark.parametrize("path", sorted(PATHS))
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", world_sizes(2, 4))
 def test_collective_values_on_cuda(world_size, path):
     # Each op must finish within OP_TIMEOUT_S: a stuck one fails with the
     # stage it was stuck in (staging copies, a peer that never arrived, ...).
@@ -482,7 +482,7 @@ def _calls_across_streams(ctx):
     return {"failures": failures, "device_calls": _device_calls()}
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", world_sizes(2, 3))
 def test_calls_on_several_streams_run_in_call_order(world_size):
     res = harness.run_ranks(_calls_across_streams, world_size, BACKEND, timeout_s=JOB_TIMEOUT_S,
                             ref_group=False, env=PATHS["kernels"], pg_timeout_s=OP_TIMEOUT_S)

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 import harness
-from cuda_common import use_rank_gpu
+from cuda_common import use_rank_gpu, world_sizes
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device on this machine: the `mooncake` CUDA graph tests need a GPU",
@@ -168,7 +168,7 @@ def _replays(ctx):
     return out
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", world_sizes(2, 3))
 def test_captured_collectives_replay_exactly(world_size):
     res = harness.run_ranks(_replays, world_size, BACKEND, timeout_s=JOB_TIMEOUT_S,
                             ref_group=False, env=ENV, pg_timeout_s=OP_TIMEOUT_S)

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import harness
 from cuda_common import (BACKEND, JOB_TIMEOUT_S, OP_TIMEOUT_S, PATHS, _agreements_skipped,
-                         _device_calls, _direct_calls, use_rank_gpu)
+                         _device_calls, _direct_calls, use_rank_gpu, world_sizes)
 
 if not torch.cuda.is_available():
     pytest.skip("no CUDA device on this machine: the `mooncake` CUDA tests need a GPU",
@@ -51,7 +51,7 @@ def _pipelined(ctx):
     return failures
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", world_sizes(2, 3))
 def test_kernel_calls_queued_back_to_back(world_size):
     res = harness.run_ranks(_pipelined, world_size, BACKEND, timeout_s=JOB_TIMEOUT_S,
                             ref_group=False, env=PATHS["kernels"], pg_timeout_s=OP_TIMEOUT_S)
