@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import sys
-import time
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _REPO = os.path.dirname(os.path.dirname(_HERE))
@@ -32,6 +31,7 @@ import clocks  # noqa: E402
 import metrics  # noqa: E402
 import phase_trace  # noqa: E402
 import routing  # noqa: E402
+import timing  # noqa: E402
 import timeouts  # noqa: E402
 
 PG_BACKENDS = ("nccl", "mooncake", "mooncake-cpu", "gloo")
@@ -93,6 +93,11 @@ def build_parser():
                         "broadcasts it), so the ranks' host lateness is left out too; otherwise "
                         "at the next multiple of twice N of the GPU clock; 0: eager latency, host "
                         "time included")
+    p.add_argument("--pad-busy-blocks", type=int, default=0, metavar="N",
+                   help="CUDA, with --launch-pad-us: the pad waits in N blocks of one warp that "
+                        "poll the GPU clock instead of one sleeping thread, so the GPU is as busy "
+                        "before each op as between the layers of a model and keeps its clock "
+                        "(JSON 'sm_clock' shows it); 0 (default): one sleeping thread")
     p.add_argument("--phase-trace", type=int, default=0, metavar="K",
                    help="CUDA fast path: K more steps after the timed ones with the kernels' "
                         "per-block timestamps on, reported as each rank's timeline of each op "
@@ -161,6 +166,11 @@ def validate_args(args):
     if args.launch_pad_us and args.device != "cuda":
         raise ValueError(f"--launch-pad-us {args.launch_pad_us} needs --device cuda (the CPU "
                          f"fallback is timed by wall clock, with nothing queued to pad)")
+    if not 0 <= args.pad_busy_blocks <= 65535:
+        raise ValueError(f"--pad-busy-blocks must be 0 to 65535, got {args.pad_busy_blocks}")
+    if args.pad_busy_blocks and not args.launch_pad_us:
+        raise ValueError(f"--pad-busy-blocks {args.pad_busy_blocks} needs --launch-pad-us > 0 "
+                         f"(it shapes the pad)")
     if args.phase_trace < 0:
         raise ValueError(f"--phase-trace must be >= 0, got {args.phase_trace}")
     if args.phase_trace and args.device != "cuda":
@@ -211,98 +221,11 @@ def check_environment(args, local_world_size):
             raise RuntimeError(f"--pg-backend {args.pg_backend} needs mooncake.pg: {e}") from e
 
 
-def gpu_uuid(device):
-    """The GPU's UUID: ranks that report the same one share its clock."""
-    return str(torch.cuda.get_device_properties(device).uuid)
-
-
-class _Clock:
-    """CUDA events on the GPU, wall clock on the CPU (where the fallback is synchronous)."""
-
-    def __init__(self, device):
-        self.cuda = device.type == "cuda"
-        self._cycles_per_us = None
-        self._aligned_pad = None  # the EP extension's aligned_pad, False without it
-
-    def stamp(self):
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            return e
-        return time.perf_counter()
-
-    def elapsed_ms(self, a, b):
-        return a.elapsed_time(b) if self.cuda else (b - a) * 1000.0
-
-    def sync(self):
-        if self.cuda:
-            torch.cuda.synchronize()
-
-    def _runtime(self):
-        from mooncake import _ep_runtime
-        return _ep_runtime.runtime()
-
-    def can_pad_together(self, device, group):
-        """Whether every rank of `group` is on this one GPU (one clock) with the
-        EP extension's pad_until: agreed by all ranks, so that they all take
-        pad_together() or none does (its broadcast would otherwise wait)."""
-        runtime = self._runtime() if self.cuda else None
-        mine = (gpu_uuid(device) if self.cuda else "",
-                runtime is not None and hasattr(runtime, "pad_until"))
-        everyone = [None] * dist.get_world_size(group)
-        dist.all_gather_object(everyone, mine, group=group)
-        return self.cuda and all(ok for _, ok in everyone) and len({u for u, _ in everyone}) == 1
-
-    def pad_together(self, us, group, rank):
-        """Queues a GPU wait that ends at one instant for every rank of `group`
-        (all on this GPU: can_pad_together): rank 0 reads the GPU's clock and
-        adds `us`, every rank waits until the clock reaches that target, at
-        most 4 * us. (The period of pad() can put a rank that queued its pad
-        just past a period's boundary one period behind the others: steps of
-        2 * us more were seen, 1 in 10 to 100.) A rank that queues its wait
-        after the target starts late, and its latency shows it."""
-        if us <= 0:
-            return None
-        runtime = self._runtime()
-        target = torch.zeros(1, dtype=torch.int64, device=metrics._collective_device(group))
-        if rank == 0:
-            target.fill_(runtime.gpu_clock_ns() + int(us * 1000))
-        dist.broadcast(target, 0, group=group)
-        runtime.pad_until(int(target.item()), int(4 * us * 1000))
-        return int(target.item())
-
-    def pad(self, us):
-        """Queues a GPU wait of at least `us` microseconds (nothing on the CPU).
-
-        With the EP extension, the wait ends at the next multiple of 2 * us of
-        the GPU's clock, which ranks sharing the GPU share: their timed ops
-        then start together, and a rank's latency leaves out the others' host
-        lateness (each queued its pad within the same period after the
-        barrier). Without it, a torch.cuda._sleep of about `us`."""
-        if not self.cuda or us <= 0:
-            return
-        if self._aligned_pad is None:
-            runtime = self._runtime()
-            self._aligned_pad = runtime.aligned_pad if runtime is not None else False
-        if self._aligned_pad:
-            self._aligned_pad(float(us), float(2 * us))
-            return
-        if self._cycles_per_us is None:  # torch.cuda._sleep counts clock cycles
-            probe = 1_000_000
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            torch.cuda._sleep(probe)
-            b.record()
-            b.synchronize()
-            self._cycles_per_us = probe / max(a.elapsed_time(b) * 1000.0, 1e-3)
-        torch.cuda._sleep(int(us * self._cycles_per_us))
-
-
 class EPBenchmarkWorker:
     def __init__(self, args, rank, world_size, device, buffer_cls, group):
         self.args, self.rank, self.world = args, rank, world_size
         self.device, self.group = device, group
-        self.clock = _Clock(device)
+        self.clock = timing.Clock(device, args.pad_busy_blocks)
         self.last_pads = {}  # op -> the GPU clock instant its pad ended at (pad_together)
         # Ranks sharing one GPU start each timed op at one instant of its clock.
         self.pads_together = bool(args.align_ranks and args.launch_pad_us
@@ -498,7 +421,7 @@ def run_worker(args, rank, world_size, local_rank):
             w.warmup()
             # Rank 0 records the SM clock the steps ran at (ranks on other GPUs
             # are not sampled).
-            sampler = (clocks.ClockSampler(clocks.nvidia_smi_id(gpu_uuid(device)))
+            sampler = (clocks.ClockSampler(clocks.nvidia_smi_id(timing.gpu_uuid(device)))
                        if rank == 0 and device.type == "cuda" else None)
             with sampler or contextlib.nullcontext():
                 local = w.run_measured()
@@ -512,6 +435,8 @@ def run_worker(args, rank, world_size, local_rank):
                 "timer": ("wall_clock" if device.type != "cuda" else
                           f"cuda_events_after_{args.launch_pad_us}us_launch_pad"
                           + ("_to_a_shared_instant" if w.pads_together else "")
+                          + (f"_of_{args.pad_busy_blocks}_busy_blocks"
+                             if args.pad_busy_blocks else "")
                           if args.launch_pad_us else "cuda_events"),
             }
             d_bytes, c_bytes = metrics.payload_bytes(copies, args.hidden_size, args.dtype == "fp8")
@@ -529,7 +454,7 @@ def run_worker(args, rank, world_size, local_rank):
             if args.phase_trace:
                 w.timeouts.start("trace")
                 extra["phase_trace"] = phase_trace.gather_report(
-                    w, args.phase_trace, group, world_size, gpu_uuid(w.device))
+                    w, args.phase_trace, group, world_size, timing.gpu_uuid(w.device))
             extra["timeouts"] = timeouts.gather(w.timeouts, group, world_size)
             docs[name] = (metrics.assemble_json_output(args, world_size, *per_rank[:3], load, extra),
                           per_rank, counts)

@@ -8,17 +8,45 @@
 namespace mooncake::ep {
 namespace {
 
-__global__ void alignedPad(uint64_t min_ns, uint64_t period_ns) {
-    const uint64_t start = globalTimerNs();
-    const uint64_t end = ((start + min_ns) / period_ns + 1) * period_ns;
-    while (globalTimerNs() < end)
+// A busy pad polls the clock without sleeping, in every thread of its
+// blocks, so the SMs it holds stay active: the GPU then picks its clock as it
+// would under load (a sleeping thread leaves it nearly idle, and the clock
+// drops, which slows whatever runs right after the pad).
+__device__ void padStep(bool busy) {
+    if (!busy)
         __nanosleep(1000);
 }
 
-__global__ void padUntil(uint64_t target_ns, uint64_t max_wait_ns) {
+__global__ void alignedPad(uint64_t min_ns, uint64_t period_ns, bool busy) {
+    const uint64_t start = globalTimerNs();
+    const uint64_t end = ((start + min_ns) / period_ns + 1) * period_ns;
+    while (globalTimerNs() < end)
+        padStep(busy);
+}
+
+__global__ void padUntil(uint64_t target_ns, uint64_t max_wait_ns, bool busy) {
     const uint64_t start = globalTimerNs();
     for (uint64_t now = start; now < target_ns && now - start < max_wait_ns; now = globalTimerNs())
-        __nanosleep(1000);
+        padStep(busy);
+}
+
+// One warp per busy block; a sleeping pad is one thread.
+constexpr int kBusyPadThreads = 32;
+
+Status checkBusyBlocks(int busy_blocks) {
+    if (busy_blocks < 0 || busy_blocks > kMaxPadBusyBlocks)
+        return InvalidArgument("a pad's busy_blocks must be 0 (one sleeping thread) to " +
+                               std::to_string(kMaxPadBusyBlocks) + ", got " +
+                               std::to_string(busy_blocks));
+    return Status::OK();
+}
+
+dim3 padGrid(int busy_blocks) {
+    return dim3(busy_blocks > 0 ? static_cast<unsigned>(busy_blocks) : 1u);
+}
+
+dim3 padBlock(int busy_blocks) {
+    return dim3(busy_blocks > 0 ? kBusyPadThreads : 1);
 }
 
 __global__ void readGpuClock(uint64_t* out) {
@@ -27,10 +55,13 @@ __global__ void readGpuClock(uint64_t* out) {
 
 }  // namespace
 
-Status launchPadUntil(uint64_t target_ns, uint64_t max_wait_ns, cudaStream_t stream) {
+Status launchPadUntil(uint64_t target_ns, uint64_t max_wait_ns, cudaStream_t stream,
+                      int busy_blocks) {
     if (max_wait_ns == 0)
         return InvalidArgument("a pad until an instant needs max_wait_ns > 0, got 0");
-    padUntil<<<1, 1, 0, stream>>>(target_ns, max_wait_ns);
+    MC_RETURN_IF_ERROR(checkBusyBlocks(busy_blocks));
+    padUntil<<<padGrid(busy_blocks), padBlock(busy_blocks), 0, stream>>>(target_ns, max_wait_ns,
+                                                                         busy_blocks > 0);
     return cudaLaunchStatus("pad until");
 }
 
@@ -41,11 +72,13 @@ Status launchReadGpuClock(uint64_t* out, cudaStream_t stream) {
     return cudaLaunchStatus("read GPU clock");
 }
 
-Status launchAlignedPad(uint64_t min_ns, uint64_t period_ns, cudaStream_t stream) {
+Status launchAlignedPad(uint64_t min_ns, uint64_t period_ns, cudaStream_t stream, int busy_blocks) {
     if (min_ns == 0 || period_ns == 0)
         return InvalidArgument("an aligned pad needs min_ns > 0 and period_ns > 0, got " +
                                std::to_string(min_ns) + " and " + std::to_string(period_ns));
-    alignedPad<<<1, 1, 0, stream>>>(min_ns, period_ns);
+    MC_RETURN_IF_ERROR(checkBusyBlocks(busy_blocks));
+    alignedPad<<<padGrid(busy_blocks), padBlock(busy_blocks), 0, stream>>>(min_ns, period_ns,
+                                                                           busy_blocks > 0);
     return cudaLaunchStatus("aligned pad");
 }
 

@@ -14,9 +14,18 @@
 
 namespace mooncake::ep {
 
+// The most blocks a busy pad may hold (a grid's x limit is far above; more
+// than a few per SM serve no purpose).
+inline constexpr int kMaxPadBusyBlocks = 65535;
+
 // Queues the wait on `stream`; kInvalidArgument unless 0 < min_ns and
-// 0 < period_ns, kInternal when the launch fails.
-Status launchAlignedPad(uint64_t min_ns, uint64_t period_ns, cudaStream_t stream);
+// 0 < period_ns, kInternal when the launch fails. `busy_blocks`: 0 (the
+// default) waits in one sleeping thread; N > 0 in N blocks of one warp that
+// poll the clock without sleeping, which keep the SMs they hold active, so
+// the GPU keeps the clock it has under load (one sleeping thread leaves it
+// nearly idle). kInvalidArgument outside [0, kMaxPadBusyBlocks].
+Status launchAlignedPad(uint64_t min_ns, uint64_t period_ns, cudaStream_t stream,
+                        int busy_blocks = 0);
 
 // A wait that ends when the GPU's clock reaches `target_ns`, the same
 // instant for every process on this GPU once they agree on the target (one
@@ -24,8 +33,10 @@ Status launchAlignedPad(uint64_t min_ns, uint64_t period_ns, cudaStream_t stream
 // processes on other GPUs have other clocks):
 // unlike a period, no rank can land one period later than the others. It
 // never waits longer than `max_wait_ns` (a target from another GPU's clock
-// could be far off); kInvalidArgument for 0.
-Status launchPadUntil(uint64_t target_ns, uint64_t max_wait_ns, cudaStream_t stream);
+// could be far off); kInvalidArgument for 0. `busy_blocks` as for
+// launchAlignedPad.
+Status launchPadUntil(uint64_t target_ns, uint64_t max_wait_ns, cudaStream_t stream,
+                      int busy_blocks = 0);
 // Writes the GPU's clock (%globaltimer, ns) into the device word `out`.
 Status launchReadGpuClock(uint64_t* out, cudaStream_t stream);
 

@@ -115,15 +115,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(device, reason): the first IBGDA-capable device the filter admits, or \"\" and why "
         "there is none");
     m.def("aligned_pad", &mooncake::ep::alignedPad, py::arg("min_us"), py::arg("period_us"),
+          py::arg("busy_blocks") = 0,
           "Benchmarks: a GPU wait on the current stream of at least min_us that ends, for every "
-          "process on this GPU, at the next multiple of period_us of the GPU's clock");
+          "process on this GPU, at the next multiple of period_us of the GPU's clock; "
+          "busy_blocks > 0 waits in that many blocks of one warp polling the clock (the SMs stay "
+          "active and the GPU keeps its clock) instead of one sleeping thread");
     m.def("gpu_clock_ns", &mooncake::ep::gpuClockNs,
           "Benchmarks: the current GPU's clock (%globaltimer) in ns, read after the current "
           "stream's earlier work");
     m.def("pad_until", &mooncake::ep::padUntil, py::arg("target_ns"), py::arg("max_wait_ns"),
+          py::arg("busy_blocks") = 0,
           "Benchmarks: a GPU wait on the current stream until the GPU's clock reaches target_ns "
           "(from gpu_clock_ns), of at most max_wait_ns; processes on one GPU that agree on the "
-          "target start what follows together");
+          "target start what follows together; busy_blocks as for aligned_pad");
     py::class_<FastBuffer>(m, "Buffer")
         .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, std::string key_prefix,
                          std::string secret, int rank, int num_ranks, int64_t num_bytes, int device,

@@ -37,13 +37,14 @@ bool streamCapturing(cudaStream_t stream);
 
 // Benchmarks: queues on the current stream a GPU wait of at least `min_us`
 // that ends, for every process on this GPU, at the next multiple of
-// `period_us` of its clock (kernels/aligned_pad.h).
-void alignedPad(double min_us, double period_us);
+// `period_us` of its clock (kernels/aligned_pad.h); `busy_blocks` blocks of
+// one warp poll the clock instead of one sleeping thread when > 0.
+void alignedPad(double min_us, double period_us, int64_t busy_blocks = 0);
 // Benchmarks: the current device's GPU clock in ns (synchronizes the current
 // stream), and a wait on the current stream until it reaches target_ns, of
 // at most max_wait_ns (kernels/aligned_pad.h).
 int64_t gpuClockNs();
-void padUntil(int64_t target_ns, int64_t max_wait_ns);
+void padUntil(int64_t target_ns, int64_t max_wait_ns, int64_t busy_blocks = 0);
 
 // The device error word of an EP buffer (EpState::error_code/info), mirrored
 // in pinned host memory after each launch and read without blocking.

@@ -115,6 +115,18 @@ def test_the_benchmarks_pad_until_checks_its_arguments_before_any_cuda_call(targ
         _ep_runtime.runtime().pad_until(target_ns, max_wait_ns)
 
 
+@pytest.mark.skipif(_ep_runtime.runtime() is None, reason="the EP runtime is not built here")
+@pytest.mark.parametrize("busy_blocks", [-1, 65536])
+def test_the_benchmarks_busy_pads_check_their_block_count_before_any_cuda_call(busy_blocks):
+    rt = _ep_runtime.runtime()
+    with pytest.raises(ValueError, match=f"aligned_pad: busy_blocks must be 0 .* to 65535, got "
+                                         f"{busy_blocks}"):
+        rt.aligned_pad(10, 20, busy_blocks)
+    with pytest.raises(ValueError, match=f"pad_until: busy_blocks must be 0 .* to 65535, got "
+                                         f"{busy_blocks}"):
+        rt.pad_until(10, 10, busy_blocks=busy_blocks)
+
+
 def test_mooncake_ep_imports_without_the_runtime_and_says_why():
     sys.modules.pop("mooncake.ep", None)
     ep = importlib.import_module("mooncake.ep")

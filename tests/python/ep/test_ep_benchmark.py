@@ -130,6 +130,11 @@ SMALL = ["--num-ranks", "2", "--num-experts", "8", "--hidden-size", "256", "--to
     (["--device", "cpu", "--pg-backend", "nccl"], r"--device cpu needs --pg-backend in"),
     (["--iters", "0"], r"--iters must be >= 1, got 0"),
     (["--launch-pad-us", "-1"], r"--launch-pad-us must be >= 0, got -1"),
+    (["--launch-pad-us", "500", "--pad-busy-blocks", "-1"],
+     r"--pad-busy-blocks must be 0 to 65535, got -1"),
+    (["--launch-pad-us", "500", "--pad-busy-blocks", "65536"],
+     r"--pad-busy-blocks must be 0 to 65535, got 65536"),
+    (["--pad-busy-blocks", "132"], r"--pad-busy-blocks 132 needs --launch-pad-us > 0"),
     (["--device", "cpu", "--pg-backend", "gloo", "--launch-pad-us", "500"],
      r"--launch-pad-us 500 needs --device cuda"),
 ])
