@@ -15,8 +15,8 @@
 #   ep        ep_benchmark at 128 tokens per rank, hidden 7168, top-8, 256
 #             experts (and 288 on 8 GPUs), FP8 dispatch / BF16 combine: the
 #             Buffer over NVLink P2P with the fallback in the same run
-#             (--compare), the ElasticBuffer's NCCL transport, and the three
-#             routing configs with a plot
+#             (--compare) and the ElasticBuffer's NCCL transport
+#   configs   ep_benchmark's three routing configs, each with its plot
 #
 # With no STAGE every stage runs (more than one device call holds: run them
 # one call each). Logs and JSON go to LOG_DIR; each step's time is printed.
@@ -24,9 +24,9 @@
 # friends), and nothing here calls cuMulticastCreate.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-LOG_DIR=${1:?usage: multi_gpu_check.sh LOG_DIR [build|tests|pgbench|ep ...]}
+LOG_DIR=${1:?usage: multi_gpu_check.sh LOG_DIR [build|tests|pgbench|ep|configs ...]}
 shift
-STAGES=${*:-build tests pgbench ep}
+STAGES=${*:-build tests pgbench ep configs}
 mkdir -p "$LOG_DIR"
 
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -91,6 +91,8 @@ for stage in $STAGES; do
             ep p2p_288 --num-experts 288
             ep nccl_transport_288 --num-experts 288 --ep-transport nccl
         fi
+        ;;
+    configs)
         for config in cuda_uniform cuda_incast_k_hot cuda_zipfian; do
             step "ep_config_$config" 200 python3 benchmarks/ep_benchmark/run_ep_benchmark.py \
                 --config "benchmarks/ep_benchmark/configs/$config.json" --num-ranks "$GPUS" \
@@ -99,7 +101,7 @@ for stage in $STAGES; do
         done
         ;;
     *)
-        echo "unknown stage '$stage': expected build, tests, pgbench or ep"
+        echo "unknown stage '$stage': expected build, tests, pgbench, ep or configs"
         exit 2
         ;;
     esac
