@@ -166,8 +166,9 @@ def validate_args(args):
     if args.launch_pad_us and args.device != "cuda":
         raise ValueError(f"--launch-pad-us {args.launch_pad_us} needs --device cuda (the CPU "
                          f"fallback is timed by wall clock, with nothing queued to pad)")
-    if not 0 <= args.pad_busy_blocks <= 65535:
-        raise ValueError(f"--pad-busy-blocks must be 0 to 65535, got {args.pad_busy_blocks}")
+    if not 0 <= args.pad_busy_blocks <= timing.MAX_PAD_BUSY_BLOCKS:
+        raise ValueError(f"--pad-busy-blocks must be 0 to {timing.MAX_PAD_BUSY_BLOCKS}, got "
+                         f"{args.pad_busy_blocks}")
     if args.pad_busy_blocks and not args.launch_pad_us:
         raise ValueError(f"--pad-busy-blocks {args.pad_busy_blocks} needs --launch-pad-us > 0 "
                          f"(it shapes the pad)")

@@ -9,6 +9,10 @@ import torch.distributed as dist
 
 import metrics
 
+# The EP extension's bound on a busy pad's blocks (kernels/aligned_pad.h,
+# kMaxPadBusyBlocks), checked by the CLI before any rank starts.
+MAX_PAD_BUSY_BLOCKS = 65535
+
 
 def gpu_uuid(device):
     """The GPU's UUID: ranks that report the same one share its clock."""

@@ -33,14 +33,6 @@ __global__ void padUntil(uint64_t target_ns, uint64_t max_wait_ns, bool busy) {
 // One warp per busy block; a sleeping pad is one thread.
 constexpr int kBusyPadThreads = 32;
 
-Status checkBusyBlocks(int busy_blocks) {
-    if (busy_blocks < 0 || busy_blocks > kMaxPadBusyBlocks)
-        return InvalidArgument("a pad's busy_blocks must be 0 (one sleeping thread) to " +
-                               std::to_string(kMaxPadBusyBlocks) + ", got " +
-                               std::to_string(busy_blocks));
-    return Status::OK();
-}
-
 dim3 padGrid(int busy_blocks) {
     return dim3(busy_blocks > 0 ? static_cast<unsigned>(busy_blocks) : 1u);
 }
@@ -55,11 +47,19 @@ __global__ void readGpuClock(uint64_t* out) {
 
 }  // namespace
 
+Status checkPadBusyBlocks(int64_t busy_blocks) {
+    if (busy_blocks < 0 || busy_blocks > kMaxPadBusyBlocks)
+        return InvalidArgument("busy_blocks must be 0 (one sleeping thread) to " +
+                               std::to_string(kMaxPadBusyBlocks) + ", got " +
+                               std::to_string(busy_blocks));
+    return Status::OK();
+}
+
 Status launchPadUntil(uint64_t target_ns, uint64_t max_wait_ns, cudaStream_t stream,
                       int busy_blocks) {
     if (max_wait_ns == 0)
         return InvalidArgument("a pad until an instant needs max_wait_ns > 0, got 0");
-    MC_RETURN_IF_ERROR(checkBusyBlocks(busy_blocks));
+    MC_RETURN_IF_ERROR(checkPadBusyBlocks(busy_blocks));
     padUntil<<<padGrid(busy_blocks), padBlock(busy_blocks), 0, stream>>>(target_ns, max_wait_ns,
                                                                          busy_blocks > 0);
     return cudaLaunchStatus("pad until");
@@ -76,7 +76,7 @@ Status launchAlignedPad(uint64_t min_ns, uint64_t period_ns, cudaStream_t stream
     if (min_ns == 0 || period_ns == 0)
         return InvalidArgument("an aligned pad needs min_ns > 0 and period_ns > 0, got " +
                                std::to_string(min_ns) + " and " + std::to_string(period_ns));
-    MC_RETURN_IF_ERROR(checkBusyBlocks(busy_blocks));
+    MC_RETURN_IF_ERROR(checkPadBusyBlocks(busy_blocks));
     alignedPad<<<padGrid(busy_blocks), padBlock(busy_blocks), 0, stream>>>(min_ns, period_ns,
                                                                            busy_blocks > 0);
     return cudaLaunchStatus("aligned pad");

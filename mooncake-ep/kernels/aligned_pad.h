@@ -18,6 +18,11 @@ namespace mooncake::ep {
 // than a few per SM serve no purpose).
 inline constexpr int kMaxPadBusyBlocks = 65535;
 
+// OK for a busy_blocks argument of the pads below, else kInvalidArgument
+// naming the value and the range. Host only, no CUDA call: the torch layer
+// checks with it before it asks for a stream.
+Status checkPadBusyBlocks(int64_t busy_blocks);
+
 // Queues the wait on `stream`; kInvalidArgument unless 0 < min_ns and
 // 0 < period_ns, kInternal when the launch fails. `busy_blocks`: 0 (the
 // default) waits in one sleeping thread; N > 0 in N blocks of one warp that

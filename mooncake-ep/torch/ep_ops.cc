@@ -115,27 +115,17 @@ void ErrorWord::record(EpState* state, cudaStream_t stream) {
     pending_ = true;
 }
 
-namespace {
-
-// The kernels' bound, checked before any CUDA call as the other arguments are.
-int checkedBusyBlocks(const char* op, int64_t busy_blocks) {
-    if (busy_blocks < 0 || busy_blocks > kMaxPadBusyBlocks)
-        throw std::invalid_argument(
-            std::string(op) + ": busy_blocks must be 0 (one sleeping thread) to " +
-            std::to_string(kMaxPadBusyBlocks) + ", got " + std::to_string(busy_blocks));
-    return static_cast<int>(busy_blocks);
-}
-
-}  // namespace
-
 void alignedPad(double min_us, double period_us, int64_t busy_blocks) {
     if (!(min_us >= 1.0) || !(period_us >= 1.0))
         throw std::invalid_argument("aligned_pad: min_us and period_us must be >= 1, got " +
                                     std::to_string(min_us) + " and " + std::to_string(period_us));
-    const int blocks = checkedBusyBlocks("aligned_pad", busy_blocks);
-    const Status st = launchAlignedPad(static_cast<uint64_t>(min_us * 1000.0),
-                                       static_cast<uint64_t>(period_us * 1000.0),
-                                       at::cuda::getCurrentCUDAStream().stream(), blocks);
+    // Before any CUDA call, as the other arguments are.
+    const Status busy = checkPadBusyBlocks(busy_blocks);
+    if (!busy.ok())
+        raiseStatus(busy, "aligned_pad");
+    const Status st = launchAlignedPad(
+        static_cast<uint64_t>(min_us * 1000.0), static_cast<uint64_t>(period_us * 1000.0),
+        at::cuda::getCurrentCUDAStream().stream(), static_cast<int>(busy_blocks));
     if (!st.ok())
         raiseStatus(st, "aligned_pad");
 }
@@ -157,10 +147,12 @@ void padUntil(int64_t target_ns, int64_t max_wait_ns, int64_t busy_blocks) {
     if (max_wait_ns <= 0)
         throw std::invalid_argument("pad_until: max_wait_ns must be > 0, got " +
                                     std::to_string(max_wait_ns));
-    const int blocks = checkedBusyBlocks("pad_until", busy_blocks);
+    const Status busy = checkPadBusyBlocks(busy_blocks);
+    if (!busy.ok())
+        raiseStatus(busy, "pad_until");
     const Status st =
         launchPadUntil(static_cast<uint64_t>(target_ns), static_cast<uint64_t>(max_wait_ns),
-                       at::cuda::getCurrentCUDAStream().stream(), blocks);
+                       at::cuda::getCurrentCUDAStream().stream(), static_cast<int>(busy_blocks));
     if (!st.ok())
         raiseStatus(st, "pad_until");
 }
