@@ -139,6 +139,7 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
         call.collective != device::CudaCollective::kScatter)
         st.allowCapture();
     call.captured = exec->callerCapturing();
+    st.setCallerCapturing(call.captured);
     // torch waits for a synchronous op at once: on the caller's stream the
     // kernels need no event to follow its work, nor its stream one to
     // follow them (the NCCL backend does the same).

@@ -244,17 +244,15 @@ CudaExecutor::CudaExecutor(c10::Device device, CudaPath path)
       raw_stream_(createStream(device)),
       stream_(c10::cuda::getStreamFromExternal(raw_stream_, device.index())),
       ready_(createEvent(device)),
-      drained_(createEvent(device)),
-      call_queued_(createEvent(device)) {}
+      drained_(createEvent(device)) {}
 
 CudaExecutor::~CudaExecutor() {
     // Queued copies still read and write the held tensors.
     cudaStreamSynchronize(raw_stream_);
     // And a synchronous op's, on its caller's stream.
-    if (last_call_stream_ != nullptr && last_call_stream_ != raw_stream_)
-        cudaEventSynchronize(call_queued_);
+    if (last_call_fence_ && last_call_stream_ != raw_stream_)
+        cudaEventSynchronize(static_cast<CudaFence&>(*last_call_fence_).event());
     retired_.clear();
-    cudaEventDestroy(call_queued_);
     cudaEventDestroy(drained_);
     cudaEventDestroy(ready_);
     cudaStreamDestroy(raw_stream_);
@@ -268,9 +266,10 @@ Status CudaExecutor::drain(Deadline deadline, const char* what,
 }
 
 Status CudaExecutor::followPreviousCall(cudaStream_t stream) {
-    if (last_call_stream_ == nullptr || last_call_stream_ == stream)
+    if (!last_call_fence_ || last_call_stream_ == stream)
         return Status::OK();
-    const cudaError_t e = cudaStreamWaitEvent(stream, call_queued_, 0);
+    const cudaError_t e =
+        cudaStreamWaitEvent(stream, static_cast<CudaFence&>(*last_call_fence_).event(), 0);
     if (e != cudaSuccess)
         return Internal(std::string("ordering the call after the previous one: ") +
                         cudaGetErrorString(e));
@@ -278,10 +277,9 @@ Status CudaExecutor::followPreviousCall(cudaStream_t stream) {
 }
 
 void CudaExecutor::callQueued(cudaStream_t stream) {
-    // A failed record leaves the next call on another stream unordered;
-    // the call after this one fails first anyway (its launch reports it).
-    if (cudaEventRecord(call_queued_, stream) == cudaSuccess)
-        last_call_stream_ = stream;
+    // finish() takes the op's fence, recorded after this call's work: no
+    // event of its own to record per call.
+    queued_call_stream_ = stream;
 }
 
 bool CudaExecutor::callerCapturing() const {
@@ -298,7 +296,10 @@ bool CudaExecutor::callerCapturing() const {
 
 std::shared_ptr<DeviceOp> CudaExecutor::issue(Staging staging) {
     c10::cuda::CUDAGuard guard(device_);
-    const bool captured = callerCapturing();
+    // The entry point may have asked already: each query takes the
+    // driver's lock, which the worker's launches need too.
+    const bool captured =
+        staging.callerCapturing().has_value() ? *staging.callerCapturing() : callerCapturing();
     TORCH_CHECK(!captured || staging.capturable(), "Mooncake PG: ", staging.op(),
                 " cannot be captured in a CUDA graph: only all_reduce, all_gather_into_tensor, "
                 "reduce_scatter_tensor, all_to_all_single without split sizes and broadcast "
@@ -383,15 +384,31 @@ Status CudaExecutor::finish(const std::shared_ptr<DeviceOp>& device_op, bool ok)
     if (recorded != cudaSuccess && status.ok())
         status =
             Internal(std::string("recording the op's completion: ") + cudaGetErrorString(recorded));
+    if (queued_call_stream_ != nullptr) {
+        // A failed record leaves the next call on another stream unordered;
+        // the call after this one fails first anyway (its launch reports it).
+        if (recorded == cudaSuccess) {
+            last_call_fence_ = op.done;
+            last_call_stream_ = queued_call_stream_;
+        }
+        queued_call_stream_ = nullptr;
+    }
     // A captured op's device work runs at each replay: nothing to hold for
     // it here (the graph's owner keeps its tensors), and its fence is never
     // queried.
     if (op.captured)
         return status;
+    // On its caller's stream an op's tensors are held by stream order (the
+    // caching allocator reuses their memory only behind it), so only ops on
+    // the group's stream are retired: a fence query per op less for the
+    // worker and the caller (with the event no longer recorded per call,
+    // an 8-byte all_reduce took 4 to 5 us less on an H100).
+    const bool stream_ordered = op.staging.callerStream() && !op.staging.hasMirrors();
     std::vector<std::shared_ptr<DeviceOp>> done;
     {
         std::lock_guard<std::mutex> lock(retired_mu_);
-        retired_.push_back(device_op);
+        if (!stream_ordered)
+            retired_.push_back(device_op);
         takeFinishedLocked(&done);
     }
     return status;

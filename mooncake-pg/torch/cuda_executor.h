@@ -9,7 +9,8 @@
 // into the user's tensors on the stream and records the op's fence (a CUDA
 // event) after them. Work::wait() makes the caller's current stream wait on
 // the fence; the user's tensors and the mirrors are held until the fence
-// has completed.
+// has completed (an op on its caller's stream is not held: stream order
+// keeps its tensors).
 //
 // That host staging is the data path of every op route() does not give to
 // the device kernels over IPC-mapped windows (mooncake-pg/device/; chosen by
@@ -109,10 +110,13 @@ private:
     std::mutex ready_mu_;  // guards ready_'s record-then-wait
     cudaEvent_t ready_ = nullptr;
     cudaEvent_t drained_ = nullptr;  // worker thread only (drain)
-    // Worker thread only: recorded after the last device-window call, on
-    // last_call_stream_.
-    cudaEvent_t call_queued_ = nullptr;
+    // Worker thread only: the stream of the device-window call queued since
+    // the last finish(), and the last call's stream and fence (the op's own,
+    // recorded after its work), which the next call on another stream waits
+    // for.
+    cudaStream_t queued_call_stream_ = nullptr;
     cudaStream_t last_call_stream_ = nullptr;
+    std::shared_ptr<DeviceFence> last_call_fence_;
     std::mutex retired_mu_;
     // Finished ops whose device work may still be running, oldest first.
     std::deque<std::shared_ptr<DeviceOp>> retired_;

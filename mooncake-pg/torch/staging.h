@@ -67,6 +67,10 @@ public:
     // group's).
     void onCallerStream() { on_caller_stream_ = true; }
     bool callerStream() const { return on_caller_stream_; }
+    // Whether the caller's stream is being captured, when the entry point
+    // asked already (CudaExecutor::issue then need not ask again).
+    void setCallerCapturing(bool capturing) { caller_capturing_ = capturing; }
+    const std::optional<bool>& callerCapturing() const { return caller_capturing_; }
     const char* op() const { return op_; }
 
 private:
@@ -79,6 +83,7 @@ private:
     std::vector<Entry> entries_;
     bool capturable_ = false;
     bool on_caller_stream_ = false;
+    std::optional<bool> caller_capturing_;
 };
 
 }  // namespace mooncake::pg
