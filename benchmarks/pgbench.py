@@ -34,7 +34,10 @@ and sendrecv, a ring of isend/irecv: 2*N*S), and its limit time is that traffic 
 (read + write) measured on rank 0 in the same run; each row prints its
 fraction of that limit. The issue_us column is the host's time per op to
 issue the block: when it is close to time_us the host, not the GPU, sets the
-pace.
+pace. Beside the run's smallest op, every rank also issues a bare CUDA op
+(x.add_(1) on the same tensor size, backend cuda-launch) the same way: the
+host's floor per op on this machine, which a host-paced collective cannot
+beat; the "over_floor_us" table says what each op costs above it.
 
 --gpus per-rank (with --device cuda): rank r runs on GPU LOCAL_RANK (one
 process per GPU, as serving stacks run), and the yardstick is the GPU-to-GPU
@@ -67,21 +70,23 @@ import sys
 import time
 import traceback
 
-from pgbench_bench import (COLLECTIVES, DTYPES, GLOO_CUDA_UNSUPPORTED, GRAPH_COLLECTIVES, MOONCAKE,
-                           MOONCAKE_CUDA, MOONCAKE_GRAPH, OPS, PEERS, TYPE_NAMES, Bench, GraphBench,
+from pgbench_bench import (COLLECTIVES, DTYPES, GLOO_CUDA_UNSUPPORTED, GRAPH_COLLECTIVES, LAUNCH_FLOOR,
+                           MOONCAKE, MOONCAKE_CUDA, MOONCAKE_GRAPH, OPS, PEERS, TYPE_NAMES, Bench,
+                           GraphBench, LaunchFloorBench,
                            bus_factor, device_copy_row, element_count, link_copy_row, measure,
                            memcpy_rows, mooncake_name, parse_size, percentile, plan_iters, sizes,
                            split_weight, sync)
-from pgbench_report import (limit_fractions, link_fractions, memcpy_ratios, peer_of, print_tables, ratios,
-                            traffic_bytes)
+from pgbench_report import (launch_floors, limit_fractions, link_fractions, memcpy_ratios, peer_of,
+                            print_tables, ratios, traffic_bytes)
 
 # The public names, those of pgbench_bench and pgbench_report among them (pgbench.X keeps working).
 __all__ = [
-    "COLLECTIVES", "DTYPES", "GLOO_CUDA_UNSUPPORTED", "GRAPH_COLLECTIVES", "MOONCAKE", "MOONCAKE_CUDA",
-    "MOONCAKE_GRAPH", "OPS", "PEERS", "TYPE_NAMES", "Bench", "GraphBench", "bus_factor", "device_copy_row",
+    "COLLECTIVES", "DTYPES", "GLOO_CUDA_UNSUPPORTED", "GRAPH_COLLECTIVES", "LAUNCH_FLOOR", "MOONCAKE",
+    "MOONCAKE_CUDA", "MOONCAKE_GRAPH", "OPS", "PEERS", "TYPE_NAMES", "Bench", "GraphBench",
+    "LaunchFloorBench", "bus_factor", "device_copy_row",
     "element_count", "link_copy_row", "measure", "memcpy_rows", "mooncake_name", "parse_size", "percentile",
     "plan_iters", "sizes", "split_weight", "sync", "limit_fractions", "link_fractions", "memcpy_ratios",
-    "peer_of", "print_tables", "ratios", "traffic_bytes",
+    "peer_of", "print_tables", "ratios", "traffic_bytes", "launch_floors",
     "HERE", "REPO_PYTHON", "gpu_of", "rank_main", "launch", "main",
 ]
 
@@ -174,6 +179,11 @@ def rank_main(rank, n, args, result_path):
                 bench = GraphBench(torch, dist, coll, count, dtype, args.op, groups[mc], rank, n, args.graph)
                 checks[MOONCAKE_GRAPH] = checked(MOONCAKE_GRAPH, bench) if args.check else "skipped"
                 benches[MOONCAKE_GRAPH] = bench
+            if args.device == "cuda" and coll == colls[0] and nbytes == all_sizes[0]:
+                # Once per run, beside the smallest op: how much of its time the host's launch alone takes.
+                bench = LaunchFloorBench(torch, dist, count, dtype, groups[backends[0]])
+                checks[LAUNCH_FLOOR] = checked(LAUNCH_FLOOR, bench) if args.check else "skipped"
+                benches[LAUNCH_FLOOR] = bench
             all_times, issue_times, worker_times = measure(benches, ctrl, args, dist, torch)
             for b in benches:
                 times = all_times[b]
@@ -340,7 +350,7 @@ def main(argv=None):
         with open(args.json_output, "w") as f:
             json.dump({"config": cfg, "results": rows, "ratios": rats,
                        "memcpy_ratios": memcpy_ratios(rows), "limit_fractions": limit_fractions(rows),
-                       "link_fractions": link_fractions(rows)},
+                       "link_fractions": link_fractions(rows), "launch_floors": launch_floors(rows)},
                       f, indent=1)
     return 1 if any(r["check"] == "FAILED" for r in rows) else 0
 

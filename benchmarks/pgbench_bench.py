@@ -16,6 +16,10 @@ MOONCAKE_GRAPH = "mooncake-graph"
 GRAPH_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
 
+# A bare CUDA op issued as the collectives are (Python, torch's dispatch, one kernel launch) and timed
+# the same way, in every rank at once: the host's floor per op on this machine (--device cuda).
+LAUNCH_FLOOR = "cuda-launch"
+
 PEERS = ("gloo", "nccl")
 # Ops gloo cannot run on CUDA tensors at all; the peer is not tried on them.
 GLOO_CUDA_UNSUPPORTED = ("sendrecv",)
@@ -240,6 +244,25 @@ class GraphBench(Bench):
             for name in ("buf", "inp", "out"):
                 if hasattr(self, name):
                     getattr(self, name).zero_()
+
+
+class LaunchFloorBench:
+    """run() adds 1 in place to a tensor of `count` elements on the current GPU: one kernel, no
+    communication. `group` only lines the ranks up between timed blocks."""
+
+    ops_per_run = 1
+
+    def __init__(self, torch, dist, count, dtype, group):
+        self.torch, self.dist, self.group = torch, dist, group
+        self.buf = torch.zeros(count, dtype=dtype, device="cuda")
+
+    def run(self):
+        self.buf.add_(1)
+
+    def check(self):
+        self.buf.fill_(3)
+        self.run()
+        return _expect(self.torch, self.buf, self.torch.full_like(self.buf, 4))
 
 
 def _expect(torch, got, want):

@@ -2,7 +2,7 @@
 peer backend, busbw over the memcpy and link copies, the fraction of the HBM traffic
 limit, and the printed tables."""
 
-from pgbench_bench import MOONCAKE, MOONCAKE_CUDA, PEERS, bus_factor, mooncake_name
+from pgbench_bench import LAUNCH_FLOOR, MOONCAKE, MOONCAKE_CUDA, PEERS, bus_factor, mooncake_name
 
 
 def _fmt_opt(v):
@@ -41,7 +41,7 @@ def limit_fractions(rows):
     out = []
     for r in rows:
         t = traffic_bytes(r["collective"], r["size"], r["nranks"])
-        if t is None or r["collective"] == "device_copy":
+        if t is None or r["collective"] == "device_copy" or r["backend"] == LAUNCH_FLOOR:
             continue
         limit_us = t / (gbps * 1e9) * 1e6
         out.append({"collective": r["collective"], "backend": r["backend"], "size": r["size"],
@@ -60,6 +60,21 @@ def memcpy_ratios(rows):
         out.append({"collective": r["collective"], "backend": r["backend"], "size": r["size"],
                     "busbw_GBps": r["busbw_GBps"], "memcpy_GBps": copy[r["size"]],
                     "busbw_over_memcpy": r["busbw_GBps"] / copy[r["size"]]})
+    return out
+
+
+def launch_floors(rows):
+    """Each timed row of the size where the bare CUDA op ran, against that op's time: what the
+    collective costs over the host's floor per op."""
+    out = []
+    for f in (r for r in rows if r["backend"] == LAUNCH_FLOOR):
+        for r in rows:
+            if r["size"] != f["size"] or r["collective"] != f["collective"] or r["backend"] == LAUNCH_FLOOR:
+                continue
+            out.append({"collective": r["collective"], "backend": r["backend"], "size": r["size"],
+                        "time_us": r["time_us_median"], "floor_us": f["time_us_median"],
+                        "floor_issue_us": f.get("issue_us_median"),
+                        "over_floor_us": r["time_us_median"] - f["time_us_median"]})
     return out
 
 
@@ -140,6 +155,15 @@ def print_tables(rows, rats, args, n):
         for x in fracs:
             print(f"  {x['collective']:>14} {x['backend']:>14} {x['size']:>12} {x['time_us']:>11.2f} "
                   f"{x['limit_us']:>10.2f} {x['fraction_of_limit']:>9.4f}")
+    floors = launch_floors(rows)
+    if floors:
+        issue = floors[0]["floor_issue_us"]
+        print(f"#\n# against a bare CUDA op (x.add_(1)) issued back to back in every rank, same run: "
+              f"{floors[0]['floor_us']:.2f} us per op" + (f" (host issue {issue:.2f} us)" if issue else ""))
+        print(f"# {'collective':>14} {'backend':>14} {'size':>12} {'time_us':>11} {'over_floor_us':>14}")
+        for x in floors:
+            print(f"  {x['collective']:>14} {x['backend']:>14} {x['size']:>12} {x['time_us']:>11.2f} "
+                  f"{x['over_floor_us']:>14.2f}")
     links = link_fractions(rows)
     if links:
         print(f"#\n# busbw over the GPU 0 -> GPU 1 copy ({links[0]['link_GBps']:.0f} GB/s one way, same run)")

@@ -50,6 +50,21 @@ def test_link_fractions_read_every_row_against_the_link_copy():
     assert pgbench.link_fractions(rows[:2]) == []
 
 
+def test_launch_floor_rows_are_read_against_and_kept_out_of_the_limit():
+    floor = dict(_row(pgbench.LAUNCH_FLOOR, "all_reduce", 8, 18.5, 0.0), issue_us_median=18.0, nranks=2)
+    rows = [dict(_row("mooncake", "all_reduce", 8, 26.0, 0.0), nranks=2), floor,
+            dict(_row("gloo", "all_reduce", 8, 160.0, 0.0), nranks=2),
+            dict(_row("mooncake", "all_reduce", 64, 27.0, 0.0), nranks=2),  # another size: no floor
+            dict(_row("device_copy", "device_copy", 1 << 28, 100.0, 4000.0), nranks=1)]
+    got = {x["backend"]: x for x in pgbench.launch_floors(rows)}
+    assert sorted(got) == ["gloo", "mooncake"]
+    assert got["mooncake"]["over_floor_us"] == pytest.approx(7.5)
+    assert got["gloo"]["over_floor_us"] == pytest.approx(141.5)
+    assert got["mooncake"]["floor_issue_us"] == 18.0
+    assert pgbench.LAUNCH_FLOOR not in {x["backend"] for x in pgbench.limit_fractions(rows)}
+    assert pgbench.launch_floors(rows[:1]) == []
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["--peer", "nccl"], "nccl needs --device cuda --gpus per-rank (got --device cpu --gpus shared)"),
     (["--device", "cuda", "--peer", "nccl"], "(got --device cuda --gpus shared)"),
