@@ -277,9 +277,12 @@ Status CudaExecutor::followPreviousCall(cudaStream_t stream) {
 }
 
 void CudaExecutor::callQueued(cudaStream_t stream) {
-    // finish() takes the op's fence, recorded after this call's work: no
-    // event of its own to record per call.
-    queued_call_stream_ = stream;
+    // The running op's fence, which finish() records after this call's work
+    // before the worker takes the next op: no event of its own per call. A
+    // failed record leaves the next call on another stream unordered; the
+    // call after this one fails first anyway (its launch reports it).
+    last_call_fence_ = running_fence_;
+    last_call_stream_ = stream;
 }
 
 bool CudaExecutor::callerCapturing() const {
@@ -358,6 +361,8 @@ Status CudaExecutor::beforeCore(DeviceOp& op, Deadline deadline) {
     // The op's device work goes on its stream, and the worker's Future
     // completions record their events there.
     c10::cuda::setCurrentCUDAStream(static_cast<Op&>(op).stream);
+    // Only here, on the worker: finish() also runs on the P2P progress thread.
+    running_fence_ = static_cast<Op&>(op).done;
     return awaitInputs(op, deadline);
 }
 
@@ -384,15 +389,6 @@ Status CudaExecutor::finish(const std::shared_ptr<DeviceOp>& device_op, bool ok)
     if (recorded != cudaSuccess && status.ok())
         status =
             Internal(std::string("recording the op's completion: ") + cudaGetErrorString(recorded));
-    if (queued_call_stream_ != nullptr) {
-        // A failed record leaves the next call on another stream unordered;
-        // the call after this one fails first anyway (its launch reports it).
-        if (recorded == cudaSuccess) {
-            last_call_fence_ = op.done;
-            last_call_stream_ = queued_call_stream_;
-        }
-        queued_call_stream_ = nullptr;
-    }
     // A captured op's device work runs at each replay: nothing to hold for
     // it here (the graph's owner keeps its tensors), and its fence is never
     // queried.

@@ -110,11 +110,10 @@ private:
     std::mutex ready_mu_;  // guards ready_'s record-then-wait
     cudaEvent_t ready_ = nullptr;
     cudaEvent_t drained_ = nullptr;  // worker thread only (drain)
-    // Worker thread only: the stream of the device-window call queued since
-    // the last finish(), and the last call's stream and fence (the op's own,
-    // recorded after its work), which the next call on another stream waits
-    // for.
-    cudaStream_t queued_call_stream_ = nullptr;
+    // Worker thread only: the fence of the op it runs (beforeCore), and the
+    // last device-window call's stream and fence (its op's, recorded after
+    // its work), which the next call on another stream waits for.
+    std::shared_ptr<DeviceFence> running_fence_;
     cudaStream_t last_call_stream_ = nullptr;
     std::shared_ptr<DeviceFence> last_call_fence_;
     std::mutex retired_mu_;
