@@ -1,13 +1,13 @@
 """The GPU's SM clock and power while the timed steps run.
 
 Latency-bound kernels slow down with the SM clock, and the clock a GPU keeps
-depends on how busy it is: between the steps of this benchmark the GPU mostly
-runs a one-thread launch pad, and on an H100 shared by 8 processes the SM
-clock was seen at 555 to 810 MHz during the timed steps (1,980 MHz is its
-boost). Every figure this benchmark prints is read at that clock, so the run
-records it: `nvidia-smi` samples the device every `period_ms` from a
-background process while the steps run. The benchmark changes no clock
-setting.
+depends on how busy it is. Sampled from outside over a whole call, an H100
+shared by 8 processes read 345 to 840 MHz, but those samples fell in the idle
+gaps between runs: sampled only while the timed steps run, as here, it read
+its 1,980 MHz maximum with either launch pad (2026-12-06). Every figure this
+benchmark prints is read at some clock, so the run records it: `nvidia-smi`
+samples the device every `period_ms` from a background process while the
+steps run. The benchmark changes no clock setting.
 """
 
 import statistics

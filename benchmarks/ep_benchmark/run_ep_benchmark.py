@@ -96,8 +96,8 @@ def build_parser():
     p.add_argument("--pad-busy-blocks", type=int, default=0, metavar="N",
                    help="CUDA, with --launch-pad-us: the pad waits in N blocks of one warp that "
                         "poll the GPU clock instead of one sleeping thread, so the GPU is as busy "
-                        "before each op as between the layers of a model and keeps its clock "
-                        "(JSON 'sm_clock' shows it); 0 (default): one sleeping thread")
+                        "before each op as between the layers of a model (JSON 'sm_clock' records "
+                        "the clock either way); 0 (default): one sleeping thread")
     p.add_argument("--phase-trace", type=int, default=0, metavar="K",
                    help="CUDA fast path: K more steps after the timed ones with the kernels' "
                         "per-block timestamps on, reported as each rank's timeline of each op "

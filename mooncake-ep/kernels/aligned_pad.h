@@ -26,9 +26,9 @@ Status checkPadBusyBlocks(int64_t busy_blocks);
 // Queues the wait on `stream`; kInvalidArgument unless 0 < min_ns and
 // 0 < period_ns, kInternal when the launch fails. `busy_blocks`: 0 (the
 // default) waits in one sleeping thread; N > 0 in N blocks of one warp that
-// poll the clock without sleeping, which keep the SMs they hold active, so
-// the GPU keeps the clock it has under load (one sleeping thread leaves it
-// nearly idle). kInvalidArgument outside [0, kMaxPadBusyBlocks].
+// poll the clock without sleeping, which keep the SMs they hold active, as
+// under load (one sleeping thread leaves the GPU nearly idle).
+// kInvalidArgument outside [0, kMaxPadBusyBlocks].
 Status launchAlignedPad(uint64_t min_ns, uint64_t period_ns, cudaStream_t stream,
                         int busy_blocks = 0);
 

@@ -119,7 +119,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "Benchmarks: a GPU wait on the current stream of at least min_us that ends, for every "
           "process on this GPU, at the next multiple of period_us of the GPU's clock; "
           "busy_blocks > 0 waits in that many blocks of one warp polling the clock (the SMs stay "
-          "active and the GPU keeps its clock) instead of one sleeping thread");
+          "active, as under load) instead of one sleeping thread");
     m.def("gpu_clock_ns", &mooncake::ep::gpuClockNs,
           "Benchmarks: the current GPU's clock (%globaltimer) in ns, read after the current "
           "stream's earlier work");
