@@ -10,9 +10,12 @@
 //     dispatch receive region       messages [nle][num_ranks][max_tokens]
 //     combine receive region        BF16 rows [num_experts][max_tokens][hidden]
 //
-// A message is a 16-byte header (int32 source token index, 12 bytes unused)
+// A message is a 128-byte header (int32 source token index, the rest unused)
 // and the payload: BF16 hidden*2 bytes, or FP8 hidden bytes followed by
-// hidden/128 float scales. The slot stride is the BF16 size, so the layout
+// hidden/128 float scales. The header is a whole cache line so that the
+// payload and the scales start 128-byte aligned and a warp's stores fill
+// whole lines: with a 16-byte header FP8 dispatch was about 7% slower
+// (docs/ep-guide.md, session 44). The slot stride is the BF16 size, so the layout
 // does not depend on use_fp8. Operation number `seq` (1, 2, ...) uses half
 // seq & 1: a sender can be at most one operation ahead of any receiver (its
 // next receive waits for that receiver's send), so the half it writes is
@@ -26,7 +29,7 @@
 namespace mooncake::ep {
 
 inline constexpr int64_t kEpHiddenAlign = 128;  // channels per FP8 scale
-inline constexpr int64_t kEpMessageHeaderBytes = 16;
+inline constexpr int64_t kEpMessageHeaderBytes = 128;
 inline constexpr int64_t kEpStateBytes = 256;
 inline constexpr int64_t kEpRegionAlign = 256;
 
@@ -100,7 +103,7 @@ struct EpLayout {
 
 // Bytes of the EP buffer for these limits (the same on every rank):
 // 256 + 2 * (align256(16 * num_experts)
-//            + num_experts * max_tokens * (16 + 2 * hidden)     dispatch
+//            + num_experts * max_tokens * (128 + 2 * hidden)    dispatch
 //            + num_experts * max_tokens * 2 * hidden)           combine
 MC_EP_HD constexpr int64_t epBufferSizeHint(int64_t max_tokens, int64_t hidden, int64_t num_ranks,
                                             int64_t num_experts) {

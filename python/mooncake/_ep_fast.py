@@ -33,7 +33,7 @@ from mooncake import _ep_runtime
 # formula below must equal epBufferSizeHint; a test compares them).
 _STATE_BYTES = 256
 _REGION_ALIGN = 256
-_HEADER_BYTES = 16
+_HEADER_BYTES = 128
 
 SETUP_TIMEOUT_ENV = "MOONCAKE_EP_SETUP_TIMEOUT_MS"
 _ERRORS = {1: "a topk_idx entry is outside [-1, num_experts)"}

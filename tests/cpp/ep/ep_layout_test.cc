@@ -19,14 +19,14 @@ TEST(EpLayout, SizeHintIsTheDocumentedFormula) {
         for (int64_t h : {128, 7168, 8192}) {
             for (auto [r, e] : {std::pair<int64_t, int64_t>{1, 1}, {2, 32}, {8, 256}}) {
                 const int64_t signals = epAlignUp(16 * e, 256);
-                const int64_t half = signals + e * m * (16 + 2 * h) + e * m * 2 * h;
+                const int64_t half = signals + e * m * (128 + 2 * h) + e * m * 2 * h;
                 EXPECT_EQ(epBufferSizeHint(m, h, r, e), 256 + 2 * half) << m << " " << h;
             }
         }
     }
     // The benchmark shape of issue 11: 128 tokens, hidden 7168, 8 ranks, 256 experts.
     EXPECT_EQ(epBufferSizeHint(128, 7168, 8, 256),
-              256 + 2 * (4096 + 256LL * 128 * (16 + 4 * 7168)));
+              256 + 2 * (4096 + 256LL * 128 * (128 + 4 * 7168)));
 }
 
 TEST(EpLayout, RegionsAreDisjointAlignedAndInside) {

@@ -16,12 +16,12 @@ from mooncake.mooncake_ep_buffer import (FORCE_FALLBACK_ENV, Buffer, EventOverla
 
 def test_size_hint_matches_the_documented_formula():
     # 256 B of state + 2 halves x (signals: 16 B per expert rounded to 256 B,
-    # dispatch: experts x slots x (16 B header + BF16 row), combine: experts x
+    # dispatch: experts x slots x (128 B header + BF16 row), combine: experts x
     # slots x BF16 row).
     assert Buffer.get_ep_buffer_size_hint(128, 7168, 8, 256) == 256 + 2 * (
-        4096 + 256 * 128 * (16 + 14336) + 256 * 128 * 14336)
+        4096 + 256 * 128 * (128 + 14336) + 256 * 128 * 14336)
     # 3 experts: 48 bytes of signal round up to 256.
-    assert Buffer.get_ep_buffer_size_hint(1, 128, 3, 3) == 256 + 2 * (256 + 3 * 272 + 3 * 256)
+    assert Buffer.get_ep_buffer_size_hint(1, 128, 3, 3) == 256 + 2 * (256 + 3 * 384 + 3 * 256)
 
 
 def test_python_size_hint_equals_the_runtime_formula():
