@@ -36,9 +36,9 @@ TEST(EpNccl, VersionsAreTheHeadersAndTheLoadedLibrary) {
 
 TEST(EpNccl, WindowIsTheLayoutPlusTheStaging) {
     // 2 ranks, 4 experts, 8 tokens, hidden 256: signals 8 * (2 * 2 + 4) = 64 -> 256 bytes;
-    // dispatch region 4 * 8 * (16 + 512) = 16896; combine region 4 * 8 * 512 = 16384.
-    const int64_t half = 256 + 16896 + 16384;
-    EXPECT_EQ(ncclEpWindowBytes(2, 4, 8, 256), 256 + 2 * half + 16896 + 16384);
+    // dispatch region 4 * 8 * (128 + 512) = 20480; combine region 4 * 8 * 512 = 16384.
+    const int64_t half = 256 + 20480 + 16384;
+    EXPECT_EQ(ncclEpWindowBytes(2, 4, 8, 256), 256 + 2 * half + 20480 + 16384);
     // One GIN signal per signal word: 2 local experts x 2 sources + 4 combine flags.
     EXPECT_EQ(ncclEpSignalCount(2, 4), 8);
     EXPECT_EQ(ncclEpSignalCount(8, 256), 32 * 8 + 256);
