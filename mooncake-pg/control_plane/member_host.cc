@@ -64,7 +64,8 @@ MemberHost::MemberHost(MemberHostConfig config, MemberAgent agent, KVStore* stor
       reader_(store, inbox_),
       on_view_(std::move(on_view)),
       agent_(std::move(agent)),
-      suspects_(config_.agent.max_group_size, false) {}
+      suspects_(config_.agent.max_group_size, false),
+      epoch_(agent_->epoch()) {}
 
 MemberHost::~MemberHost() {
     stop();
@@ -164,6 +165,9 @@ void MemberHost::onBytes(Millis now, const std::string& bytes) {
 }
 
 void MemberHost::execute(std::vector<AgentEffect> effects) {
+    // The agent has handled the event that produced these effects: publish
+    // its epoch before any of them (a send below may wait on the store).
+    epoch_.store(agent_->epoch(), std::memory_order_release);
     for (AgentEffect& effect : effects) {
         if (auto* send = std::get_if<SendToCoordinator>(&effect)) {
             push(mailbox_.coordinatorInbox(), serialize(send->message),
@@ -541,8 +545,7 @@ int MemberHost::numSyncedRanks() const {
 }
 
 uint64_t MemberHost::epoch() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return agent_->epoch();
+    return epoch_.load(std::memory_order_acquire);
 }
 
 uint32_t MemberHost::incarnation() const {

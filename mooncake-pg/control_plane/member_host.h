@@ -208,6 +208,10 @@ private:
     ProbeRound round_;
     uint64_t next_probe_id_ = 0;
     std::vector<bool> suspects_;
+    // The agent's epoch, read without mu_: the torch layer asks for it on
+    // every op, and mu_ is held while a message goes out through the store
+    // (two round trips), which an op must not wait for.
+    std::atomic<uint64_t> epoch_;
     uint64_t suspects_epoch_ = 0;
     // The oldest epoch of a failure noted and not yet reported (0: none).
     uint64_t unreported_failure_epoch_ = 0;

@@ -6,6 +6,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <future>
+
 #include "tests/cpp/pg/control_plane_host_util.h"
 
 namespace mooncake::pg::control_plane {
@@ -236,6 +238,67 @@ TEST(ControlPlaneHostTest, StopIsPromptAndAbortsCallsInFlight) {
     t.join();
     EXPECT_EQ(joined.code(), StatusCode::kAborted) << joined.toString();
     g.coord().stop();
+}
+
+// An in-process store whose writes from one chosen thread wait until
+// released (bounded, so a broken test cannot hang the suite).
+class GatedStore : public InProcessKVStore {
+public:
+    Status set(const std::string& key, const std::string& value) override {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (gated_ == std::this_thread::get_id()) {
+            blocked_ = true;
+            cv_.notify_all();
+            cv_.wait_for(lock, 10s, [&] { return released_; });
+            blocked_ = false;
+        }
+        lock.unlock();
+        return InProcessKVStore::set(key, value);
+    }
+    void gate(std::thread::id t) {
+        std::lock_guard<std::mutex> lock(mu_);
+        gated_ = t;
+    }
+    bool waitBlocked(std::chrono::milliseconds timeout) {
+        std::unique_lock<std::mutex> lock(mu_);
+        return cv_.wait_for(lock, timeout, [&] { return blocked_; });
+    }
+    void release() {
+        std::lock_guard<std::mutex> lock(mu_);
+        released_ = true;
+        cv_.notify_all();
+    }
+
+private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    std::thread::id gated_;
+    bool blocked_ = false;
+    bool released_ = false;
+};
+
+// The torch layer reads the epoch on every op: a message going out through
+// the store (sent with the host's lock held) must not hold that read up.
+TEST(ControlPlaneHostTest, EpochIsReadWhileAMessageWaitsOnTheStore) {
+    GatedStore store;
+    HostGroup g(2, 2, {}, &store);
+    ASSERT_NO_FATAL_FAILURE(g.bootstrap());
+    std::promise<std::thread::id> sender_id;
+    std::promise<void> go;
+    std::thread sender([&] {
+        sender_id.set_value(std::this_thread::get_id());
+        go.get_future().wait();
+        EXPECT_TRUE(g.host(1).publishEndpoint("tcp://10.0.0.1:7001").ok());
+    });
+    store.gate(sender_id.get_future().get());
+    go.set_value();
+    ASSERT_TRUE(store.waitBlocked(5s)) << "the endpoint was never written to the store";
+    auto epoch = std::async(std::launch::async, [&] { return g.host(1).epoch(); });
+    const bool answered = epoch.wait_for(5s) == std::future_status::ready;
+    store.release();
+    sender.join();
+    ASSERT_TRUE(answered) << "epoch() waited for the store write";
+    EXPECT_EQ(epoch.get(), 1u);
 }
 
 // ---- across processes ------------------------------------------------------
