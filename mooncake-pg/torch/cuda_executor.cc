@@ -166,11 +166,12 @@ public:
     cudaEvent_t event() const { return event_; }
 
     void streamWait() override {
-        c10::cuda::CUDAGuard guard(device_);
         const cudaStream_t current = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
-        // On the op's own stream (a synchronous op) the order holds already.
+        // On the op's own stream (a synchronous op) the order holds already:
+        // no device guard either, since wait() is on every such op's path.
         if (current == stream_)
             return;
+        c10::cuda::CUDAGuard guard(device_);
         checkCuda(cudaStreamWaitEvent(current, event_, 0),
                   "making the current stream wait for the op");
     }
