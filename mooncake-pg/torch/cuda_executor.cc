@@ -144,6 +144,8 @@ Status pollEvent(cudaEvent_t event, Deadline deadline, const char* what,
     }
 }
 
+}  // namespace
+
 // The fence of one op: an event recorded on the communication stream after
 // the op's copies back (never recorded if the op never ran: then it reads as
 // complete, and the Work reports the failure). A captured op's fence is
@@ -151,17 +153,17 @@ Status pollEvent(cudaEvent_t event, Deadline deadline, const char* what,
 // the graph's branches), but it is never queried or blocked on, since
 // neither means anything for work that runs only when the graph is
 // replayed; it reads as complete.
-class CudaFence final : public DeviceFence {
+class CudaExecutor::Fence final : public DeviceFence {
 public:
-    CudaFence(c10::Device device, cudaStream_t stream,
-              std::shared_ptr<CudaExecutor::EventPool> events, bool captured)
+    Fence(c10::Device device, cudaStream_t stream, std::shared_ptr<CudaExecutor::EventPool> events,
+          bool captured)
         : device_(device),
           stream_(stream),
           events_(std::move(events)),
           event_(events_->take()),
           captured_(captured) {}
     // Dropped with the last Work and op that wait on it.
-    ~CudaFence() override { events_->give(event_); }
+    ~Fence() override { events_->give(event_); }
 
     cudaEvent_t event() const { return event_; }
 
@@ -201,8 +203,6 @@ private:
     const bool captured_;
 };
 
-}  // namespace
-
 class CudaExecutor::Op final : public DeviceOp {
 public:
     Op(Staging s, c10::Device device, c10::cuda::CUDAStream stream, bool on_caller_stream,
@@ -212,7 +212,7 @@ public:
           on_caller_stream(on_caller_stream),
           // Only copies into host mirrors are waited for (awaitInputs).
           staged(staging.hasMirrors() ? events->take() : nullptr),
-          done(std::make_shared<CudaFence>(device, stream.stream(), events, captured)),
+          done(std::make_shared<Fence>(device, stream.stream(), events, captured)),
           captured(captured),
           device_(device),
           events_(events) {}
@@ -233,7 +233,7 @@ public:
     const bool on_caller_stream;
     // Recorded after the copies into the mirrors (none without mirrors).
     const cudaEvent_t staged;
-    const std::shared_ptr<CudaFence> done;
+    const std::shared_ptr<Fence> done;
     // Issued while the caller's stream was being captured (callerCapturing).
     const bool captured;
 
@@ -256,7 +256,7 @@ CudaExecutor::~CudaExecutor() {
     cudaStreamSynchronize(raw_stream_);
     // And a synchronous op's, on its caller's stream.
     if (last_call_fence_ && last_call_stream_ != raw_stream_)
-        cudaEventSynchronize(static_cast<CudaFence&>(*last_call_fence_).event());
+        cudaEventSynchronize(last_call_fence_->event());
     retired_.clear();
     cudaEventDestroy(drained_);
     cudaEventDestroy(ready_);
@@ -273,8 +273,7 @@ Status CudaExecutor::drain(Deadline deadline, const char* what,
 Status CudaExecutor::followPreviousCall(cudaStream_t stream) {
     if (!last_call_fence_ || last_call_stream_ == stream)
         return Status::OK();
-    const cudaError_t e =
-        cudaStreamWaitEvent(stream, static_cast<CudaFence&>(*last_call_fence_).event(), 0);
+    const cudaError_t e = cudaStreamWaitEvent(stream, last_call_fence_->event(), 0);
     if (e != cudaSuccess)
         return Internal(std::string("ordering the call after the previous one: ") +
                         cudaGetErrorString(e));
@@ -415,11 +414,11 @@ Status CudaExecutor::finish(const std::shared_ptr<DeviceOp>& device_op, bool ok)
 }
 
 std::shared_ptr<DeviceFence> CudaExecutor::fenceOn(cudaStream_t stream) {
-    return std::make_shared<CudaFence>(device_, stream, events_, /*captured=*/false);
+    return std::make_shared<Fence>(device_, stream, events_, /*captured=*/false);
 }
 
 Status CudaExecutor::armFence(DeviceFence& fence) {
-    return static_cast<CudaFence&>(fence).arm();
+    return static_cast<Fence&>(fence).arm();
 }
 
 void CudaExecutor::reap() {

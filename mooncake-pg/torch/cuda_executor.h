@@ -93,6 +93,7 @@ public:
     class EventPool;
 
 private:
+    class Fence;
     class Op;
     // Drops the ops whose fences have completed (their tensors go with them).
     void reap();
@@ -113,9 +114,9 @@ private:
     // Worker thread only: the fence of the op it runs (beforeCore), and the
     // last device-window call's stream and fence (its op's, recorded after
     // its work), which the next call on another stream waits for.
-    std::shared_ptr<DeviceFence> running_fence_;
+    std::shared_ptr<Fence> running_fence_;
     cudaStream_t last_call_stream_ = nullptr;
-    std::shared_ptr<DeviceFence> last_call_fence_;
+    std::shared_ptr<Fence> last_call_fence_;
     std::mutex retired_mu_;
     // Finished ops whose device work may still be running, oldest first.
     std::deque<std::shared_ptr<DeviceOp>> retired_;
