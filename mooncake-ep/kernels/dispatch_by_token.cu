@@ -11,6 +11,7 @@
 // dispatch_send_done counts the blocks that finished).
 #include <cuda_bf16.h>
 
+#include "mooncake-ep/core/dispatch_slots.h"
 #include "mooncake-ep/kernels/device_sync.cuh"
 #include "mooncake-ep/kernels/ep_blocks.cuh"
 #include "mooncake-ep/kernels/ep_kernels.h"
@@ -29,37 +30,26 @@ struct Params {
     DispatchArgs a;
 };
 
-// Thread `lane` of the token's first warp: the remote messages of `token`
-// (ids: the op's top-k entries in shared memory, -1 where out of range),
-// one per distinct expert whose owner is active; returns how many.
+// Lane 0 of the token's first warp: the remote messages of `token` (ids:
+// the op's top-k entries in shared memory, -1 where out of range), one per
+// distinct expert whose owner is active; returns how many. counts_before:
+// the block's table of epSlotInBlock.
 __device__ int findMessages(const EpGroupArgs& g, const DispatchArgs& a, const EpLayout& L,
-                            const int* ids, int token, int phase, char** msgs, int lane) {
+                            const int* ids, const int* counts_before, int block_first, int token,
+                            int phase, char** msgs) {
     const int nle = static_cast<int>(L.numLocalExperts());
-    const int* mine = ids + token * a.top_k;
     int n = 0;
     for (int k = 0; k < a.top_k; ++k) {
-        const int e = mine[k];
-        bool skip = e < 0;
-        for (int j = 0; j < k && !skip; ++j)
-            skip = mine[j] == e;  // a token that lists e twice is sent once
-        // One read for the warp: a receive's timeout may mark the rank
-        // meanwhile, and its lanes must agree before the reduction below.
-        int dst_active = lane == 0 && !skip ? epLoadVolatile(&g.active_ranks[e / nle]) : 0;
-        if (__shfl_sync(0xffffffffu, dst_active, 0) == 0)
-            continue;  // the same for the whole warp
-        int before = 0;
-        for (int t = lane; t < token; t += 32) {
-            bool selected = false;
-            for (int j = 0; j < a.top_k && !selected; ++j)
-                selected = ids[t * a.top_k + j] == e;
-            before += selected ? 1 : 0;
-        }
-        before = __reduce_add_sync(0xffffffffu, before);
-        if (lane == 0) {
-            msgs[n] = static_cast<char*>(g.peer_buffers[e / nle]) +
-                      L.dispatchMessageOffset(phase, e % nle, g.rank, before);
-        }
-        ++n;
+        const int i = token * a.top_k + k;
+        if (!epFirstInRow(ids, a.top_k, i))
+            continue;  // none, or a token that lists e twice is sent once
+        const int e = ids[i];
+        // A receive's timeout may mark the rank meanwhile: read once.
+        if (epLoadVolatile(&g.active_ranks[e / nle]) == 0)
+            continue;
+        const int slot = epSlotInBlock(ids, a.top_k, counts_before, block_first, token, e);
+        msgs[n++] = static_cast<char*>(g.peer_buffers[e / nle]) +
+                    L.dispatchMessageOffset(phase, e % nle, g.rank, slot);
     }
     return n;
 }
@@ -69,18 +59,11 @@ __device__ void sendCounts(const EpGroupArgs& g, const DispatchArgs& a, const Ep
                            const int* ids, int* counts, uint64_t seq) {
     const int nle = static_cast<int>(L.numLocalExperts());
     const int phase = static_cast<int>(seq & 1);
-    const int entries = a.num_tokens * a.top_k;
     for (int e = threadIdx.x; e < g.num_experts; e += blockDim.x)
         counts[e] = 0;
     __syncthreads();
-    for (int i = threadIdx.x; i < entries; i += blockDim.x) {
-        const int e = ids[i];
-        bool first = e >= 0;
-        for (int j = i - i % a.top_k; j < i && first; ++j)
-            first = ids[j] != e;
-        if (first)
-            atomicAdd(&counts[e], 1);
-    }
+    epCountSelections(ids, a.top_k, a.num_tokens, threadIdx.x, blockDim.x,
+                      [&](int e) { atomicAdd(&counts[e], 1); });
     __syncthreads();
     for (int e = threadIdx.x; e < g.num_experts; e += blockDim.x) {
         // Read again now: a block that started later may have seen a rank
@@ -99,7 +82,10 @@ __global__ void __launch_bounds__(kThreads) dispatchSendByToken(Params p) {
     const EpGroupArgs& g = p.g;
     const DispatchArgs& a = p.a;
     epTrace(g, kEpTraceDispatchSend, kEpTraceStart);
-    extern __shared__ int shared[];  // ids [num_tokens * top_k], then counts [num_experts]
+    // ids [num_tokens * top_k], then counts [num_experts]: the selections
+    // of the tokens before this block's (epSlotInBlock), later the last
+    // block's totals (sendCounts).
+    extern __shared__ int shared[];
     int* ids = shared;
     __shared__ char* msgs[kTokensPerBlock][kEpMaxTopKByToken];
     __shared__ int num_msgs[kTokensPerBlock];
@@ -114,19 +100,24 @@ __global__ void __launch_bounds__(kThreads) dispatchSendByToken(Params p) {
         const int64_t id = a.topk_idx[i];
         ids[i] = id >= 0 && id < g.num_experts ? static_cast<int>(id) : -1;
     }
+    int* counts = shared + entries;
+    for (int e = threadIdx.x; e < g.num_experts; e += blockDim.x)
+        counts[e] = 0;
     if (threadIdx.x == 0)
         self_active = epLoadVolatile(&g.active_ranks[g.rank]) != 0;
     __syncthreads();
+    const int block_first = static_cast<int>(blockIdx.x) * kTokensPerBlock;
+    epCountSelections(ids, a.top_k, block_first < a.num_tokens ? block_first : a.num_tokens,
+                      threadIdx.x, blockDim.x, [&](int e) { atomicAdd(&counts[e], 1); });
+    __syncthreads();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int slot = warp / kWarpsPerToken, part = warp % kWarpsPerToken;
-    const int token = static_cast<int>(blockIdx.x) * kTokensPerBlock + slot;
-    if (part == 0) {
+    const int token = block_first + slot;
+    if (part == 0 && lane == 0) {
         const bool mine = self_active && token < a.num_tokens;
-        const int n =
-            mine ? findMessages(g, a, L, ids, token, static_cast<int>(seq & 1), msgs[slot], lane)
-                 : 0;
-        if (lane == 0)
-            num_msgs[slot] = n;
+        num_msgs[slot] = mine ? findMessages(g, a, L, ids, counts, block_first, token,
+                                             static_cast<int>(seq & 1), msgs[slot])
+                              : 0;
     }
     __syncthreads();
     if (num_msgs[slot] > 0)
@@ -140,7 +131,7 @@ __global__ void __launch_bounds__(kThreads) dispatchSendByToken(Params p) {
     __syncthreads();
     if (last_block) {
         __threadfence();
-        sendCounts(g, a, L, ids, shared + entries, seq);
+        sendCounts(g, a, L, ids, counts, seq);
         if (threadIdx.x == 0)
             state->dispatch_send_done = 0;  // for the next op (stream order)
     }

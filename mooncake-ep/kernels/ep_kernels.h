@@ -49,6 +49,11 @@ struct EpGroupArgs {
     int32_t* error_mirror = nullptr;
 };
 
+// The kernels move the BF16 rows of the caller's tensors (dispatch x,
+// combine x and out) in 16-byte words, so those must start 16-byte aligned:
+// a contiguous view at an odd element offset is not (checked below).
+inline constexpr uintptr_t kEpRowAlignBytes = 16;
+
 struct DispatchArgs {
     const void* x = nullptr;            // BF16 [num_tokens, hidden]
     const int64_t* topk_idx = nullptr;  // [num_tokens, top_k], -1 = none

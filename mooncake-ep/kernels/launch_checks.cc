@@ -39,6 +39,18 @@ int forcedBlockCount(int64_t n) {
     return static_cast<int>(std::clamp<int64_t>(n, 0, std::numeric_limits<int>::max()));
 }
 
+// kInvalidArgument when `p` (the caller's tensor `name`) is not
+// kEpRowAlignBytes-aligned.
+Status checkRowAlignment(const void* p, const char* name) {
+    const uintptr_t past = reinterpret_cast<uintptr_t>(p) % kEpRowAlignBytes;
+    if (past == 0)
+        return Status::OK();
+    return bad(std::string(name) + " starts " + str(static_cast<int64_t>(past)) + " bytes past a " +
+               str(kEpRowAlignBytes) +
+               "-byte boundary, expected an aligned start (a view at an odd element offset: "
+               "pass a copy)");
+}
+
 int localExperts(const EpGroupArgs& g) {
     return g.num_ranks > 0 ? g.num_experts / g.num_ranks : 1;
 }
@@ -179,6 +191,7 @@ Status checkDispatchArgs(const EpGroupArgs& g, const DispatchArgs& a) {
     MC_RETURN_IF_ERROR(checkTokens(g, a.num_tokens, a.top_k));
     if (a.num_tokens > 0 && (a.x == nullptr || a.topk_idx == nullptr))
         return bad("x or topk_idx is null with num_tokens " + str(a.num_tokens));
+    MC_RETURN_IF_ERROR(checkRowAlignment(a.x, "x"));
     if (a.packed_recv_x == nullptr || a.packed_recv_count == nullptr || a.src_info == nullptr ||
         a.layout_range == nullptr)
         return bad(
@@ -199,6 +212,8 @@ Status checkCombineArgs(const EpGroupArgs& g, const CombineArgs& a) {
     if (a.num_tokens > 0 &&
         (a.topk_idx == nullptr || a.topk_weights == nullptr || a.out == nullptr))
         return bad("topk_idx, topk_weights or out is null with num_tokens " + str(a.num_tokens));
+    MC_RETURN_IF_ERROR(checkRowAlignment(a.x, "x (expert outputs)"));
+    MC_RETURN_IF_ERROR(checkRowAlignment(a.out, "out"));
     return Status::OK();
 }
 

@@ -82,40 +82,52 @@ __device__ inline void epWriteMessageParts(const EpGroupArgs& g, const DispatchA
     }
     const int64_t groups = hidden / kEpFp8GroupSize;
     const int64_t begin = groups * part / parts, end = groups * (part + 1) / parts;
-    for (int64_t first = begin; first < end; first += kEpCopyBatch) {
-        // Each lane holds 4 of a group's 128 channels; a batch of groups is
-        // loaded before any is quantized (see kEpCopyBatch).
-        uint2 raw[kEpCopyBatch];
-#pragma unroll
-        for (int b = 0; b < kEpCopyBatch; ++b) {
-            if (first + b < end) {
-                raw[b] = *reinterpret_cast<const uint2*>(
-                    row + ((first + b) * kEpFp8GroupSize + lane * 4) * 2);
-            }
+    // Eight lanes per group, 16 channels (32 bytes read, 16 written) per
+    // lane: a warp stores 512 contiguous bytes per pass, four groups.
+    constexpr int kLanesPerGroup = 8;
+    constexpr int kGroupsPerPass = 32 / kLanesPerGroup;
+    static_assert(kEpFp8GroupSize / kLanesPerGroup == 16, "a lane quantizes 16 channels");
+    const int sub = lane % kLanesPerGroup;
+    for (int64_t first = begin; first < end; first += kGroupsPerPass) {
+        const int64_t group = first + lane / kLanesPerGroup;
+        const bool active = group < end;
+        uint4 raw[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+        if (active) {
+            const uint4* src =
+                reinterpret_cast<const uint4*>(row + (group * kEpFp8GroupSize + sub * 16) * 2);
+            raw[0] = src[0];
+            raw[1] = src[1];
         }
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(raw);
+        float v[16];
 #pragma unroll
-        for (int b = 0; b < kEpCopyBatch; ++b) {
-            const int64_t group = first + b;
-            if (group >= end)
-                break;  // the same for the whole warp
-            const int64_t c = group * kEpFp8GroupSize + lane * 4;
-            const __nv_bfloat162 lo = *reinterpret_cast<const __nv_bfloat162*>(&raw[b].x);
-            const __nv_bfloat162 hi = *reinterpret_cast<const __nv_bfloat162*>(&raw[b].y);
-            const float v[4] = {__low2float(lo), __high2float(lo), __low2float(hi),
-                                __high2float(hi)};
-            float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-            for (int off = 16; off > 0; off >>= 1)
-                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-            amax = fmaxf(amax, kEpFp8AmaxFloor);
-            const float inv = kEpFp8Max / amax;
+        for (int i = 0; i < 8; ++i) {
+            v[2 * i] = __low2float(h[i]);
+            v[2 * i + 1] = __high2float(h[i]);
+        }
+        float amax = 0.f;
+#pragma unroll
+        for (int i = 0; i < 16; ++i)
+            amax = fmaxf(amax, fabsf(v[i]));
+        for (int off = kLanesPerGroup / 2; off > 0; off >>= 1)  // within the group's lanes
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+        amax = fmaxf(amax, kEpFp8AmaxFloor);
+        const float inv = kEpFp8Max / amax;
+        uint32_t w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
             const __nv_fp8x2_storage_t q01 = __nv_cvt_float2_to_fp8x2(
-                make_float2(v[0] * inv, v[1] * inv), __NV_SATFINITE, __NV_E4M3);
+                make_float2(v[4 * i] * inv, v[4 * i + 1] * inv), __NV_SATFINITE, __NV_E4M3);
             const __nv_fp8x2_storage_t q23 = __nv_cvt_float2_to_fp8x2(
-                make_float2(v[2] * inv, v[3] * inv), __NV_SATFINITE, __NV_E4M3);
-            const uint32_t q = static_cast<uint32_t>(q01) | (static_cast<uint32_t>(q23) << 16);
+                make_float2(v[4 * i + 2] * inv, v[4 * i + 3] * inv), __NV_SATFINITE, __NV_E4M3);
+            w[i] = static_cast<uint32_t>(q01) | (static_cast<uint32_t>(q23) << 16);
+        }
+        if (active) {
             for (int m = 0; m < n; ++m) {
-                *reinterpret_cast<uint32_t*>(msgs[m] + kEpMessageHeaderBytes + c) = q;
-                if (lane == 0)
+                *reinterpret_cast<uint4*>(msgs[m] + kEpMessageHeaderBytes +
+                                          group * kEpFp8GroupSize + sub * 16) =
+                    make_uint4(w[0], w[1], w[2], w[3]);
+                if (sub == 0)
                     reinterpret_cast<float*>(msgs[m] + L.fp8ScaleOffset())[group] =
                         amax / kEpFp8Max;
             }

@@ -134,6 +134,42 @@ TEST(EpLaunchChecks, NameTheArgumentTheValueAndTheExpectation) {
     expectInvalid(launchCombine(validGroup(), cb, nullptr), "x, src_info or layout_range is null");
 }
 
+TEST(EpLaunchChecks, RowTensorsMustStartSixteenByteAligned) {
+    // Stand-in addresses: the checks compare pointers and make no CUDA call.
+    char* base = reinterpret_cast<char*>(uintptr_t{1} << 20);
+    DispatchArgs d;
+    d.num_tokens = 4;
+    d.top_k = 2;
+    d.x = base + 2;  // a BF16 view one element in
+    d.topk_idx = reinterpret_cast<const int64_t*>(base + 4096);
+    d.packed_recv_x = base + 8192;
+    d.packed_recv_count = reinterpret_cast<int32_t*>(base + 12288);
+    d.src_info = reinterpret_cast<int32_t*>(base + 16384);
+    d.layout_range = reinterpret_cast<int64_t*>(base + 20480);
+    expectInvalid(checkDispatchArgs(validGroup(), d),
+                  "x starts 2 bytes past a 16-byte boundary, expected an aligned start");
+    expectInvalid(launchDispatch(validGroup(), d, nullptr), "x starts 2 bytes past");
+    d.x = base + 16 * 3;
+    EXPECT_TRUE(checkDispatchArgs(validGroup(), d).ok());
+
+    CombineArgs c;
+    c.num_tokens = 4;
+    c.top_k = 2;
+    c.x = base + 8;
+    c.src_info = reinterpret_cast<const int32_t*>(base + 4096);
+    c.layout_range = reinterpret_cast<const int64_t*>(base + 8192);
+    c.topk_idx = reinterpret_cast<const int64_t*>(base + 12288);
+    c.topk_weights = reinterpret_cast<const float*>(base + 16384);
+    c.out = base + 20480 + 14;
+    expectInvalid(checkCombineArgs(validGroup(), c),
+                  "x (expert outputs) starts 8 bytes past a 16-byte boundary");
+    c.x = base;
+    expectInvalid(checkCombineArgs(validGroup(), c), "out starts 14 bytes past");
+    expectInvalid(launchCombine(validGroup(), c, nullptr), "out starts 14 bytes past");
+    c.out = base + 20480;
+    EXPECT_TRUE(checkCombineArgs(validGroup(), c).ok());
+}
+
 TEST(EpLaunchChecks, SendBlocksHaveAWarpPerRowTheyGetWithUniformRouting) {
     // 128 tokens x top-8 over 256 experts: 4 rows a block.
     EXPECT_EQ(epSendThreads(128 * 8, 256), 128);
