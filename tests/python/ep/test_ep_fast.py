@@ -65,6 +65,7 @@ def _grid_worker(ctx):
     diffs.append(_cpu_data_uses_the_fallback(ctx, buf))
     diffs.append(_bad_expert_ids(ctx, buf))
     diffs.append(_phase_trace(ctx, buf))
+    diffs.append(_misaligned_rows(ctx, buf))
     _handles_after_update(ctx, buf)
     return max(diffs)
 
@@ -223,6 +224,38 @@ def _bad_expert_ids(ctx, buf):
     dist.barrier(group=ctx.ref)
     # Cleared: the next round on every rank is exact.
     return run_round(ctx, buf, 501, True, "sync", [1] * world, "cuda", timeout_us=30_000_000)
+
+
+def _odd_offset_view(t):
+    """A contiguous copy of t that starts one element (2 bytes) past an aligned address."""
+    flat = torch.empty(t.numel() + 1, dtype=t.dtype, device=t.device)[1:]
+    view = flat.view(t.shape)
+    view.copy_(t)
+    assert view.is_contiguous() and view.data_ptr() % 16 == 2
+    return view
+
+
+def _misaligned_rows(ctx, buf):
+    """The kernels move rows in 16-byte words: x and out views at an odd element offset are
+    refused before any launch (every rank refuses its own), and the buffer goes on exact."""
+    world = ctx.world_size
+    E = 3 * world
+    x, idx, w = make_inputs(ctx.rank, 8, 256, E, 4, seed=700)
+    x, idx, w = x.cuda(), idx.cuda(), w.cuda()
+    act = torch.ones(world, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="x starts 2 bytes past a 16-byte boundary"):
+        buf.dispatch(_odd_offset_view(x), idx, act, 8, E, 30_000_000, use_fp8=False)
+    recv, _, handle, _, _ = buf.dispatch(x, idx, act, 8, E, 30_000_000, use_fp8=False)
+    with pytest.raises(ValueError, match="out starts 2 bytes past a 16-byte boundary"):
+        buf.combine(recv, idx, w, act, 30_000_000, handle, out=_odd_offset_view(x))
+    with pytest.raises(ValueError, match=r"x \(expert outputs\) starts 2 bytes past"):
+        buf.combine(_odd_offset_view(recv), idx, w, act, 30_000_000, handle)
+    out, _, _ = buf.combine(recv, idx, w, act, 30_000_000, handle)
+    diff = check_combine(out.cpu(), combine_reference(ctx.rank, x.cpu(), idx.cpu(), w.cpu(),
+                                                      [1] * world, 3), False,
+                         f"rank {ctx.rank} after refused misaligned rows")
+    return max(diff, run_round(ctx, buf, 701, True, "sync", [1] * world, "cuda",
+                               timeout_us=30_000_000))
 
 
 def _handles_after_update(ctx, buf):
