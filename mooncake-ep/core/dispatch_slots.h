@@ -14,6 +14,8 @@
 // Host-device, so the tests run the same code on the host.
 #pragma once
 
+#include <cstdint>
+
 #include "mooncake-ep/core/host_device.h"
 
 namespace mooncake::ep {
@@ -31,10 +33,12 @@ MC_EP_HD inline bool epFirstInRow(const int* ids, int top_k, int i) {
     return true;
 }
 
-// Whether token `token`'s row names expert `e`.
-MC_EP_HD inline bool epRowSelects(const int* ids, int top_k, int token, int e) {
+// Whether token `token`'s row names expert `e` (ids: the op's int64 table
+// in device memory, or the send's int copy in shared memory).
+template <typename Id>
+MC_EP_HD bool epRowSelects(const Id* ids, int top_k, int token, int e) {
     for (int k = 0; k < top_k; ++k) {
-        if (ids[token * top_k + k] == e)
+        if (ids[static_cast<int64_t>(token) * top_k + k] == e)
             return true;
     }
     return false;

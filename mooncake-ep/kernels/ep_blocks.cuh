@@ -9,6 +9,7 @@
 
 #include <type_traits>
 
+#include "mooncake-ep/core/dispatch_slots.h"
 #include "mooncake-ep/core/handle.h"
 #include "mooncake-ep/kernels/device_sync.cuh"
 #include "mooncake-ep/kernels/ep_kernels.h"
@@ -110,11 +111,8 @@ __device__ int epForEachSelected(const DispatchArgs& a, int expert, Write write)
     int sent = 0;
     for (int first = 0; first < a.num_tokens; first += kThreads) {
         const int token = first + threadIdx.x;
-        bool selected = false;
-        if (token < a.num_tokens) {
-            for (int k = 0; k < a.top_k && !selected; ++k)
-                selected = a.topk_idx[static_cast<int64_t>(token) * a.top_k + k] == expert;
-        }
+        const bool selected =
+            token < a.num_tokens && epRowSelects(a.topk_idx, a.top_k, token, expert);
         const unsigned ballot = __ballot_sync(0xffffffffu, selected);
         if (lane == 0)
             warp_counts[warp] = __popc(ballot);

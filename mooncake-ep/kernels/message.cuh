@@ -86,15 +86,16 @@ __device__ inline void epWriteMessageParts(const EpGroupArgs& g, const DispatchA
     // lane: a warp stores 512 contiguous bytes per pass, four groups.
     constexpr int kLanesPerGroup = 8;
     constexpr int kGroupsPerPass = 32 / kLanesPerGroup;
-    static_assert(kEpFp8GroupSize / kLanesPerGroup == 16, "a lane quantizes 16 channels");
+    constexpr int kChannelsPerLane = kEpFp8GroupSize / kLanesPerGroup;
+    static_assert(kChannelsPerLane == 16, "a lane's channels fill raw[2] and w[4] below");
     const int sub = lane % kLanesPerGroup;
     for (int64_t first = begin; first < end; first += kGroupsPerPass) {
         const int64_t group = first + lane / kLanesPerGroup;
         const bool active = group < end;
         uint4 raw[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
         if (active) {
-            const uint4* src =
-                reinterpret_cast<const uint4*>(row + (group * kEpFp8GroupSize + sub * 16) * 2);
+            const uint4* src = reinterpret_cast<const uint4*>(
+                row + (group * kEpFp8GroupSize + sub * kChannelsPerLane) * 2);
             raw[0] = src[0];
             raw[1] = src[1];
         }
@@ -125,7 +126,7 @@ __device__ inline void epWriteMessageParts(const EpGroupArgs& g, const DispatchA
         if (active) {
             for (int m = 0; m < n; ++m) {
                 *reinterpret_cast<uint4*>(msgs[m] + kEpMessageHeaderBytes +
-                                          group * kEpFp8GroupSize + sub * 16) =
+                                          group * kEpFp8GroupSize + sub * kChannelsPerLane) =
                     make_uint4(w[0], w[1], w[2], w[3]);
                 if (sub == 0)
                     reinterpret_cast<float*>(msgs[m] + L.fp8ScaleOffset())[group] =
