@@ -30,40 +30,48 @@ struct Params {
     DispatchArgs a;
 };
 
-// Lane 0 of the token's first warp: the remote messages of `token` (ids:
-// the op's top-k entries in shared memory, -1 where out of range), one per
-// distinct expert whose owner is active; returns how many. counts_before:
-// the block's table of epSlotInBlock.
+// The token's first warp, a lane per top-k entry: the remote messages of
+// `token` (ids: the op's top-k entries in shared memory, -1 where out of
+// range), one per distinct expert whose owner is active, into msgs[0, n);
+// returns n on every lane. The entries are looked at in parallel: one lane
+// walking them waited a global load (active_ranks) and a slot count per
+// entry in turn while the block's other warps idled at its barrier.
+// counts_before: the block's table of epSlotInBlock.
 __device__ int findMessages(const EpGroupArgs& g, const DispatchArgs& a, const EpLayout& L,
                             const int* ids, const int* counts_before, int block_first, int token,
-                            int phase, char** msgs) {
+                            int phase, char** msgs, int lane) {
     const int nle = static_cast<int>(L.numLocalExperts());
     int n = 0;
-    for (int k = 0; k < a.top_k; ++k) {
+    for (int k0 = 0; k0 < a.top_k; k0 += 32) {
+        const int k = k0 + lane;
         const int i = token * a.top_k + k;
-        if (!epFirstInRow(ids, a.top_k, i))
-            continue;  // none, or a token that lists e twice is sent once
-        const int e = ids[i];
-        // A receive's timeout may mark the rank meanwhile: read once.
-        if (epLoadVolatile(&g.active_ranks[e / nle]) == 0)
-            continue;
-        const int slot = epSlotInBlock(ids, a.top_k, counts_before, block_first, token, e);
-        msgs[n++] = static_cast<char*>(g.peer_buffers[e / nle]) +
-                    L.dispatchMessageOffset(phase, e % nle, g.rank, slot);
+        // None, or a token that lists e twice is sent once. A receive's
+        // timeout may mark the rank meanwhile: read once.
+        const bool send = k < a.top_k && epFirstInRow(ids, a.top_k, i) &&
+                          epLoadVolatile(&g.active_ranks[ids[i] / nle]) != 0;
+        char* msg = nullptr;
+        if (send) {
+            const int e = ids[i];
+            const int slot = epSlotInBlock(ids, a.top_k, counts_before, block_first, token, e);
+            msg = static_cast<char*>(g.peer_buffers[e / nle]) +
+                  L.dispatchMessageOffset(phase, e % nle, g.rank, slot);
+        }
+        const unsigned senders = __ballot_sync(0xffffffffu, send);
+        if (send)
+            msgs[n + __popc(senders & ((1u << lane) - 1))] = msg;
+        n += __popc(senders);
     }
     return n;
 }
 
 // The grid's last block: one count per expert, after every block's messages.
+// `counts` holds the selections of the tokens before `counted_tokens`.
 __device__ void sendCounts(const EpGroupArgs& g, const DispatchArgs& a, const EpLayout& L,
-                           const int* ids, int* counts, uint64_t seq) {
+                           const int* ids, int* counts, int counted_tokens, uint64_t seq) {
     const int nle = static_cast<int>(L.numLocalExperts());
     const int phase = static_cast<int>(seq & 1);
-    for (int e = threadIdx.x; e < g.num_experts; e += blockDim.x)
-        counts[e] = 0;
-    __syncthreads();
-    epCountSelections(ids, a.top_k, a.num_tokens, threadIdx.x, blockDim.x,
-                      [&](int e) { atomicAdd(&counts[e], 1); });
+    epCountSelections(ids, a.top_k, a.num_tokens, counted_tokens * a.top_k + threadIdx.x,
+                      blockDim.x, [&](int e) { atomicAdd(&counts[e], 1); });
     __syncthreads();
     for (int e = threadIdx.x; e < g.num_experts; e += blockDim.x) {
         // Read again now: a block that started later may have seen a rank
@@ -107,17 +115,20 @@ __global__ void __launch_bounds__(kThreads) dispatchSendByToken(Params p) {
         self_active = epLoadVolatile(&g.active_ranks[g.rank]) != 0;
     __syncthreads();
     const int block_first = static_cast<int>(blockIdx.x) * kTokensPerBlock;
-    epCountSelections(ids, a.top_k, block_first < a.num_tokens ? block_first : a.num_tokens,
-                      threadIdx.x, blockDim.x, [&](int e) { atomicAdd(&counts[e], 1); });
+    const int counted_tokens = block_first < a.num_tokens ? block_first : a.num_tokens;
+    epCountSelections(ids, a.top_k, counted_tokens, threadIdx.x, blockDim.x,
+                      [&](int e) { atomicAdd(&counts[e], 1); });
     __syncthreads();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int slot = warp / kWarpsPerToken, part = warp % kWarpsPerToken;
     const int token = block_first + slot;
-    if (part == 0 && lane == 0) {
+    if (part == 0) {
         const bool mine = self_active && token < a.num_tokens;
-        num_msgs[slot] = mine ? findMessages(g, a, L, ids, counts, block_first, token,
-                                             static_cast<int>(seq & 1), msgs[slot])
-                              : 0;
+        const int n = mine ? findMessages(g, a, L, ids, counts, block_first, token,
+                                          static_cast<int>(seq & 1), msgs[slot], lane)
+                           : 0;
+        if (lane == 0)
+            num_msgs[slot] = n;
     }
     __syncthreads();
     if (num_msgs[slot] > 0)
@@ -131,7 +142,7 @@ __global__ void __launch_bounds__(kThreads) dispatchSendByToken(Params p) {
     __syncthreads();
     if (last_block) {
         __threadfence();
-        sendCounts(g, a, L, ids, counts, seq);
+        sendCounts(g, a, L, ids, counts, counted_tokens, seq);
         if (threadIdx.x == 0)
             state->dispatch_send_done = 0;  // for the next op (stream order)
     }

@@ -89,48 +89,59 @@ __device__ inline void epWriteMessageParts(const EpGroupArgs& g, const DispatchA
     constexpr int kChannelsPerLane = kEpFp8GroupSize / kLanesPerGroup;
     static_assert(kChannelsPerLane == 16, "a lane's channels fill raw[2] and w[4] below");
     const int sub = lane % kLanesPerGroup;
-    for (int64_t first = begin; first < end; first += kGroupsPerPass) {
-        const int64_t group = first + lane / kLanesPerGroup;
-        const bool active = group < end;
-        uint4 raw[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-        if (active) {
-            const uint4* src = reinterpret_cast<const uint4*>(
-                row + (group * kEpFp8GroupSize + sub * kChannelsPerLane) * 2);
-            raw[0] = src[0];
-            raw[1] = src[1];
-        }
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(raw);
-        float v[16];
+    // Every load of a batch of passes is issued before the first store (as
+    // in epWarpCopy16): the stores may alias the row for all the compiler
+    // knows, so a pass-by-pass loop waits a memory round trip per pass.
+    constexpr int kPassBatch = 2;
+    for (int64_t first = begin; first < end; first += kGroupsPerPass * kPassBatch) {
+        uint4 raw[kPassBatch][2];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            v[2 * i] = __low2float(h[i]);
-            v[2 * i + 1] = __high2float(h[i]);
+        for (int b = 0; b < kPassBatch; ++b) {
+            const int64_t group = first + b * kGroupsPerPass + lane / kLanesPerGroup;
+            raw[b][0] = raw[b][1] = make_uint4(0, 0, 0, 0);
+            if (group < end) {
+                const uint4* src = reinterpret_cast<const uint4*>(
+                    row + (group * kEpFp8GroupSize + sub * kChannelsPerLane) * 2);
+                raw[b][0] = src[0];
+                raw[b][1] = src[1];
+            }
         }
-        float amax = 0.f;
 #pragma unroll
-        for (int i = 0; i < 16; ++i)
-            amax = fmaxf(amax, fabsf(v[i]));
-        for (int off = kLanesPerGroup / 2; off > 0; off >>= 1)  // within the group's lanes
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-        amax = fmaxf(amax, kEpFp8AmaxFloor);
-        const float inv = kEpFp8Max / amax;
-        uint32_t w[4];
+        for (int b = 0; b < kPassBatch; ++b) {
+            const int64_t group = first + b * kGroupsPerPass + lane / kLanesPerGroup;
+            const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(raw[b]);
+            float v[16];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const __nv_fp8x2_storage_t q01 = __nv_cvt_float2_to_fp8x2(
-                make_float2(v[4 * i] * inv, v[4 * i + 1] * inv), __NV_SATFINITE, __NV_E4M3);
-            const __nv_fp8x2_storage_t q23 = __nv_cvt_float2_to_fp8x2(
-                make_float2(v[4 * i + 2] * inv, v[4 * i + 3] * inv), __NV_SATFINITE, __NV_E4M3);
-            w[i] = static_cast<uint32_t>(q01) | (static_cast<uint32_t>(q23) << 16);
-        }
-        if (active) {
-            for (int m = 0; m < n; ++m) {
-                *reinterpret_cast<uint4*>(msgs[m] + kEpMessageHeaderBytes +
-                                          group * kEpFp8GroupSize + sub * kChannelsPerLane) =
-                    make_uint4(w[0], w[1], w[2], w[3]);
-                if (sub == 0)
-                    reinterpret_cast<float*>(msgs[m] + L.fp8ScaleOffset())[group] =
-                        amax / kEpFp8Max;
+            for (int i = 0; i < 8; ++i) {
+                v[2 * i] = __low2float(h[i]);
+                v[2 * i + 1] = __high2float(h[i]);
+            }
+            float amax = 0.f;
+#pragma unroll
+            for (int i = 0; i < 16; ++i)
+                amax = fmaxf(amax, fabsf(v[i]));
+            for (int off = kLanesPerGroup / 2; off > 0; off >>= 1)  // within the group's lanes
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+            amax = fmaxf(amax, kEpFp8AmaxFloor);
+            const float inv = kEpFp8Max / amax;
+            uint32_t w[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const __nv_fp8x2_storage_t q01 = __nv_cvt_float2_to_fp8x2(
+                    make_float2(v[4 * i] * inv, v[4 * i + 1] * inv), __NV_SATFINITE, __NV_E4M3);
+                const __nv_fp8x2_storage_t q23 = __nv_cvt_float2_to_fp8x2(
+                    make_float2(v[4 * i + 2] * inv, v[4 * i + 3] * inv), __NV_SATFINITE, __NV_E4M3);
+                w[i] = static_cast<uint32_t>(q01) | (static_cast<uint32_t>(q23) << 16);
+            }
+            if (group < end) {
+                for (int m = 0; m < n; ++m) {
+                    *reinterpret_cast<uint4*>(msgs[m] + kEpMessageHeaderBytes +
+                                              group * kEpFp8GroupSize + sub * kChannelsPerLane) =
+                        make_uint4(w[0], w[1], w[2], w[3]);
+                    if (sub == 0)
+                        reinterpret_cast<float*>(msgs[m] + L.fp8ScaleOffset())[group] =
+                            amax / kEpFp8Max;
+                }
             }
         }
     }
