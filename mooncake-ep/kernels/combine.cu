@@ -18,6 +18,7 @@
 
 #include <string>
 
+#include "mooncake-ep/kernels/early_launch.cuh"
 #include "mooncake-ep/kernels/ep_blocks.cuh"
 #include "mooncake-transfer-engine/common/cuda_launch.h"
 
@@ -56,6 +57,8 @@ __global__ void __launch_bounds__(kSendThreads) combineSend(CombineParams p) {
 template <bool kPeek>
 __global__ void __launch_bounds__(kEpCombineRecvMaxThreads) combineReceive(CombineParams p) {
     extern __shared__ int shared[];  // epCombineReceiveSharedBytes
+    if (kPeek)
+        epAwaitPrecedingGrid();
     const char* local = static_cast<const char*>(p.g.local_buffer);
     epCombineReceiveBlock(p.g, p.a, shared, [&](int owner, int64_t word, uint64_t seq) {
         uint32_t unused = 0;
@@ -89,6 +92,12 @@ __global__ void __launch_bounds__(kEpReceiveWaitThreads) combineReceiveWait(Comb
         epWaitSignal(reinterpret_cast<const uint64_t*>(local + L.combineFlagOffset(phase, id)), seq,
                      &g.active_ranks[owner], g.timeout_ns, &unused);
     }
+    // The block triggers at its first thread's call: the threads without a
+    // pair would fire it at once, and the copy blocks would sit on the SMs
+    // for the whole wait, starving peers' send kernels (session 48's 200 ms
+    // deadline hits).
+    __syncthreads();
+    epLetDependentGridStart();
 }
 
 }  // namespace
@@ -117,7 +126,7 @@ Status launchCombineReceive(const EpGroupArgs& g, const CombineArgs& a, cudaStre
     if (split) {
         combineReceiveWait<<<1, kEpReceiveWaitThreads, 0, stream>>>(p);
         MC_RETURN_IF_ERROR(cudaLaunchStatus("combine receive wait"));
-        combineReceive<true><<<blocks, threads, shared_bytes, stream>>>(p);
+        epLaunchAfterWaitKernel(combineReceive<true>, blocks, threads, shared_bytes, stream, p);
     } else {
         combineReceive<false><<<blocks, threads, shared_bytes, stream>>>(p);
     }
