@@ -9,6 +9,8 @@
 //                                   to 256 bytes
 //     dispatch receive region       messages [nle][num_ranks][max_tokens]
 //     combine receive region        BF16 rows [num_experts][max_tokens][hidden]
+//   direct area (only in buffers of directTotalBytes(); opt-in direct FP8
+//   dispatch, kernels/direct_dispatch.cuh): see EpLayout::direct*
 //
 // A message is a 128-byte header (int32 source token index, the rest unused)
 // and the payload: BF16 hidden*2 bytes, or FP8 hidden bytes followed by
@@ -98,6 +100,61 @@ struct EpLayout {
     MC_EP_HD constexpr int64_t combineRowOffset(int phase, int64_t expert, int64_t token) const {
         return halfOffset(phase) + signalBytes() + dispatchRegionBytes() +
                (expert * max_tokens + token) * hidden * 2;
+    }
+
+    // Direct FP8 dispatch (trial, MC_EP_DIRECT_DISPATCH=1): after the two
+    // halves, this rank's reservation words u64 [num_experts] (its own), then
+    // per phase: row counters u64 [nle] and base words u64 [nle][num_ranks]
+    // (peers reserve and report here), then a packed FP8 receive in the
+    // output layout: data [nle][cap][hidden], scales float [nle][cap][hidden /
+    // 128], src_info int32 [nle][cap]. Senders write rows straight into it.
+    MC_EP_HD constexpr int64_t capacity() const { return num_ranks * max_tokens; }
+    MC_EP_HD constexpr int64_t directReserveBytes() const {
+        return epAlignUp(8 * num_experts, kEpRegionAlign);
+    }
+    MC_EP_HD constexpr int64_t directBasesOffsetInHalf() const { return 8 * numLocalExperts(); }
+    MC_EP_HD constexpr int64_t directMetaBytes() const {
+        return epAlignUp(directBasesOffsetInHalf() + 8 * numLocalExperts() * num_ranks,
+                         kEpRegionAlign);
+    }
+    MC_EP_HD constexpr int64_t directDataBytes() const {
+        return epAlignUp(numLocalExperts() * capacity() * hidden, kEpRegionAlign);
+    }
+    MC_EP_HD constexpr int64_t directScalesBytes() const {
+        return epAlignUp(numLocalExperts() * capacity() * (hidden / kEpHiddenAlign) * 4,
+                         kEpRegionAlign);
+    }
+    MC_EP_HD constexpr int64_t directSrcBytes() const {
+        return epAlignUp(numLocalExperts() * capacity() * 4, kEpRegionAlign);
+    }
+    MC_EP_HD constexpr int64_t directHalfBytes() const {
+        return directMetaBytes() + directDataBytes() + directScalesBytes() + directSrcBytes();
+    }
+    MC_EP_HD constexpr int64_t directTotalBytes() const {
+        return totalBytes() + directReserveBytes() + 2 * directHalfBytes();
+    }
+    MC_EP_HD constexpr int64_t directReserveOffset(int64_t expert) const {
+        return totalBytes() + 8 * expert;
+    }
+    MC_EP_HD constexpr int64_t directHalfOffset(int phase) const {
+        return totalBytes() + directReserveBytes() + phase * directHalfBytes();
+    }
+    MC_EP_HD constexpr int64_t directCounterOffset(int phase, int64_t local_expert) const {
+        return directHalfOffset(phase) + 8 * local_expert;
+    }
+    MC_EP_HD constexpr int64_t directBaseOffset(int phase, int64_t local_expert,
+                                                int64_t src_rank) const {
+        return directHalfOffset(phase) + directBasesOffsetInHalf() +
+               8 * (local_expert * num_ranks + src_rank);
+    }
+    MC_EP_HD constexpr int64_t directDataOffset(int phase) const {
+        return directHalfOffset(phase) + directMetaBytes();
+    }
+    MC_EP_HD constexpr int64_t directScalesOffset(int phase) const {
+        return directDataOffset(phase) + directDataBytes();
+    }
+    MC_EP_HD constexpr int64_t directSrcOffset(int phase) const {
+        return directScalesOffset(phase) + directScalesBytes();
     }
 };
 

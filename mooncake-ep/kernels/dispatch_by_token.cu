@@ -13,6 +13,7 @@
 
 #include "mooncake-ep/core/dispatch_slots.h"
 #include "mooncake-ep/kernels/device_sync.cuh"
+#include "mooncake-ep/kernels/direct_dispatch.cuh"
 #include "mooncake-ep/kernels/ep_blocks.cuh"
 #include "mooncake-ep/kernels/ep_kernels.h"
 #include "mooncake-ep/kernels/message.cuh"
@@ -30,6 +31,37 @@ struct Params {
     DispatchArgs a;
 };
 
+// Direct dispatch: the first of this rank's `total` rows for expert `e` in
+// its owner's direct receive of op `seq`, or kEpDirectRefused. The first
+// block to need it reserves them on the owner's counter and publishes the
+// base in this rank's reservation word for e (tagged with seq); the others
+// wait for that word, which a running block is about to write.
+__device__ uint32_t directBase(const EpGroupArgs& g, const EpLayout& L, int e, int total,
+                               uint64_t seq, int phase) {
+    auto* word = reinterpret_cast<unsigned long long*>(static_cast<char*>(g.local_buffer) +
+                                                       L.directReserveOffset(e));
+    const uint32_t tag = static_cast<uint32_t>(seq);
+    const unsigned long long pending =
+        (static_cast<unsigned long long>(tag) << 32) | kEpDirectPending;
+    unsigned long long v = *reinterpret_cast<volatile unsigned long long*>(word);
+    if (static_cast<uint32_t>(v >> 32) != tag) {
+        const unsigned long long old = atomicCAS(word, v, pending);
+        if (old == v) {
+            const int nle = static_cast<int>(L.numLocalExperts());
+            auto* counter =
+                reinterpret_cast<uint64_t*>(static_cast<char*>(g.peer_buffers[e / nle]) +
+                                            L.directCounterOffset(phase, e % nle));
+            const uint32_t base = epDirectReserve(counter, seq, static_cast<uint32_t>(total));
+            atomicExch(word, (static_cast<unsigned long long>(tag) << 32) | base);
+            return base;
+        }
+        v = old;
+    }
+    while (static_cast<uint32_t>(v >> 32) != tag || static_cast<uint32_t>(v) == kEpDirectPending)
+        v = *reinterpret_cast<volatile unsigned long long*>(word);
+    return static_cast<uint32_t>(v);
+}
+
 // The token's first warp, a lane per top-k entry: the remote messages of
 // `token` (ids: the op's top-k entries in shared memory, -1 where out of
 // range), one per distinct expert whose owner is active, into msgs[0, n);
@@ -38,8 +70,9 @@ struct Params {
 // entry in turn while the block's other warps idled at its barrier.
 // counts_before: the block's table of epSlotInBlock.
 __device__ int findMessages(const EpGroupArgs& g, const DispatchArgs& a, const EpLayout& L,
-                            const int* ids, const int* counts_before, int block_first, int token,
-                            int phase, char** msgs, int lane) {
+                            const int* ids, const int* counts_before, const int* totals,
+                            int block_first, int token, uint64_t seq, EpRowDest* dests, int lane) {
+    const int phase = static_cast<int>(seq & 1);
     const int nle = static_cast<int>(L.numLocalExperts());
     int n = 0;
     for (int k0 = 0; k0 < a.top_k; k0 += 32) {
@@ -47,18 +80,32 @@ __device__ int findMessages(const EpGroupArgs& g, const DispatchArgs& a, const E
         const int i = token * a.top_k + k;
         // None, or a token that lists e twice is sent once. A receive's
         // timeout may mark the rank meanwhile: read once.
-        const bool send = k < a.top_k && epFirstInRow(ids, a.top_k, i) &&
-                          epLoadVolatile(&g.active_ranks[ids[i] / nle]) != 0;
-        char* msg = nullptr;
+        bool send = k < a.top_k && epFirstInRow(ids, a.top_k, i) &&
+                    epLoadVolatile(&g.active_ranks[ids[i] / nle]) != 0;
+        EpRowDest dest{};
         if (send) {
             const int e = ids[i];
             const int slot = epSlotInBlock(ids, a.top_k, counts_before, block_first, token, e);
-            msg = static_cast<char*>(g.peer_buffers[e / nle]) +
-                  L.dispatchMessageOffset(phase, e % nle, g.rank, slot);
+            char* peer = static_cast<char*>(g.peer_buffers[e / nle]);
+            if (a.direct) {
+                const uint32_t base = directBase(g, L, e, totals[e], seq, phase);
+                const int64_t in_expert = static_cast<int64_t>(base) + slot;
+                // Refused, or a counter gone wrong: never write past the area.
+                send = base != kEpDirectRefused && in_expert < L.capacity();
+                const int64_t row = (e % nle) * L.capacity() + in_expert;
+                const int64_t groups = g.hidden / kEpHiddenAlign;
+                dest.payload = peer + L.directDataOffset(phase) + row * g.hidden;
+                dest.scales =
+                    reinterpret_cast<float*>(peer + L.directScalesOffset(phase)) + row * groups;
+                dest.src = reinterpret_cast<int32_t*>(peer + L.directSrcOffset(phase)) + row;
+            } else {
+                dest =
+                    epMessageDest(L, peer + L.dispatchMessageOffset(phase, e % nle, g.rank, slot));
+            }
         }
         const unsigned senders = __ballot_sync(0xffffffffu, send);
         if (send)
-            msgs[n + __popc(senders & ((1u << lane) - 1))] = msg;
+            dests[n + __popc(senders & ((1u << lane) - 1))] = dest;
         n += __popc(senders);
     }
     return n;
@@ -80,6 +127,13 @@ __device__ void sendCounts(const EpGroupArgs& g, const DispatchArgs& a, const Ep
             epLoadVolatile(&g.active_ranks[e / nle]) == 0)
             continue;
         char* remote = static_cast<char*>(g.peer_buffers[e / nle]);
+        if (a.direct && counts[e] > 0) {
+            // Where this rank's rows went (its reservation word), before the count.
+            const uint64_t reserved = *reinterpret_cast<volatile uint64_t*>(
+                static_cast<char*>(g.local_buffer) + L.directReserveOffset(e));
+            *reinterpret_cast<volatile uint64_t*>(
+                remote + L.directBaseOffset(phase, e % nle, g.rank)) = reserved;
+        }
         epSignal(
             reinterpret_cast<uint64_t*>(remote + L.dispatchCountOffset(phase, e % nle, g.rank)),
             seq, static_cast<uint32_t>(counts[e]));
@@ -92,10 +146,11 @@ __global__ void __launch_bounds__(kThreads) dispatchSendByToken(Params p) {
     epTrace(g, kEpTraceDispatchSend, kEpTraceStart);
     // ids [num_tokens * top_k], then counts [num_experts]: the selections
     // of the tokens before this block's (epSlotInBlock), later the last
-    // block's totals (sendCounts).
+    // block's totals (sendCounts); a direct dispatch then has totals
+    // [num_experts]: every token's selections (directBase reserves them).
     extern __shared__ int shared[];
     int* ids = shared;
-    __shared__ char* msgs[kTokensPerBlock][kEpMaxTopKByToken];
+    __shared__ EpRowDest msgs[kTokensPerBlock][kEpMaxTopKByToken];
     __shared__ int num_msgs[kTokensPerBlock];
     __shared__ bool self_active, last_block;
     const EpLayout L = epLayoutOf(g);
@@ -109,8 +164,12 @@ __global__ void __launch_bounds__(kThreads) dispatchSendByToken(Params p) {
         ids[i] = id >= 0 && id < g.num_experts ? static_cast<int>(id) : -1;
     }
     int* counts = shared + entries;
-    for (int e = threadIdx.x; e < g.num_experts; e += blockDim.x)
+    int* totals = counts + g.num_experts;  // direct only: every token's selections
+    for (int e = threadIdx.x; e < g.num_experts; e += blockDim.x) {
         counts[e] = 0;
+        if (a.direct)
+            totals[e] = 0;
+    }
     if (threadIdx.x == 0)
         self_active = epLoadVolatile(&g.active_ranks[g.rank]) != 0;
     __syncthreads();
@@ -118,14 +177,17 @@ __global__ void __launch_bounds__(kThreads) dispatchSendByToken(Params p) {
     const int counted_tokens = block_first < a.num_tokens ? block_first : a.num_tokens;
     epCountSelections(ids, a.top_k, counted_tokens, threadIdx.x, blockDim.x,
                       [&](int e) { atomicAdd(&counts[e], 1); });
+    if (a.direct)
+        epCountSelections(ids, a.top_k, a.num_tokens, threadIdx.x, blockDim.x,
+                          [&](int e) { atomicAdd(&totals[e], 1); });
     __syncthreads();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int slot = warp / kWarpsPerToken, part = warp % kWarpsPerToken;
     const int token = block_first + slot;
     if (part == 0) {
         const bool mine = self_active && token < a.num_tokens;
-        const int n = mine ? findMessages(g, a, L, ids, counts, block_first, token,
-                                          static_cast<int>(seq & 1), msgs[slot], lane)
+        const int n = mine ? findMessages(g, a, L, ids, counts, totals, block_first, token, seq,
+                                          msgs[slot], lane)
                            : 0;
         if (lane == 0)
             num_msgs[slot] = n;
@@ -152,7 +214,9 @@ __global__ void __launch_bounds__(kThreads) dispatchSendByToken(Params p) {
 }  // namespace
 
 size_t epDispatchSendByTokenSharedBytes(const EpGroupArgs& g, const DispatchArgs& a) {
-    return sizeof(int) * (static_cast<size_t>(a.num_tokens) * a.top_k + g.num_experts);
+    // ids, counts, and for a direct dispatch totals.
+    const size_t tables = a.direct ? 2 : 1;
+    return sizeof(int) * (static_cast<size_t>(a.num_tokens) * a.top_k + tables * g.num_experts);
 }
 
 int epDispatchSendByTokenBlocks(const DispatchArgs& a) {

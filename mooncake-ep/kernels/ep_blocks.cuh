@@ -12,6 +12,7 @@
 #include "mooncake-ep/core/dispatch_slots.h"
 #include "mooncake-ep/core/handle.h"
 #include "mooncake-ep/kernels/device_sync.cuh"
+#include "mooncake-ep/kernels/direct_dispatch.cuh"
 #include "mooncake-ep/kernels/ep_kernels.h"
 #include "mooncake-ep/kernels/message.cuh"
 
@@ -133,6 +134,28 @@ __device__ int epForEachSelected(const DispatchArgs& a, int expert, Write write)
     return sent;
 }
 
+// Direct receive: rows [0, end) of `expert` that no source's range in
+// layout_range covers (reserved by a source whose count did not arrive)
+// get src_info -1, so that combine never returns them. One thread; only
+// when the ranges leave a gap.
+__device__ inline void epDirectMarkHoles(const DispatchArgs& a, int expert, int64_t capacity,
+                                         int num_ranks, int end) {
+    const int64_t* ranges = a.layout_range + static_cast<int64_t>(expert) * num_ranks;
+    for (int row = 0; row < end;) {
+        int next = row;  // the end of a range that covers `row`, if any
+        for (int src = 0; src < num_ranks; ++src) {
+            const int begin = epRangeBegin(ranges[src]), count = epRangeCount(ranges[src]);
+            if (count > 0 && begin <= row && row < begin + count)
+                next = begin + count;
+        }
+        if (next == row) {
+            a.src_info[expert * capacity + row] = -1;
+            ++next;
+        }
+        row = next;
+    }
+}
+
 // One round of a dispatch receive block: `experts` of its local experts,
 // first, first + gridDim.x, ..., one (expert, source) pair each per source.
 // It waits for every pair's count at once, one thread per pair with
@@ -173,7 +196,53 @@ __device__ void epDispatchReceiveRound(const EpGroupArgs& g, const DispatchArgs&
         counts[p] = static_cast<int>(min(count, static_cast<uint32_t>(g.max_tokens)));
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
+    const int64_t capacity = static_cast<int64_t>(num_ranks) * g.max_tokens;
+    if (threadIdx.x == 0 && a.direct) {
+        // Direct receive (direct_dispatch.cuh): a source whose base word
+        // carries the op's number wrote its rows in place at that base; the
+        // others' messages are copied to rows reserved here on the same
+        // counter. Rows reserved by a source whose count did not arrive are
+        // holes: counted, and marked with src_info -1 (epDirectMarkHoles).
+        char* own = static_cast<char*>(g.local_buffer);
+        int in_expert = 0, end = 0, in_round = 0;
+        for (int p = 0; p < pairs; ++p) {
+            const int src = p % num_ranks;
+            const int expert = expertOf(p);
+            auto* counter = reinterpret_cast<uint64_t*>(own + L.directCounterOffset(phase, expert));
+            if (src == 0)
+                in_expert = end = 0;
+            int count = counts[p];
+            uint32_t begin = 0;
+            bool in_place = false;
+            if (count > 0) {
+                const uint64_t word = __ldcg(reinterpret_cast<const unsigned long long*>(
+                    own + L.directBaseOffset(phase, expert, src)));
+                in_place = epSignalMatches(word, seq);
+                begin = in_place ? epSignalPayload(word)
+                                 : epDirectReserve(counter, seq, static_cast<uint32_t>(count));
+            }
+            // Refused, or a peer's word gone wrong: nothing of it is read.
+            if (begin == kEpDirectRefused || static_cast<int64_t>(begin) + count > capacity) {
+                begin = 0;
+                count = 0;
+            }
+            begins[p] = static_cast<int>(begin);
+            firsts[p] = in_round;
+            counts[p] = in_place ? 0 : count;  // rows to copy
+            a.layout_range[static_cast<int64_t>(expert) * num_ranks + src] =
+                epEncodeRange(static_cast<int>(begin), count);
+            in_expert += count;
+            end = count > 0 ? max(end, static_cast<int>(begin) + count) : end;
+            in_round += counts[p];
+            if (src == num_ranks - 1) {
+                a.packed_recv_count[expert] = end;
+                if (end != in_expert)
+                    epDirectMarkHoles(a, expert, capacity, num_ranks, end);
+            }
+        }
+        if (first == static_cast<int>(blockIdx.x))
+            epTrace(g, kEpTraceDispatchReceive, kEpTraceMiddle);
+    } else if (threadIdx.x == 0) {
         int in_expert = 0, in_round = 0;
         for (int p = 0; p < pairs; ++p) {
             const int src = p % num_ranks;
@@ -194,7 +263,6 @@ __device__ void epDispatchReceiveRound(const EpGroupArgs& g, const DispatchArgs&
     }
     __syncthreads();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int64_t capacity = static_cast<int64_t>(num_ranks) * g.max_tokens;
     const int total = firsts[pairs - 1] + counts[pairs - 1];
     int p = 0;  // a warp's messages come in round order, so its pair only moves on
     for (int m = warp; m < total; m += kWarps) {

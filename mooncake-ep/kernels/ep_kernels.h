@@ -66,6 +66,10 @@ struct DispatchArgs {
     int32_t* packed_recv_count = nullptr;  // [nle]
     int32_t* src_info = nullptr;           // [nle, cap]: source token index
     int64_t* layout_range = nullptr;       // [nle, num_ranks]: begin << 32 | count
+    // Direct FP8 dispatch (trial): packed_recv_x, scales and src_info are
+    // this op's phase of the buffer's direct area (EpLayout::direct*), and
+    // this rank's token-major send writes rows straight into its peers'.
+    bool direct = false;
 };
 
 struct CombineArgs {

@@ -43,16 +43,30 @@ __device__ __forceinline__ int4 epLoadFromL2(const int4* p) {
     return __ldcg(p);
 }
 
-// One warp writes share `part` of `parts` of token `token`'s message to
-// each of msgs[0, n): an even share of its 16-byte words (BF16) or of its
+// Where one copy of a token's row goes: a message in a receive region
+// (header, payload, scales after it), or a row of a direct receive.
+struct EpRowDest {
+    char* payload;
+    float* scales;  // FP8 only
+    int32_t* src;   // the source token index
+};
+
+__device__ inline EpRowDest epMessageDest(const EpLayout& L, char* msg) {
+    return {msg + kEpMessageHeaderBytes, reinterpret_cast<float*>(msg + L.fp8ScaleOffset()),
+            reinterpret_cast<int32_t*>(msg)};
+}
+
+// One warp writes share `part` of `parts` of token `token`'s row to each of
+// dests[0, n): an even share of its 16-byte words (BF16) or of its
 // 128-channel groups (FP8, each with its scale); share 0 also writes the
-// header. The token's share is read and quantized once, whatever n.
+// source index. The token's share is read and quantized once, whatever n.
 __device__ inline void epWriteMessageParts(const EpGroupArgs& g, const DispatchArgs& a,
-                                           const EpLayout& L, int token, char* const* msgs, int n,
-                                           int part, int parts, int lane) {
+                                           const EpLayout& L, int token, const EpRowDest* dests,
+                                           int n, int part, int parts, int lane) {
+    (void)L;
     if (part == 0 && lane == 0) {
         for (int m = 0; m < n; ++m)
-            *reinterpret_cast<int4*>(msgs[m]) = make_int4(token, 0, 0, 0);
+            *dests[m].src = token;
     }
     const int64_t hidden = g.hidden;
     const char* row = static_cast<const char*>(a.x) + static_cast<int64_t>(token) * hidden * 2;
@@ -69,7 +83,7 @@ __device__ inline void epWriteMessageParts(const EpGroupArgs& g, const DispatchA
                     v[b] = src[i];
             }
             for (int m = 0; m < n; ++m) {
-                int4* dst = reinterpret_cast<int4*>(msgs[m] + kEpMessageHeaderBytes);
+                int4* dst = reinterpret_cast<int4*>(dests[m].payload);
 #pragma unroll
                 for (int b = 0; b < kEpCopyBatch; ++b) {
                     const int64_t i = first + b * 32 + lane;
@@ -135,12 +149,11 @@ __device__ inline void epWriteMessageParts(const EpGroupArgs& g, const DispatchA
             }
             if (group < end) {
                 for (int m = 0; m < n; ++m) {
-                    *reinterpret_cast<uint4*>(msgs[m] + kEpMessageHeaderBytes +
-                                              group * kEpFp8GroupSize + sub * kChannelsPerLane) =
+                    *reinterpret_cast<uint4*>(dests[m].payload + group * kEpFp8GroupSize +
+                                              sub * kChannelsPerLane) =
                         make_uint4(w[0], w[1], w[2], w[3]);
                     if (sub == 0)
-                        reinterpret_cast<float*>(msgs[m] + L.fp8ScaleOffset())[group] =
-                            amax / kEpFp8Max;
+                        dests[m].scales[group] = amax / kEpFp8Max;
                 }
             }
         }
@@ -150,7 +163,8 @@ __device__ inline void epWriteMessageParts(const EpGroupArgs& g, const DispatchA
 // One warp writes one token's message: header, then BF16 or FP8 + scales.
 __device__ inline void epWriteMessage(const EpGroupArgs& g, const DispatchArgs& a,
                                       const EpLayout& L, int token, char* msg, int lane) {
-    epWriteMessageParts(g, a, L, token, &msg, 1, 0, 1, lane);
+    const EpRowDest dest = epMessageDest(L, msg);
+    epWriteMessageParts(g, a, L, token, &dest, 1, 0, 1, lane);
 }
 
 // Copies one received message (one warp) into packed row `row` of its expert.

@@ -2,6 +2,7 @@
 // python/mooncake/mooncake_ep_buffer.py drives (argument checks, handles and
 // events stay in Python) and the buffer size formula of the kernels' layout.
 #include <torch/csrc/utils/pybind.h>
+#include <cstdlib>
 
 #include <optional>
 #include <string>
@@ -99,6 +100,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.def(
         "buffer_size_hint",
         [](int64_t max_tokens, int64_t hidden, int64_t num_ranks, int64_t num_experts) {
+            // Trial: MC_EP_DIRECT_DISPATCH=1 adds the direct dispatch's area.
+            const char* direct = std::getenv("MC_EP_DIRECT_DISPATCH");
+            if (direct != nullptr && std::string(direct) == "1")
+                return mooncake::ep::EpLayout{num_ranks, num_experts, max_tokens, hidden}
+                    .directTotalBytes();
             return mooncake::ep::epBufferSizeHint(max_tokens, hidden, num_ranks, num_experts);
         },
         py::arg("num_max_dispatch_tokens_per_rank"), py::arg("hidden"), py::arg("num_ranks"),
@@ -128,7 +134,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           "Benchmarks: a GPU wait on the current stream until the GPU's clock reaches target_ns "
           "(from gpu_clock_ns), of at most max_wait_ns; processes on one GPU that agree on the "
           "target start what follows together; busy_blocks as for aligned_pad");
-    py::class_<FastBuffer>(m, "Buffer")
+    py::class_<FastBuffer, std::shared_ptr<FastBuffer>>(m, "Buffer")
         .def(py::init([](const c10::intrusive_ptr<c10d::Store>& store, std::string key_prefix,
                          std::string secret, int rank, int num_ranks, int64_t num_bytes, int device,
                          int64_t timeout_ms, int ranks_per_device) {
@@ -142,12 +148,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                  o.timeout_ms = timeout_ms;
                  o.ranks_per_device = ranks_per_device;
                  py::gil_scoped_release no_gil;
-                 return std::make_unique<FastBuffer>(store, std::move(o));
+                 return std::make_shared<FastBuffer>(store, std::move(o));
              }),
              py::arg("store"), py::arg("key_prefix"), py::arg("secret"), py::arg("rank"),
              py::arg("num_ranks"), py::arg("num_bytes"), py::arg("device"), py::arg("timeout_ms"),
              py::arg("ranks_per_device") = 1)
         .def("local_address", &FastBuffer::localAddress)
+        .def("set_direct_dispatch", &FastBuffer::setDirectDispatch, py::arg("on"))
         .def("connect", &FastBuffer::connect, py::arg("peer_addresses"),
              py::arg("p2p") = std::vector<bool>{}, py::call_guard<py::gil_scoped_release>())
         .def_property_readonly("remote_peers", &FastBuffer::remotePeers)

@@ -36,30 +36,32 @@ bool streamCapturing(cudaStream_t stream) {
 
 DispatchResult prepareDispatch(const at::Tensor& x, const at::Tensor& topk_idx, int64_t num_ranks,
                                int64_t max_tokens, int64_t num_experts, bool use_fp8,
-                               DispatchArgs* a) {
+                               DispatchArgs* a, bool allocate_rows) {
     const int64_t hidden = x.size(1);
     const int64_t nle = num_experts / num_ranks;
     const int64_t cap = num_ranks * max_tokens;
     const auto on = x.options();
     DispatchResult r;
-    r.recv_x =
-        at::empty({nle, cap, hidden}, on.dtype(use_fp8 ? at::kFloat8_e4m3fn : at::kBFloat16));
-    if (use_fp8)
-        r.recv_scales = at::empty({nle, cap, hidden / kEpHiddenAlign}, on.dtype(at::kFloat));
     r.recv_count = at::empty({nle}, on.dtype(at::kInt));
-    r.src_info = at::empty({nle, cap}, on.dtype(at::kInt));
     r.layout_range = at::empty({nle, num_ranks}, on.dtype(at::kLong));
-
     a->x = dataPtr(x);
     a->topk_idx = static_cast<const int64_t*>(dataPtr(topk_idx));
     a->num_tokens = static_cast<int>(x.size(0));
     a->top_k = static_cast<int>(topk_idx.size(1));
     a->use_fp8 = use_fp8;
+    a->packed_recv_count = r.recv_count.data_ptr<int32_t>();
+    a->layout_range = r.layout_range.data_ptr<int64_t>();
+    if (!allocate_rows)
+        return r;
+    r.recv_x =
+        at::empty({nle, cap, hidden}, on.dtype(use_fp8 ? at::kFloat8_e4m3fn : at::kBFloat16));
+    if (use_fp8)
+        r.recv_scales = at::empty({nle, cap, hidden / kEpHiddenAlign}, on.dtype(at::kFloat));
+    r.src_info = at::empty({nle, cap}, on.dtype(at::kInt));
+
     a->packed_recv_x = r.recv_x.data_ptr();
     a->packed_recv_scales = use_fp8 ? r.recv_scales.data_ptr<float>() : nullptr;
-    a->packed_recv_count = r.recv_count.data_ptr<int32_t>();
     a->src_info = r.src_info.data_ptr<int32_t>();
-    a->layout_range = r.layout_range.data_ptr<int64_t>();
     return r;
 }
 

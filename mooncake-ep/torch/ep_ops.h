@@ -23,7 +23,7 @@ struct DispatchResult {
 // Allocates the outputs of a dispatch of `x` and points `a` at them.
 DispatchResult prepareDispatch(const at::Tensor& x, const at::Tensor& topk_idx, int64_t num_ranks,
                                int64_t max_tokens, int64_t num_experts, bool use_fp8,
-                               DispatchArgs* a);
+                               DispatchArgs* a, bool allocate_rows = true);
 // The combine result (`out`, or a new tensor) with `a` pointing at it.
 at::Tensor prepareCombine(const at::Tensor& x, const at::Tensor& src_info,
                           const at::Tensor& layout_range, const at::Tensor& topk_idx,

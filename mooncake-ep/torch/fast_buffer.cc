@@ -5,7 +5,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdlib>
 #include <stdexcept>
+#include <string>
 
 #include "mooncake-pg/torch/store_adapter.h"
 #include "mooncake-transfer-engine/engine/transfer_engine.h"
@@ -181,15 +183,49 @@ DispatchResult FastBuffer::dispatch(const at::Tensor& x, const at::Tensor& topk_
     const int64_t hidden = x.size(1);
     const EpGroupArgs g = groupArgs(active_ranks, max_tokens, num_experts, hidden, timeout_us);
     DispatchArgs a;
-    DispatchResult r =
-        prepareDispatch(x, topk_idx, options_.num_ranks, max_tokens, num_experts, use_fp8, &a);
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.device().index()).stream();
+    // Graph replays advance the device's op number without the host, which
+    // picks the half whose views it returns: a capture turns direct off.
+    if (direct_group_ && streamCapturing(stream))
+        direct_off_ = true;
+    const EpLayout L = epLayoutOf(g);
+    const bool direct = direct_group_ && !direct_off_ && use_fp8 && !ibgda_ &&
+                        options_.num_bytes >= L.directTotalBytes();
+    DispatchResult r = direct ? directDispatchViews(x, topk_idx, L, &a)
+                              : prepareDispatch(x, topk_idx, options_.num_ranks, max_tokens,
+                                                num_experts, use_fp8, &a);
     refuseTracedCapture(g, stream);
     Status st = ibgda_ ? launchIbgdaDispatch(*ibgda_, g, a, stream) : launchDispatch(g, a, stream);
     if (!st.ok())
         raiseStatus(st, "dispatch");
+    ++dispatches_launched_;
     pinIbgdaShape(g);
     error_->record(epState(buffer_), stream);
+    return r;
+}
+
+DispatchResult FastBuffer::directDispatchViews(const at::Tensor& x, const at::Tensor& topk_idx,
+                                               const EpLayout& L, DispatchArgs* a) {
+    DispatchResult r = prepareDispatch(x, topk_idx, L.num_ranks, L.max_tokens, L.num_experts,
+                                       /*use_fp8=*/true, a, /*allocate_rows=*/false);
+    const int phase = static_cast<int>((dispatches_launched_ + 1) & 1);
+    char* base = static_cast<char*>(buffer_);
+    const auto on = x.options();
+    const int64_t nle = L.numLocalExperts(), cap = L.capacity();
+    // The views keep this buffer (and so its memory) alive.
+    const std::shared_ptr<FastBuffer> keep = weak_from_this().lock();
+    const auto view = [&](int64_t offset, at::IntArrayRef sizes, at::ScalarType dtype) {
+        return at::from_blob(
+            base + offset, sizes, [keep](void*) {}, on.dtype(dtype));
+    };
+    r.recv_x = view(L.directDataOffset(phase), {nle, cap, L.hidden}, at::kFloat8_e4m3fn);
+    r.recv_scales =
+        view(L.directScalesOffset(phase), {nle, cap, L.hidden / kEpHiddenAlign}, at::kFloat);
+    r.src_info = view(L.directSrcOffset(phase), {nle, cap}, at::kInt);
+    a->packed_recv_x = r.recv_x.data_ptr();
+    a->packed_recv_scales = r.recv_scales.data_ptr<float>();
+    a->src_info = r.src_info.data_ptr<int32_t>();
+    a->direct = true;
     return r;
 }
 

@@ -37,12 +37,12 @@ struct FastBufferOptions {
     int64_t num_bytes = 0;
     int device = 0;
     int ranks_per_device = 1;  // ranks of the group on this GPU (EpGroupArgs)
-    std::string key_prefix;  // unique per Buffer connection, agreed by the ranks
-    std::string secret;      // shared by the ranks, from rank 0
+    std::string key_prefix;    // unique per Buffer connection, agreed by the ranks
+    std::string secret;        // shared by the ranks, from rank 0
     int64_t timeout_ms = 30000;
 };
 
-class FastBuffer {
+class FastBuffer : public std::enable_shared_from_this<FastBuffer> {
 public:
     // Starts the engine, allocates and zeroes this rank's buffer. Throws
     // std::runtime_error (std::invalid_argument for bad options) on failure.
@@ -67,6 +67,11 @@ public:
     // (num_experts, max_tokens, hidden) is the only one accepted: the
     // IBGDA signal words' shadows assume it.
     void useIbgda(std::shared_ptr<void> owner, const IbgdaEpDevice& device);
+    // Direct FP8 dispatch (trial, docs/ep-guide.md): on when every rank of the
+    // group asked for it and the buffer holds the direct area; FP8 dispatches
+    // then return views of this buffer, valid for work queued before this
+    // rank's next dispatch.
+    void setDirectDispatch(bool on) { direct_group_ = on; }
     // Ranks without a peer-table entry (reached over IBGDA, or not at all).
     const std::vector<int>& remotePeers() const { return remote_peers_; }
 
@@ -93,6 +98,10 @@ public:
     std::optional<std::pair<int32_t, int32_t>> takeError(bool wait);
 
 private:
+    // The direct dispatch's outputs: views of this op's phase of the buffer's
+    // direct area (valid until this rank's next dispatch), `a` pointed at them.
+    DispatchResult directDispatchViews(const at::Tensor& x, const at::Tensor& topk_idx,
+                                       const EpLayout& L, DispatchArgs* a);
     EpGroupArgs groupArgs(const at::Tensor& active_ranks, int64_t max_tokens, int64_t num_experts,
                           int64_t hidden, int64_t timeout_us) const;
     // Throws when `g` is traced and `stream` is capturing a CUDA graph.
@@ -114,6 +123,13 @@ private:
     std::optional<IbgdaEpDevice> ibgda_;
     std::optional<std::array<int64_t, 3>> ibgda_shape_;  // num_experts, max_tokens, hidden
     std::unique_ptr<ErrorWord> error_;
+    // Direct FP8 dispatch (trial, MC_EP_DIRECT_DISPATCH=1): dispatches launched
+    // on this buffer (the device's sequence number of the next is one more),
+    // and whether a capture turned it off for good (replays advance the
+    // device's number without the host).
+    uint64_t dispatches_launched_ = 0;
+    bool direct_group_ = false;  // every rank asked for it (setDirectDispatch)
+    bool direct_off_ = false;
     at::Tensor phase_trace_;  // undefined: no tracing
 };
 

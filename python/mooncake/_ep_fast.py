@@ -36,6 +36,9 @@ _REGION_ALIGN = 256
 _HEADER_BYTES = 128
 
 SETUP_TIMEOUT_ENV = "MOONCAKE_EP_SETUP_TIMEOUT_MS"
+# Trial: FP8 dispatches write rows straight into the owner's output area
+# (docs/ep-guide.md, "Direct FP8 dispatch"); every rank must set it.
+DIRECT_DISPATCH_ENV = "MC_EP_DIRECT_DISPATCH"
 _ERRORS = {1: "a topk_idx entry is outside [-1, num_experts)"}
 
 
@@ -119,10 +122,14 @@ def connect(group, rank, num_ranks, num_bytes, nonce, comm_device, ranks_per_dev
         addr = fast.local_address()
     except Exception as e:  # noqa: BLE001 - reported to every rank below
         error = f"{type(e).__name__}: {e}"
-    table = _all_gather_ints([0 if error else 1, addr], group, comm_device)
+    direct = os.environ.get(DIRECT_DISPATCH_ENV) == "1"
+    table = _all_gather_ints([0 if error else 1, addr, int(direct)], group, comm_device)
     if not bool((table[:, 0] == 1).all()):
         bad = torch.nonzero(table[:, 0] == 0).flatten().tolist()
         return None, _failed(bad, "could not allocate the fast path's buffer", error)
+    # Direct FP8 dispatch only when every rank asked for it (a sender writes
+    # in place only to an owner that reads in place).
+    fast.set_direct_dispatch(bool((table[:, 2] == 1).all()))
     multi_host = hosts is not None and len(set(hosts)) > 1
     p2p = [h == hosts[rank] for h in hosts] if multi_host else []
     try:

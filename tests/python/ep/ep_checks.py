@@ -7,6 +7,8 @@ came from, and the expected receive set is computed from the all-gathered
 top-k (through the gloo reference group), independently of the code under test.
 """
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -93,6 +95,29 @@ def check_dispatch(rank, world, recv, recv_count, handle, all_topk, active, num_
                 assert bool((srcs[begin:begin + count] == src).all()), \
                     f"{label}: layout_range[{le}, {src}] = ({begin}, {count}) holds other sources"
     return data
+
+
+def direct_dispatch_on():
+    """Whether this process runs FP8 fast-path dispatches direct (MC_EP_DIRECT_DISPATCH=1)."""
+    return os.environ.get("MC_EP_DIRECT_DISPATCH") == "1"
+
+
+def rows_by_source(recv, handle, le, use_fp8):
+    """{(source rank, token): (row, scales or None)} of local expert `le`, on the CPU.
+
+    Read through layout_range and src_info, so it does not depend on the
+    order the sources' rows were packed in.
+    """
+    src_info, ranges = handle[0].cpu(), handle[1].cpu()
+    data = (recv[0].view(torch.uint8) if use_fp8 else recv).cpu()
+    scales = recv[1].cpu() if use_fp8 else None
+    rows = {}
+    for src in range(ranges.shape[1]):
+        packed = int(ranges[le, src])
+        begin, count = packed >> 32, packed & 0xFFFFFFFF
+        for r in range(begin, begin + count):
+            rows[(src, int(src_info[le, r]))] = (data[le, r], scales[le, r] if use_fp8 else None)
+    return rows
 
 
 def combine_reference(rank, x, topk_idx, topk_weights, active, num_local, sent=True):

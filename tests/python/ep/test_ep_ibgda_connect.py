@@ -24,6 +24,9 @@ class _Fast:
     def connect(self, addresses, p2p):
         self.addresses, self.p2p = list(addresses), list(p2p)
 
+    def set_direct_dispatch(self, on):
+        self.direct = on
+
 
 class _Link:
     qps_per_rank = QPS
