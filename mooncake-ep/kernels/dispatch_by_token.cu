@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(kThreads) dispatchSendByToken(Params p) {
     }
     __syncthreads();
     if (num_msgs[slot] > 0)
-        epWriteMessageParts(g, a, L, token, msgs[slot], num_msgs[slot], part, kWarpsPerToken, lane);
+        epWriteMessageParts(g, a, token, msgs[slot], num_msgs[slot], part, kWarpsPerToken, lane);
     __syncthreads();
     epTrace(g, kEpTraceDispatchSend, kEpTraceMiddle);
     if (threadIdx.x == 0) {

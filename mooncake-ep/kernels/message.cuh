@@ -60,10 +60,9 @@ __device__ inline EpRowDest epMessageDest(const EpLayout& L, char* msg) {
 // dests[0, n): an even share of its 16-byte words (BF16) or of its
 // 128-channel groups (FP8, each with its scale); share 0 also writes the
 // source index. The token's share is read and quantized once, whatever n.
-__device__ inline void epWriteMessageParts(const EpGroupArgs& g, const DispatchArgs& a,
-                                           const EpLayout& L, int token, const EpRowDest* dests,
-                                           int n, int part, int parts, int lane) {
-    (void)L;
+__device__ inline void epWriteMessageParts(const EpGroupArgs& g, const DispatchArgs& a, int token,
+                                           const EpRowDest* dests, int n, int part, int parts,
+                                           int lane) {
     if (part == 0 && lane == 0) {
         for (int m = 0; m < n; ++m)
             *dests[m].src = token;
@@ -164,7 +163,7 @@ __device__ inline void epWriteMessageParts(const EpGroupArgs& g, const DispatchA
 __device__ inline void epWriteMessage(const EpGroupArgs& g, const DispatchArgs& a,
                                       const EpLayout& L, int token, char* msg, int lane) {
     const EpRowDest dest = epMessageDest(L, msg);
-    epWriteMessageParts(g, a, L, token, &dest, 1, 0, 1, lane);
+    epWriteMessageParts(g, a, token, &dest, 1, 0, 1, lane);
 }
 
 // Copies one received message (one warp) into packed row `row` of its expert.

@@ -2,7 +2,6 @@
 // python/mooncake/mooncake_ep_buffer.py drives (argument checks, handles and
 // events stay in Python) and the buffer size formula of the kernels' layout.
 #include <torch/csrc/utils/pybind.h>
-#include <cstdlib>
 
 #include <optional>
 #include <string>
@@ -99,16 +98,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     m.attr("TORCH_VERSION") = MOONCAKE_TORCH_VERSION;
     m.def(
         "buffer_size_hint",
-        [](int64_t max_tokens, int64_t hidden, int64_t num_ranks, int64_t num_experts) {
-            // Trial: MC_EP_DIRECT_DISPATCH=1 adds the direct dispatch's area.
-            const char* direct = std::getenv("MC_EP_DIRECT_DISPATCH");
-            if (direct != nullptr && std::string(direct) == "1")
+        [](int64_t max_tokens, int64_t hidden, int64_t num_ranks, int64_t num_experts,
+           bool direct) {
+            // `direct`: with the direct FP8 dispatch's area (MC_EP_DIRECT_DISPATCH).
+            if (direct)
                 return mooncake::ep::EpLayout{num_ranks, num_experts, max_tokens, hidden}
                     .directTotalBytes();
             return mooncake::ep::epBufferSizeHint(max_tokens, hidden, num_ranks, num_experts);
         },
         py::arg("num_max_dispatch_tokens_per_rank"), py::arg("hidden"), py::arg("num_ranks"),
-        py::arg("num_experts"));
+        py::arg("num_experts"), py::arg("direct") = false);
     m.def(
         "ibgda_status",
         [](const std::vector<std::string>& device_filter) {

@@ -42,6 +42,11 @@ DIRECT_DISPATCH_ENV = "MC_EP_DIRECT_DISPATCH"
 _ERRORS = {1: "a topk_idx entry is outside [-1, num_experts)"}
 
 
+def direct_dispatch_requested():
+    """Whether this rank asks for direct FP8 dispatch (DIRECT_DISPATCH_ENV=1)."""
+    return os.environ.get(DIRECT_DISPATCH_ENV) == "1"
+
+
 def size_hint_python(max_tokens, hidden, num_ranks, num_experts):
     """epBufferSizeHint in Python, for builds without the runtime."""
     signal = -(-8 * (num_experts + num_experts) // _REGION_ALIGN) * _REGION_ALIGN
@@ -54,6 +59,8 @@ def size_hint(max_tokens, hidden, num_ranks, num_experts):
     module = _ep_runtime.runtime()
     if module is None:
         return size_hint_python(max_tokens, hidden, num_ranks, num_experts)
+    if direct_dispatch_requested():  # with the direct FP8 dispatch's area
+        return int(module.buffer_size_hint(max_tokens, hidden, num_ranks, num_experts, direct=True))
     return int(module.buffer_size_hint(max_tokens, hidden, num_ranks, num_experts))
 
 
@@ -122,7 +129,7 @@ def connect(group, rank, num_ranks, num_bytes, nonce, comm_device, ranks_per_dev
         addr = fast.local_address()
     except Exception as e:  # noqa: BLE001 - reported to every rank below
         error = f"{type(e).__name__}: {e}"
-    direct = os.environ.get(DIRECT_DISPATCH_ENV) == "1"
+    direct = direct_dispatch_requested()
     table = _all_gather_ints([0 if error else 1, addr, int(direct)], group, comm_device)
     if not bool((table[:, 0] == 1).all()):
         bad = torch.nonzero(table[:, 0] == 0).flatten().tolist()
