@@ -34,6 +34,10 @@ inline constexpr int64_t kEpHiddenAlign = 128;  // channels per FP8 scale
 inline constexpr int64_t kEpMessageHeaderBytes = 128;
 inline constexpr int64_t kEpStateBytes = 256;
 inline constexpr int64_t kEpRegionAlign = 256;
+// Packed FP8 receives a buffer keeps for direct dispatch: one an op's
+// outputs still held by the caller, one being written, one named for the
+// next op (a loop rebinds its outputs only after the next call returns).
+inline constexpr int kEpDirectSlots = 3;
 
 // Local bookkeeping at offset 0 of the buffer. The sequence numbers make the
 // kernels graph-replayable: each operation reads its number here instead of
@@ -102,20 +106,20 @@ struct EpLayout {
                (expert * max_tokens + token) * hidden * 2;
     }
 
-    // Direct FP8 dispatch (trial, MC_EP_DIRECT_DISPATCH=1): after the two
-    // halves, this rank's reservation words u64 [num_experts] (its own), then
-    // per phase: row counters u64 [nle] and base words u64 [nle][num_ranks]
-    // (peers reserve and report here), then a packed FP8 receive in the
-    // output layout: data [nle][cap][hidden], scales float [nle][cap][hidden /
-    // 128], src_info int32 [nle][cap]. Senders write rows straight into it.
+    // Direct FP8 dispatch (MC_EP_DIRECT_DISPATCH=1; kernels/direct_dispatch.cuh):
+    // after the two halves, a header: this rank's reservation words u64
+    // [num_experts] (its own), its slot names u64 [2] (which slot its next
+    // op's senders write into, read by peers), base words u64 [2][nle]
+    // [num_ranks] (peers report where their rows went); then kEpDirectSlots
+    // slots, each a packed FP8 receive in the output layout: row counters
+    // u64 [nle] (peers reserve rows here), data [nle][cap][hidden], scales
+    // float [nle][cap][hidden / 128], src_info int32 [nle][cap].
     MC_EP_HD constexpr int64_t capacity() const { return num_ranks * max_tokens; }
-    MC_EP_HD constexpr int64_t directReserveBytes() const {
-        return epAlignUp(8 * num_experts, kEpRegionAlign);
+    MC_EP_HD constexpr int64_t directHeaderBytes() const {
+        return epAlignUp(8 * num_experts + 16 + 16 * numLocalExperts() * num_ranks, kEpRegionAlign);
     }
-    MC_EP_HD constexpr int64_t directBasesOffsetInHalf() const { return 8 * numLocalExperts(); }
-    MC_EP_HD constexpr int64_t directMetaBytes() const {
-        return epAlignUp(directBasesOffsetInHalf() + 8 * numLocalExperts() * num_ranks,
-                         kEpRegionAlign);
+    MC_EP_HD constexpr int64_t directCountersBytes() const {
+        return epAlignUp(8 * numLocalExperts(), kEpRegionAlign);
     }
     MC_EP_HD constexpr int64_t directDataBytes() const {
         return epAlignUp(numLocalExperts() * capacity() * hidden, kEpRegionAlign);
@@ -127,34 +131,37 @@ struct EpLayout {
     MC_EP_HD constexpr int64_t directSrcBytes() const {
         return epAlignUp(numLocalExperts() * capacity() * 4, kEpRegionAlign);
     }
-    MC_EP_HD constexpr int64_t directHalfBytes() const {
-        return directMetaBytes() + directDataBytes() + directScalesBytes() + directSrcBytes();
+    MC_EP_HD constexpr int64_t directSlotBytes() const {
+        return directCountersBytes() + directDataBytes() + directScalesBytes() + directSrcBytes();
     }
     MC_EP_HD constexpr int64_t directTotalBytes() const {
-        return totalBytes() + directReserveBytes() + 2 * directHalfBytes();
+        return totalBytes() + directHeaderBytes() + kEpDirectSlots * directSlotBytes();
     }
     MC_EP_HD constexpr int64_t directReserveOffset(int64_t expert) const {
         return totalBytes() + 8 * expert;
     }
-    MC_EP_HD constexpr int64_t directHalfOffset(int phase) const {
-        return totalBytes() + directReserveBytes() + phase * directHalfBytes();
-    }
-    MC_EP_HD constexpr int64_t directCounterOffset(int phase, int64_t local_expert) const {
-        return directHalfOffset(phase) + 8 * local_expert;
+    MC_EP_HD constexpr int64_t directNameOffset(int phase) const {
+        return totalBytes() + 8 * num_experts + 8 * phase;
     }
     MC_EP_HD constexpr int64_t directBaseOffset(int phase, int64_t local_expert,
                                                 int64_t src_rank) const {
-        return directHalfOffset(phase) + directBasesOffsetInHalf() +
-               8 * (local_expert * num_ranks + src_rank);
+        return totalBytes() + 8 * num_experts + 16 +
+               8 * ((phase * numLocalExperts() + local_expert) * num_ranks + src_rank);
     }
-    MC_EP_HD constexpr int64_t directDataOffset(int phase) const {
-        return directHalfOffset(phase) + directMetaBytes();
+    MC_EP_HD constexpr int64_t directSlotOffset(int slot) const {
+        return totalBytes() + directHeaderBytes() + slot * directSlotBytes();
     }
-    MC_EP_HD constexpr int64_t directScalesOffset(int phase) const {
-        return directDataOffset(phase) + directDataBytes();
+    MC_EP_HD constexpr int64_t directCounterOffset(int slot, int64_t local_expert) const {
+        return directSlotOffset(slot) + 8 * local_expert;
     }
-    MC_EP_HD constexpr int64_t directSrcOffset(int phase) const {
-        return directScalesOffset(phase) + directScalesBytes();
+    MC_EP_HD constexpr int64_t directDataOffset(int slot) const {
+        return directSlotOffset(slot) + directCountersBytes();
+    }
+    MC_EP_HD constexpr int64_t directScalesOffset(int slot) const {
+        return directDataOffset(slot) + directDataBytes();
+    }
+    MC_EP_HD constexpr int64_t directSrcOffset(int slot) const {
+        return directScalesOffset(slot) + directScalesBytes();
     }
 };
 

@@ -24,6 +24,7 @@
 #include "mooncake-ep/core/fp8_rule.h"
 #include "mooncake-ep/core/handle.h"
 #include "mooncake-ep/kernels/device_sync.cuh"
+#include "mooncake-ep/kernels/direct_dispatch.cuh"
 #include "mooncake-ep/kernels/ep_blocks.cuh"
 #include "mooncake-ep/kernels/ep_kernels.h"
 #include "mooncake-transfer-engine/common/cuda_launch.h"
@@ -56,6 +57,7 @@ __global__ void __launch_bounds__(kSendThreads) dispatchSend(DispatchParams p) {
         });
     epTrace(p.g, kEpTraceDispatchSend, kEpTraceMiddle);
     if (threadIdx.x == 0) {
+        epDirectPublishName(p.g, p.a, L, b.seq);  // before this block's count (same value)
         epSignal(reinterpret_cast<uint64_t*>(
                      remote + L.dispatchCountOffset(b.phase, b.local_expert, p.g.rank)),
                  b.seq, static_cast<uint32_t>(sent));
@@ -66,7 +68,7 @@ __global__ void __launch_bounds__(kSendThreads) dispatchSend(DispatchParams p) {
 // kPeek: queued after dispatchReceiveWait, so every count it waits for is
 // in or given up on, and it reads them without spinning.
 template <bool kPeek>
-__global__ void __launch_bounds__(kRecvThreads) dispatchReceive(DispatchParams p) {
+__global__ void __launch_bounds__(kRecvThreads, 2) dispatchReceive(DispatchParams p) {
     extern __shared__ int shared[];  // epDispatchReceiveSharedBytes
     const char* local = static_cast<const char*>(p.g.local_buffer);
     epDispatchReceiveBlock<kRecvThreads>(

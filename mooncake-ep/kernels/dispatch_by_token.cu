@@ -32,12 +32,13 @@ struct Params {
 };
 
 // Direct dispatch: the first of this rank's `total` rows for expert `e` in
-// its owner's direct receive of op `seq`, or kEpDirectRefused. The first
+// slot `slot` of its owner (the one it named for op `seq`), or
+// kEpDirectRefused. The first
 // block to need it reserves them on the owner's counter and publishes the
 // base in this rank's reservation word for e (tagged with seq); the others
 // wait for that word, which a running block is about to write.
 __device__ uint32_t directBase(const EpGroupArgs& g, const EpLayout& L, int e, int total,
-                               uint64_t seq, int phase) {
+                               uint64_t seq, int slot) {
     auto* word = reinterpret_cast<unsigned long long*>(static_cast<char*>(g.local_buffer) +
                                                        L.directReserveOffset(e));
     const uint32_t tag = static_cast<uint32_t>(seq);
@@ -48,9 +49,8 @@ __device__ uint32_t directBase(const EpGroupArgs& g, const EpLayout& L, int e, i
         const unsigned long long old = atomicCAS(word, v, pending);
         if (old == v) {
             const int nle = static_cast<int>(L.numLocalExperts());
-            auto* counter =
-                reinterpret_cast<uint64_t*>(static_cast<char*>(g.peer_buffers[e / nle]) +
-                                            L.directCounterOffset(phase, e % nle));
+            auto* counter = reinterpret_cast<uint64_t*>(
+                static_cast<char*>(g.peer_buffers[e / nle]) + L.directCounterOffset(slot, e % nle));
             const uint32_t base = epDirectReserve(counter, seq, static_cast<uint32_t>(total));
             atomicExch(word, (static_cast<unsigned long long>(tag) << 32) | base);
             return base;
@@ -87,17 +87,13 @@ __device__ int findMessages(const EpGroupArgs& g, const DispatchArgs& a, const E
             const int e = ids[i];
             const int slot = epSlotInBlock(ids, a.top_k, counts_before, block_first, token, e);
             char* peer = static_cast<char*>(g.peer_buffers[e / nle]);
-            if (a.direct) {
-                const uint32_t base = directBase(g, L, e, totals[e], seq, phase);
+            const int named = a.direct ? epDirectNamedSlot(peer, L, seq) : -1;
+            if (named >= 0) {
+                const uint32_t base = directBase(g, L, e, totals[e], seq, named);
                 const int64_t in_expert = static_cast<int64_t>(base) + slot;
-                // Refused, or a counter gone wrong: never write past the area.
+                // Refused, or a counter gone wrong: never write past the slot.
                 send = base != kEpDirectRefused && in_expert < L.capacity();
-                const int64_t row = (e % nle) * L.capacity() + in_expert;
-                const int64_t groups = g.hidden / kEpHiddenAlign;
-                dest.payload = peer + L.directDataOffset(phase) + row * g.hidden;
-                dest.scales =
-                    reinterpret_cast<float*>(peer + L.directScalesOffset(phase)) + row * groups;
-                dest.src = reinterpret_cast<int32_t*>(peer + L.directSrcOffset(phase)) + row;
+                dest = epDirectRow(peer, L, named, (e % nle) * L.capacity() + in_expert);
             } else {
                 dest =
                     epMessageDest(L, peer + L.dispatchMessageOffset(phase, e % nle, g.rank, slot));
@@ -119,6 +115,8 @@ __device__ void sendCounts(const EpGroupArgs& g, const DispatchArgs& a, const Ep
     const int phase = static_cast<int>(seq & 1);
     epCountSelections(ids, a.top_k, a.num_tokens, counted_tokens * a.top_k + threadIdx.x,
                       blockDim.x, [&](int e) { atomicAdd(&counts[e], 1); });
+    if (threadIdx.x == 0)
+        epDirectPublishName(g, a, L, seq);  // the counts below publish it
     __syncthreads();
     for (int e = threadIdx.x; e < g.num_experts; e += blockDim.x) {
         // Read again now: a block that started later may have seen a rank
@@ -128,11 +126,13 @@ __device__ void sendCounts(const EpGroupArgs& g, const DispatchArgs& a, const Ep
             continue;
         char* remote = static_cast<char*>(g.peer_buffers[e / nle]);
         if (a.direct && counts[e] > 0) {
-            // Where this rank's rows went (its reservation word), before the count.
+            // Where this rank's rows went (its reservation word, if it wrote
+            // them into a slot this op), before the count.
             const uint64_t reserved = *reinterpret_cast<volatile uint64_t*>(
                 static_cast<char*>(g.local_buffer) + L.directReserveOffset(e));
-            *reinterpret_cast<volatile uint64_t*>(
-                remote + L.directBaseOffset(phase, e % nle, g.rank)) = reserved;
+            if (epSignalMatches(reserved, seq))
+                *reinterpret_cast<volatile uint64_t*>(
+                    remote + L.directBaseOffset(phase, e % nle, g.rank)) = reserved;
         }
         epSignal(
             reinterpret_cast<uint64_t*>(remote + L.dispatchCountOffset(phase, e % nle, g.rank)),

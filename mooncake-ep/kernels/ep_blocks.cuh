@@ -134,6 +134,10 @@ __device__ int epForEachSelected(const DispatchArgs& a, int expert, Write write)
     return sent;
 }
 
+// A receive pair's begin with this bit: its rows are in the slot the
+// receiving rank named (direct dispatch), not in messages.
+inline constexpr int kEpFromSlot = 1 << 30;
+
 // Direct receive: rows [0, end) of `expert` that no source's range in
 // layout_range covers (reserved by a source whose count did not arrive)
 // get src_info -1, so that combine never returns them. One thread; only
@@ -156,6 +160,72 @@ __device__ inline void epDirectMarkHoles(const DispatchArgs& a, int expert, int6
     }
 }
 
+// Thread 0 of a direct receive round: where each (expert, source) pair's
+// rows go and which need copying (counts[p]: rows to copy; begins[p]: first
+// output row, with kEpFromSlot when they are in slot `named`), the experts'
+// part of the handle and recv_count. Into the op's slot (a.direct_slot),
+// rows already there stay and the others go to rows reserved on the same
+// counter; into tensors of their own, everything is copied, packed in
+// source order. Rows reserved by a source whose count did not arrive are
+// holes: counted, src_info -1 (epDirectMarkHoles). Not inlined: the kernel
+// would keep its registers through the copy loop.
+__device__ inline void epDirectPlacePairs(const EpGroupArgs& g, const DispatchArgs& a,
+                                          const EpLayout& L, int* counts, int* begins, int* firsts,
+                                          int first, int pairs, uint64_t seq, int named) {
+    const int num_ranks = g.num_ranks;
+    const int phase = static_cast<int>(seq & 1);
+    const int64_t capacity = L.capacity();
+    char* own = static_cast<char*>(g.local_buffer);
+    const auto expertOf = [&](int p) {
+        return first + (p / num_ranks) * static_cast<int>(gridDim.x);
+    };
+    const int out = a.direct_slot;
+    int in_expert = 0, end = 0, in_round = 0;
+    for (int p = 0; p < pairs; ++p) {
+        const int src = p % num_ranks;
+        const int expert = expertOf(p);
+        if (src == 0)
+            in_expert = end = 0;
+        int count = counts[p];
+        bool from_slot = false, in_place = false;
+        uint32_t begin = static_cast<uint32_t>(in_expert);
+        if (count > 0) {
+            const uint64_t word = __ldcg(reinterpret_cast<const unsigned long long*>(
+                own + L.directBaseOffset(phase, expert, src)));
+            if (epSignalMatches(word, seq)) {
+                const uint32_t at = epSignalPayload(word);
+                from_slot = named >= 0 && at != kEpDirectRefused &&
+                            static_cast<int64_t>(at) + count <= capacity;
+                count = from_slot ? count : 0;  // nowhere to read them from
+                in_place = from_slot && named == out;
+                begin = in_place ? at : begin;
+            }
+        }
+        if (count > 0 && out >= 0 && !in_place) {
+            begin = epDirectReserve(
+                reinterpret_cast<uint64_t*>(own + L.directCounterOffset(out, expert)), seq,
+                static_cast<uint32_t>(count));
+        }
+        if (begin == kEpDirectRefused || static_cast<int64_t>(begin) + count > capacity) {
+            begin = 0;  // a counter gone wrong: drop, never write past
+            count = 0;
+        }
+        begins[p] = static_cast<int>(begin) | (from_slot ? kEpFromSlot : 0);
+        firsts[p] = in_round;
+        counts[p] = in_place ? 0 : count;  // rows to copy
+        a.layout_range[static_cast<int64_t>(expert) * num_ranks + src] =
+            epEncodeRange(static_cast<int>(begin), count);
+        in_expert += count;
+        end = count > 0 ? max(end, static_cast<int>(begin) + count) : end;
+        in_round += counts[p];
+        if (src == num_ranks - 1) {
+            a.packed_recv_count[expert] = out >= 0 ? end : in_expert;
+            if (out >= 0 && end != in_expert)
+                epDirectMarkHoles(a, expert, capacity, num_ranks, end);
+        }
+    }
+}
+
 // One round of a dispatch receive block: `experts` of its local experts,
 // first, first + gridDim.x, ..., one (expert, source) pair each per source.
 // It waits for every pair's count at once, one thread per pair with
@@ -172,7 +242,6 @@ __device__ void epDispatchReceiveRound(const EpGroupArgs& g, const DispatchArgs&
     const int num_ranks = g.num_ranks;
     const int pairs = experts * num_ranks;
     const int phase = static_cast<int>(seq & 1);
-    const char* local = static_cast<const char*>(g.local_buffer);
     // Pair p is (expert expertOf(p), source p % num_ranks): its count, its
     // first row among the expert's packed rows, its first message in the round.
     int* counts = shared;
@@ -197,49 +266,16 @@ __device__ void epDispatchReceiveRound(const EpGroupArgs& g, const DispatchArgs&
     }
     __syncthreads();
     const int64_t capacity = static_cast<int64_t>(num_ranks) * g.max_tokens;
-    if (threadIdx.x == 0 && a.direct) {
-        // Direct receive (direct_dispatch.cuh): a source whose base word
-        // carries the op's number wrote its rows in place at that base; the
-        // others' messages are copied to rows reserved here on the same
-        // counter. Rows reserved by a source whose count did not arrive are
-        // holes: counted, and marked with src_info -1 (epDirectMarkHoles).
-        char* own = static_cast<char*>(g.local_buffer);
-        int in_expert = 0, end = 0, in_round = 0;
-        for (int p = 0; p < pairs; ++p) {
-            const int src = p % num_ranks;
-            const int expert = expertOf(p);
-            auto* counter = reinterpret_cast<uint64_t*>(own + L.directCounterOffset(phase, expert));
-            if (src == 0)
-                in_expert = end = 0;
-            int count = counts[p];
-            uint32_t begin = 0;
-            bool in_place = false;
-            if (count > 0) {
-                const uint64_t word = __ldcg(reinterpret_cast<const unsigned long long*>(
-                    own + L.directBaseOffset(phase, expert, src)));
-                in_place = epSignalMatches(word, seq);
-                begin = in_place ? epSignalPayload(word)
-                                 : epDirectReserve(counter, seq, static_cast<uint32_t>(count));
-            }
-            // Refused, or a peer's word gone wrong: nothing of it is read.
-            if (begin == kEpDirectRefused || static_cast<int64_t>(begin) + count > capacity) {
-                begin = 0;
-                count = 0;
-            }
-            begins[p] = static_cast<int>(begin);
-            firsts[p] = in_round;
-            counts[p] = in_place ? 0 : count;  // rows to copy
-            a.layout_range[static_cast<int64_t>(expert) * num_ranks + src] =
-                epEncodeRange(static_cast<int>(begin), count);
-            in_expert += count;
-            end = count > 0 ? max(end, static_cast<int>(begin) + count) : end;
-            in_round += counts[p];
-            if (src == num_ranks - 1) {
-                a.packed_recv_count[expert] = end;
-                if (end != in_expert)
-                    epDirectMarkHoles(a, expert, capacity, num_ranks, end);
-            }
-        }
+    // Direct dispatch (direct_dispatch.cuh): rows of a source whose base word
+    // carries the op's number are in the slot this rank named for the op.
+    const bool direct = a.direct && a.use_fp8;
+    char* own = static_cast<char*>(g.local_buffer);
+    const int named = direct ? epDirectNamedSlot(own, L, seq) : -1;
+    __shared__ EpSlotView slot_view;
+    if (threadIdx.x == 0 && direct) {
+        epDirectPlacePairs(g, a, L, counts, begins, firsts, first, pairs, seq, named);
+        if (named >= 0)
+            slot_view = epSlotViewOf(own, L, named, phase);
         if (first == static_cast<int>(blockIdx.x))
             epTrace(g, kEpTraceDispatchReceive, kEpTraceMiddle);
     } else if (threadIdx.x == 0) {
@@ -264,14 +300,21 @@ __device__ void epDispatchReceiveRound(const EpGroupArgs& g, const DispatchArgs&
     __syncthreads();
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int total = firsts[pairs - 1] + counts[pairs - 1];
-    int p = 0;  // a warp's messages come in round order, so its pair only moves on
+    int p = 0;  // a warp's rows come in round order, so its pair only moves on
     for (int m = warp; m < total; m += kWarps) {
         while (m >= firsts[p] + counts[p])
             ++p;
         const int i = m - firsts[p];
         const int expert = expertOf(p);
-        const char* msg = local + L.dispatchMessageOffset(phase, expert, p % num_ranks, i);
-        epUnpackMessage(g, a, L, msg, expert * capacity + begins[p] + i, lane);
+        const int src = p % num_ranks;
+        EpRowDest from = epMessageDest(L, own + L.dispatchMessageOffset(phase, expert, src, i));
+        if (begins[p] & kEpFromSlot) {  // direct dispatch: a row in the slot named for the op
+            const int64_t r = expert * capacity + i +
+                              epSignalPayload(__ldcg(slot_view.bases + expert * num_ranks + src));
+            from = {slot_view.data + r * g.hidden,
+                    slot_view.scales + r * (g.hidden / kEpHiddenAlign), slot_view.src + r};
+        }
+        epUnpackRow(g, a, from, expert * capacity + (begins[p] & ~kEpFromSlot) + i, lane);
     }
     __syncthreads();  // `shared` is reused by the block's next round
 }

@@ -66,10 +66,16 @@ struct DispatchArgs {
     int32_t* packed_recv_count = nullptr;  // [nle]
     int32_t* src_info = nullptr;           // [nle, cap]: source token index
     int64_t* layout_range = nullptr;       // [nle, num_ranks]: begin << 32 | count
-    // Direct FP8 dispatch (trial): packed_recv_x, scales and src_info are
-    // this op's phase of the buffer's direct area (EpLayout::direct*), and
-    // this rank's token-major send writes rows straight into its peers'.
+    // Direct FP8 dispatch (kernels/direct_dispatch.cuh). `direct`: every rank
+    // of the group runs it and the buffers hold the direct area (EpLayout::
+    // direct*): this rank publishes slot names, its token-major FP8 send
+    // writes rows into the slot each owner named, and its FP8 receive looks
+    // for rows in the slot it named. `direct_slot`: the slot packed_recv_x,
+    // scales and src_info are views of (-1: tensors of their own).
+    // `next_slot`: the slot this op names for this rank's next op (-1: none).
     bool direct = false;
+    int direct_slot = -1;
+    int next_slot = -1;
 };
 
 struct CombineArgs {

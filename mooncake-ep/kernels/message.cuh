@@ -166,22 +166,27 @@ __device__ inline void epWriteMessage(const EpGroupArgs& g, const DispatchArgs& 
     epWriteMessageParts(g, a, token, &dest, 1, 0, 1, lane);
 }
 
+// Copies one received row (one warp), wherever it arrived (a message, or a
+// slot's row of a direct dispatch: `src`), into packed row `row` of its expert.
+__device__ inline void epUnpackRow(const EpGroupArgs& g, const DispatchArgs& a,
+                                   const EpRowDest& src, int64_t row, int lane) {
+    const int64_t hidden = g.hidden;
+    if (lane == 0)
+        a.src_info[row] = __ldcg(src.src);
+    const int64_t data_bytes = a.use_fp8 ? hidden : 2 * hidden;
+    epWarpCopy16(reinterpret_cast<int4*>(static_cast<char*>(a.packed_recv_x) + row * data_bytes),
+                 reinterpret_cast<const int4*>(src.payload), data_bytes / 16, lane, epLoadFromL2);
+    if (a.use_fp8) {
+        const int64_t groups = hidden / kEpFp8GroupSize;
+        for (int64_t i = lane; i < groups; i += 32)
+            a.packed_recv_scales[row * groups + i] = __ldcg(src.scales + i);
+    }
+}
+
 // Copies one received message (one warp) into packed row `row` of its expert.
 __device__ inline void epUnpackMessage(const EpGroupArgs& g, const DispatchArgs& a,
                                        const EpLayout& L, const char* msg, int64_t row, int lane) {
-    const int64_t hidden = g.hidden;
-    if (lane == 0)
-        a.src_info[row] = __ldcg(reinterpret_cast<const int*>(msg));
-    const char* payload = msg + kEpMessageHeaderBytes;
-    const int64_t data_bytes = a.use_fp8 ? hidden : 2 * hidden;
-    epWarpCopy16(reinterpret_cast<int4*>(static_cast<char*>(a.packed_recv_x) + row * data_bytes),
-                 reinterpret_cast<const int4*>(payload), data_bytes / 16, lane, epLoadFromL2);
-    if (a.use_fp8) {
-        const int64_t groups = hidden / kEpFp8GroupSize;
-        const float* scales = reinterpret_cast<const float*>(msg + L.fp8ScaleOffset());
-        for (int64_t i = lane; i < groups; i += 32)
-            a.packed_recv_scales[row * groups + i] = __ldcg(scales + i);
-    }
+    epUnpackRow(g, a, epMessageDest(L, const_cast<char*>(msg)), row, lane);
 }
 
 }  // namespace mooncake::ep

@@ -184,48 +184,50 @@ DispatchResult FastBuffer::dispatch(const at::Tensor& x, const at::Tensor& topk_
     const EpGroupArgs g = groupArgs(active_ranks, max_tokens, num_experts, hidden, timeout_us);
     DispatchArgs a;
     const cudaStream_t stream = at::cuda::getCurrentCUDAStream(x.device().index()).stream();
-    // Graph replays advance the device's op number without the host, which
-    // picks the half whose views it returns: a capture turns direct off.
-    if (direct_group_ && streamCapturing(stream))
-        direct_off_ = true;
     const EpLayout L = epLayoutOf(g);
-    const bool direct = direct_group_ && !direct_off_ && use_fp8 && !ibgda_ &&
-                        options_.num_bytes >= L.directTotalBytes();
-    DispatchResult r = direct ? directDispatchViews(x, topk_idx, L, &a)
-                              : prepareDispatch(x, topk_idx, options_.num_ranks, max_tokens,
-                                                num_experts, use_fp8, &a);
+    // Direct dispatch (core/direct_slots.h): the slot this op's outputs are
+    // views of, and the one it names for the next op.
+    const bool direct = direct_group_ && !ibgda_ && options_.num_bytes >= L.directTotalBytes();
+    const EpDirectSlots::Choice slots =
+        direct_slots_.choose(direct, use_fp8, direct && streamCapturing(stream));
+    DispatchResult r = slots.out >= 0 ? directDispatchViews(x, topk_idx, L, slots.out, &a)
+                                      : prepareDispatch(x, topk_idx, options_.num_ranks, max_tokens,
+                                                        num_experts, use_fp8, &a);
+    a.direct = direct;
+    a.direct_slot = slots.out;
+    a.next_slot = slots.next;
     refuseTracedCapture(g, stream);
     Status st = ibgda_ ? launchIbgdaDispatch(*ibgda_, g, a, stream) : launchDispatch(g, a, stream);
     if (!st.ok())
         raiseStatus(st, "dispatch");
-    ++dispatches_launched_;
+    direct_slots_.launched(slots);
     pinIbgdaShape(g);
     error_->record(epState(buffer_), stream);
     return r;
 }
 
 DispatchResult FastBuffer::directDispatchViews(const at::Tensor& x, const at::Tensor& topk_idx,
-                                               const EpLayout& L, DispatchArgs* a) {
+                                               const EpLayout& L, int slot, DispatchArgs* a) {
     DispatchResult r = prepareDispatch(x, topk_idx, L.num_ranks, L.max_tokens, L.num_experts,
                                        /*use_fp8=*/true, a, /*allocate_rows=*/false);
-    const int phase = static_cast<int>((dispatches_launched_ + 1) & 1);
     char* base = static_cast<char*>(buffer_);
     const auto on = x.options();
     const int64_t nle = L.numLocalExperts(), cap = L.capacity();
-    // The views keep this buffer (and so its memory) alive.
+    // The views hold the slot (it is named again only once all are freed)
+    // and this buffer, whose memory they are.
     const std::shared_ptr<FastBuffer> keep = weak_from_this().lock();
+    const std::shared_ptr<void> token = direct_slots_.hold(slot);
     const auto view = [&](int64_t offset, at::IntArrayRef sizes, at::ScalarType dtype) {
         return at::from_blob(
-            base + offset, sizes, [keep](void*) {}, on.dtype(dtype));
+            base + offset, sizes, [keep, token](void*) {}, on.dtype(dtype));
     };
-    r.recv_x = view(L.directDataOffset(phase), {nle, cap, L.hidden}, at::kFloat8_e4m3fn);
+    r.recv_x = view(L.directDataOffset(slot), {nle, cap, L.hidden}, at::kFloat8_e4m3fn);
     r.recv_scales =
-        view(L.directScalesOffset(phase), {nle, cap, L.hidden / kEpHiddenAlign}, at::kFloat);
-    r.src_info = view(L.directSrcOffset(phase), {nle, cap}, at::kInt);
+        view(L.directScalesOffset(slot), {nle, cap, L.hidden / kEpHiddenAlign}, at::kFloat);
+    r.src_info = view(L.directSrcOffset(slot), {nle, cap}, at::kInt);
     a->packed_recv_x = r.recv_x.data_ptr();
     a->packed_recv_scales = r.recv_scales.data_ptr<float>();
     a->src_info = r.src_info.data_ptr<int32_t>();
-    a->direct = true;
     return r;
 }
 

@@ -18,6 +18,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "mooncake-ep/core/direct_slots.h"
 #include "mooncake-ep/ibgda/ibgda_kernels.h"
 #include "mooncake-ep/kernels/ep_kernels.h"
 #include "mooncake-ep/torch/ep_ops.h"
@@ -67,10 +68,10 @@ public:
     // (num_experts, max_tokens, hidden) is the only one accepted: the
     // IBGDA signal words' shadows assume it.
     void useIbgda(std::shared_ptr<void> owner, const IbgdaEpDevice& device);
-    // Direct FP8 dispatch (trial, docs/ep-guide.md): on when every rank of the
-    // group asked for it and the buffer holds the direct area; FP8 dispatches
-    // then return views of this buffer, valid for work queued before this
-    // rank's next dispatch.
+    // Direct FP8 dispatch (docs/ep-guide.md): on when every rank of the group
+    // asked for it and the buffer holds the direct area; FP8 dispatches then
+    // return views of one of its slots, which the slot serves no other op
+    // until every view is freed.
     void setDirectDispatch(bool on) { direct_group_ = on; }
     // Ranks without a peer-table entry (reached over IBGDA, or not at all).
     const std::vector<int>& remotePeers() const { return remote_peers_; }
@@ -98,10 +99,9 @@ public:
     std::optional<std::pair<int32_t, int32_t>> takeError(bool wait);
 
 private:
-    // The direct dispatch's outputs: views of this op's phase of the buffer's
-    // direct area (valid until this rank's next dispatch), `a` pointed at them.
+    // A direct dispatch's outputs: views of slot `slot`, `a` pointed at them.
     DispatchResult directDispatchViews(const at::Tensor& x, const at::Tensor& topk_idx,
-                                       const EpLayout& L, DispatchArgs* a);
+                                       const EpLayout& L, int slot, DispatchArgs* a);
     EpGroupArgs groupArgs(const at::Tensor& active_ranks, int64_t max_tokens, int64_t num_experts,
                           int64_t hidden, int64_t timeout_us) const;
     // Throws when `g` is traced and `stream` is capturing a CUDA graph.
@@ -123,13 +123,9 @@ private:
     std::optional<IbgdaEpDevice> ibgda_;
     std::optional<std::array<int64_t, 3>> ibgda_shape_;  // num_experts, max_tokens, hidden
     std::unique_ptr<ErrorWord> error_;
-    // Direct FP8 dispatch (trial, MC_EP_DIRECT_DISPATCH=1): dispatches launched
-    // on this buffer (the device's sequence number of the next is one more),
-    // and whether a capture turned it off for good (replays advance the
-    // device's number without the host).
-    uint64_t dispatches_launched_ = 0;
-    bool direct_group_ = false;  // every rank asked for it (setDirectDispatch)
-    bool direct_off_ = false;
+    // Direct FP8 dispatch: every rank asked for it (setDirectDispatch); its slots.
+    bool direct_group_ = false;
+    EpDirectSlots direct_slots_;
     at::Tensor phase_trace_;  // undefined: no tracing
 };
 

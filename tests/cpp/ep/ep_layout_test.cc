@@ -55,26 +55,33 @@ TEST(EpLayout, DirectAreaFollowsTheHalvesDisjointAlignedAndInside) {
     const EpLayout L{4, 16, 32, 7168};  // 4 local experts, 128 rows each
     const int64_t nle = 4, cap = 128, groups = 7168 / 128;
     EXPECT_EQ(L.capacity(), cap);
+    // Header: reservation words, the two names, the base words of both halves.
     EXPECT_EQ(L.directReserveOffset(0), L.totalBytes());
-    EXPECT_LE(L.directReserveOffset(15) + 8, L.directHalfOffset(0));
-    for (int phase = 0; phase < 2; ++phase) {
-        const int64_t half = L.directHalfOffset(phase);
-        // Counters, base words, then data, scales and src_info of [nle][cap] rows.
-        EXPECT_EQ(L.directCounterOffset(phase, 0), half);
-        EXPECT_EQ(L.directCounterOffset(phase, nle - 1) + 8, L.directBaseOffset(phase, 0, 0));
-        EXPECT_LE(L.directBaseOffset(phase, nle - 1, 3) + 8, L.directDataOffset(phase));
-        EXPECT_LE(L.directDataOffset(phase) + nle * cap * 7168, L.directScalesOffset(phase));
-        EXPECT_LE(L.directScalesOffset(phase) + nle * cap * groups * 4, L.directSrcOffset(phase));
-        EXPECT_LE(L.directSrcOffset(phase) + nle * cap * 4, half + L.directHalfBytes());
-        for (int64_t offset : {L.directDataOffset(phase), L.directScalesOffset(phase),
-                               L.directSrcOffset(phase), L.directBaseOffset(phase, 1, 2)})
-            EXPECT_EQ(offset % 8, 0) << offset;
-        EXPECT_EQ(L.directDataOffset(phase) % 256, 0);  // rows start 16-byte aligned
+    EXPECT_EQ(L.directNameOffset(0), L.directReserveOffset(15) + 8);
+    EXPECT_EQ(L.directNameOffset(1), L.directNameOffset(0) + 8);
+    EXPECT_EQ(L.directBaseOffset(0, 0, 0), L.directNameOffset(1) + 8);
+    EXPECT_EQ(L.directBaseOffset(1, 0, 0), L.directBaseOffset(0, nle - 1, 3) + 8);
+    EXPECT_LE(L.directBaseOffset(1, nle - 1, 3) + 8, L.directSlotOffset(0));
+    EXPECT_EQ(L.directSlotOffset(0), L.totalBytes() + L.directHeaderBytes());
+    for (int slot = 0; slot < kEpDirectSlots; ++slot) {
+        // Counters, then data, scales and src_info of [nle][cap] rows.
+        EXPECT_EQ(L.directCounterOffset(slot, 0), L.directSlotOffset(slot));
+        EXPECT_LE(L.directCounterOffset(slot, nle - 1) + 8, L.directDataOffset(slot));
+        EXPECT_LE(L.directDataOffset(slot) + nle * cap * 7168, L.directScalesOffset(slot));
+        EXPECT_LE(L.directScalesOffset(slot) + nle * cap * groups * 4, L.directSrcOffset(slot));
+        EXPECT_LE(L.directSrcOffset(slot) + nle * cap * 4,
+                  L.directSlotOffset(slot) + L.directSlotBytes());
+        EXPECT_EQ(L.directDataOffset(slot) % 256, 0);  // rows start 16-byte aligned
+        EXPECT_EQ(L.directScalesOffset(slot) % 16, 0);
+        EXPECT_EQ(L.directSrcOffset(slot) % 16, 0);
+        if (slot > 0) {
+            EXPECT_EQ(L.directSlotOffset(slot), L.directSlotOffset(slot - 1) + L.directSlotBytes());
+        }
     }
-    EXPECT_EQ(L.directHalfOffset(1), L.directHalfOffset(0) + L.directHalfBytes());
-    EXPECT_EQ(L.directHalfOffset(1) + L.directHalfBytes(), L.directTotalBytes());
-    // The area adds about one FP8 receive per half to the plain size.
-    EXPECT_GE(L.directTotalBytes() - L.totalBytes(), 2 * nle * cap * (7168 + groups * 4 + 4));
+    EXPECT_EQ(L.directSlotOffset(kEpDirectSlots - 1) + L.directSlotBytes(), L.directTotalBytes());
+    // About one FP8 receive per slot on top of the plain size.
+    EXPECT_GE(L.directTotalBytes() - L.totalBytes(),
+              kEpDirectSlots * nle * cap * (7168 + groups * 4 + 4));
 }
 
 TEST(EpSignal, CarriesSequenceAndCount) {

@@ -1,14 +1,16 @@
 """Direct FP8 dispatch (MC_EP_DIRECT_DISPATCH=1) on the fast path, N processes on one GPU.
 
 Senders reserve rows on the owner's per-expert counter and write them in place
-into a packed FP8 area of its buffer; recv_x is a view of that area
-(docs/ep-guide.md, "Direct FP8 dispatch"). Checked here: the size hint grows
+into a packed FP8 slot of its buffer; recv_x is a view of that slot, which
+serves no other op until the views are freed (docs/ep-guide.md, "Direct FP8
+dispatch"). Checked here: the size hint grows
 by the area; FP8 rounds (every sync mode, zero_copy, a rank preset inactive)
 interleaved with BF16 rounds (which keep the copying receive) so both halves
 of the buffer and both kinds of op follow each other, with the exact checks
 of ep_checks.run_round (rows are compared per source through layout_range,
-so arrival order does not matter); FP8 outputs lying in the buffer; no
-rank runs direct when one rank did not ask for it.
+so arrival order does not matter); FP8 outputs lying in the buffer; outputs
+held across later dispatches unchanged (a slot is not reused while a view
+of it lives); no rank runs direct when one rank did not ask for it.
 
 Without a GPU or the compiled runtime every test skips and says why.
 """
@@ -53,9 +55,9 @@ def _direct_worker(ctx, direct_ranks):
     use_rank_gpu(rank)
     plain = _hint(world, direct=False)
     with_area = _hint(world, direct=True)
-    # 3 local experts x (world * 8) rows x 256 channels, two halves: the FP8
-    # rows alone take 2 * 3 * 8 * world * 256 bytes more.
-    assert with_area - plain >= 2 * 3 * 8 * world * 256, (plain, with_area)
+    # 3 local experts x (world * 8) rows x 256 channels, three slots: the FP8
+    # rows alone take 3 * 3 * 8 * world * 256 bytes more.
+    assert with_area - plain >= 3 * 3 * 8 * world * 256, (plain, with_area)
     os.environ[DIRECT_ENV] = "1" if rank in direct_ranks else "0"
     buf = Buffer(dist.group.WORLD, with_area)  # the same size on every rank
     assert buf.use_fast_path, f"rank {rank}: fast path off: {buf.fast_path_reason}"
@@ -86,6 +88,28 @@ def _direct_worker(ctx, direct_ranks):
     check_dispatch(rank, world, (recv[0].cpu(), recv[1].cpu()), count.cpu(),
                    (handle[0].cpu(), handle[1].cpu()), all_topk, [1] * world, 3 * world, 8, 256,
                    True, f"rank {rank} last direct={direct}")
+
+    # Outputs held across later dispatches stay as they were: a slot is not
+    # named again while a view of it lives, and with every slot held an op
+    # gets tensors of its own.
+    held = []
+    for k in range(5):
+        x, idx, _ = make_inputs(rank, 8 - rank % 2, 256, 3 * world, 4, seed=120 + k)
+        recv, count, handle, _, _ = buf.dispatch(x.cuda(), idx.cuda(), act, 8, 3 * world,
+                                                 30_000_000, use_fp8=True)
+        torch.cuda.synchronize()
+        held.append((recv, handle, recv[0].view(torch.uint8).cpu(), recv[1].cpu(),
+                     handle[0].cpu()))
+    for k in range(5):  # more traffic through the slots while they are held
+        diffs.append(run_round(ctx, buf, 140 + k, True, "sync", all_active, "cuda",
+                               timeout_us=30_000_000))
+    inside = 0
+    for k, (recv, handle, data, scales, src_info) in enumerate(held):
+        assert torch.equal(recv[0].view(torch.uint8).cpu(), data), f"rank {rank}: held op {k} rows"
+        assert torch.equal(recv[1].cpu(), scales), f"rank {rank}: held op {k} scales"
+        assert torch.equal(handle[0].cpu(), src_info), f"rank {rank}: held op {k} src_info"
+        inside += _inside(recv[0], buf, with_area)
+    assert inside <= 3 and (inside >= 1) == direct, f"rank {rank}: {inside} held ops in slots"
     return max(diffs)
 
 
