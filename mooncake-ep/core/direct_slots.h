@@ -49,8 +49,6 @@ public:
     // until every copy is gone.
     std::shared_ptr<void> hold(int slot) const { return tokens_[slot]; }
 
-    int named() const { return named_; }
-
 private:
     std::array<std::shared_ptr<int>, kEpDirectSlots> tokens_;
     int named_ = -1;

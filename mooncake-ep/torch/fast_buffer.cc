@@ -5,7 +5,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 

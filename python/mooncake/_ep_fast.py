@@ -36,8 +36,8 @@ _REGION_ALIGN = 256
 _HEADER_BYTES = 128
 
 SETUP_TIMEOUT_ENV = "MOONCAKE_EP_SETUP_TIMEOUT_MS"
-# Trial: FP8 dispatches write rows straight into the owner's output area
-# (docs/ep-guide.md, "Direct FP8 dispatch"); every rank must set it.
+# Opt-in: FP8 dispatches write rows straight into a slot of the owner's
+# buffer (docs/ep-guide.md, "Direct FP8 dispatch"); every rank must set it.
 DIRECT_DISPATCH_ENV = "MC_EP_DIRECT_DISPATCH"
 _ERRORS = {1: "a topk_idx entry is outside [-1, num_experts)"}
 

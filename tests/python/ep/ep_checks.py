@@ -7,12 +7,11 @@ came from, and the expected receive set is computed from the all-gathered
 top-k (through the gloo reference group), independently of the code under test.
 """
 
-import os
-
 import pytest
 import torch
 import torch.distributed as dist
 
+from mooncake import _ep_fast
 from mooncake.mooncake_ep_buffer import Buffer, fp8_dequantize
 
 RANK_OFFSET = 128
@@ -98,8 +97,8 @@ def check_dispatch(rank, world, recv, recv_count, handle, all_topk, active, num_
 
 
 def direct_dispatch_on():
-    """Whether this process runs FP8 fast-path dispatches direct (MC_EP_DIRECT_DISPATCH=1)."""
-    return os.environ.get("MC_EP_DIRECT_DISPATCH") == "1"
+    """Whether this process asks for direct FP8 fast-path dispatch (_ep_fast's rule)."""
+    return _ep_fast.direct_dispatch_requested()
 
 
 def rows_by_source(recv, handle, le, use_fp8):

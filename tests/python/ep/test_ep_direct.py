@@ -25,10 +25,10 @@ import torch.distributed as dist
 import harness
 from ep_checks import SYNC_MODES, check_dispatch, gather_topk, make_inputs, run_round
 from gpu_ranks import use_rank_gpu, world_sizes
-from mooncake import _ep_runtime
+from mooncake import _ep_fast, _ep_runtime
 from mooncake.mooncake_ep_buffer import Buffer
 
-DIRECT_ENV = "MC_EP_DIRECT_DISPATCH"
+DIRECT_ENV = _ep_fast.DIRECT_DISPATCH_ENV
 
 
 def _skip_reason():
