@@ -36,30 +36,47 @@ _REGION_ALIGN = 256
 _HEADER_BYTES = 128
 
 SETUP_TIMEOUT_ENV = "MOONCAKE_EP_SETUP_TIMEOUT_MS"
-# Opt-in: FP8 dispatches write rows straight into a slot of the owner's
-# buffer (docs/ep-guide.md, "Direct FP8 dispatch"); every rank must set it.
+# FP8 dispatches write rows straight into a slot of the owner's buffer
+# (docs/ep-guide.md, "Direct FP8 dispatch"): on unless a rank sets it to 0.
 DIRECT_DISPATCH_ENV = "MC_EP_DIRECT_DISPATCH"
+_DIRECT_SLOTS = 3  # kEpDirectSlots
 _ERRORS = {1: "a topk_idx entry is outside [-1, num_experts)"}
 
 
 def direct_dispatch_requested():
-    """Whether this rank asks for direct FP8 dispatch (DIRECT_DISPATCH_ENV=1)."""
-    return os.environ.get(DIRECT_DISPATCH_ENV) == "1"
+    """Whether this rank asks for direct FP8 dispatch (unless DIRECT_DISPATCH_ENV=0)."""
+    return os.environ.get(DIRECT_DISPATCH_ENV, "1") != "0"
 
 
-def size_hint_python(max_tokens, hidden, num_ranks, num_experts):
-    """epBufferSizeHint in Python, for builds without the runtime."""
-    signal = -(-8 * (num_experts + num_experts) // _REGION_ALIGN) * _REGION_ALIGN
+def _align(n):
+    return -(-n // _REGION_ALIGN) * _REGION_ALIGN
+
+
+def size_hint_python(max_tokens, hidden, num_ranks, num_experts, direct=False):
+    """The runtime's buffer_size_hint in Python, for builds without the runtime:
+    epBufferSizeHint, plus EpLayout's direct area (header and slots) when `direct`."""
+    signal = _align(8 * (num_experts + num_experts))
     dispatch = num_experts * max_tokens * (_HEADER_BYTES + 2 * hidden)
     combine = num_experts * max_tokens * hidden * 2
-    return _STATE_BYTES + 2 * (signal + dispatch + combine)
+    total = _STATE_BYTES + 2 * (signal + dispatch + combine)
+    if not direct:
+        return total
+    local, rows = num_experts // num_ranks, num_ranks * max_tokens
+    header = _align(8 * num_experts + 16 + 16 * local * num_ranks)
+    slot = (_align(8 * local) + _align(local * rows * hidden) +
+            _align(local * rows * (hidden // 128) * 4) + _align(local * rows * 4))
+    return total + header + _DIRECT_SLOTS * slot
 
 
-def size_hint(max_tokens, hidden, num_ranks, num_experts):
+def size_hint(max_tokens, hidden, num_ranks, num_experts, direct=None):
+    """Workspace bytes; `direct` (default: as this rank asks) adds direct dispatch's slots.
+    A buffer without them still takes every op (direct=False is the minimum)."""
+    if direct is None:
+        direct = direct_dispatch_requested()
     module = _ep_runtime.runtime()
     if module is None:
-        return size_hint_python(max_tokens, hidden, num_ranks, num_experts)
-    if direct_dispatch_requested():  # with the direct FP8 dispatch's area
+        return size_hint_python(max_tokens, hidden, num_ranks, num_experts, direct)
+    if direct:
         return int(module.buffer_size_hint(max_tokens, hidden, num_ranks, num_experts, direct=True))
     return int(module.buffer_size_hint(max_tokens, hidden, num_ranks, num_experts))
 

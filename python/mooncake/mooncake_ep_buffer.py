@@ -93,8 +93,11 @@ class Buffer:
     def get_ep_buffer_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts):
         """Workspace bytes for dispatches of up to that many tokens per rank.
 
-        The CUDA runtime's epBufferSizeHint (its buffer layout), also where the
-        runtime is not built (a Python copy of the formula).
+        The CUDA runtime's buffer layout (also where the runtime is not built: a
+        Python copy of the formula), with direct FP8 dispatch's three slots unless
+        MC_EP_DIRECT_DISPATCH=0. A buffer of the size the hint gives with
+        MC_EP_DIRECT_DISPATCH=0 is the minimum: it runs every op, FP8 dispatches
+        through the copying receive.
         """
         checks.check_int("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank, 1)
         checks.check_int("hidden", hidden, 1)
@@ -202,13 +205,16 @@ class Buffer:
     # -- dispatch / combine --------------------------------------------------
 
     def _check_capacity(self, max_tokens, hidden, num_experts):
-        need = Buffer.get_ep_buffer_size_hint(max_tokens, hidden, self.group_size, num_experts)
+        # The minimum: a buffer without direct dispatch's slots runs every op
+        # (FP8 ones through the copying receive).
+        need = fast.size_hint(max_tokens, hidden, self.group_size, num_experts, direct=False)
         if self.num_ep_buffer_bytes < need:
             raise ValueError(
                 f"num_ep_buffer_bytes={self.num_ep_buffer_bytes} is too small for "
                 f"num_max_dispatch_tokens_per_rank={max_tokens}, hidden={hidden}, "
                 f"num_ranks={self.group_size}, num_experts={num_experts}: expected at least "
-                f"{need} (Buffer.get_ep_buffer_size_hint)"
+                f"{need} (Buffer.get_ep_buffer_size_hint with {fast.DIRECT_DISPATCH_ENV}=0; "
+                f"the hint without it adds direct FP8 dispatch's slots)"
             )
 
     def dispatch(self, x, topk_idx, active_ranks, num_max_dispatch_tokens_per_rank, num_experts,

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import harness
-from ep_checks import SYNC_MODES, make_inputs, new_buffer, run_round
+from ep_checks import SYNC_MODES, make_inputs, new_buffer, rows_by_source, run_round
 from mooncake import _ep_runtime, _ep_transport
 from mooncake.mooncake_elastic_buffer import ElasticBuffer
 from mooncake.mooncake_ep_buffer import fp8_dequantize
@@ -63,12 +63,24 @@ def _shared_gpu_worker(ctx):
             expert_out = fp8_dequantize(*recv) if use_fp8 else recv
             out, event, _ = buf.combine(expert_out, idx, w, act, -1, handle)
             event.current_stream_wait()
-            n = count.cpu().tolist()
-            rows = recv[0] if use_fp8 else recv
-            valid = [rows[le, :k].cpu().view(torch.uint8) for le, k in enumerate(n)]
-            outs.append(valid + [count.cpu(), handle[1].cpu(), out.cpu(), act.cpu()])
-        same = all(torch.equal(a, b) for a, b in zip(*outs))
-        assert same, f"seed {seed}: ElasticBuffer != Buffer"
+            # Keyed by (source, token): a direct FP8 dispatch packs the
+            # sources of an expert in arrival order, so only each source's
+            # count in layout_range, not where its rows begin, is compared.
+            rows = [rows_by_source(recv, handle, le, use_fp8) for le in range(count.numel())]
+            rows = [sorted((key, data.view(torch.uint8), scales) for key, (data, scales) in r.items())
+                    for r in rows]
+            counts = handle[1].cpu() & 0xFFFFFFFF
+            outs.append((rows, [count.cpu(), counts, out.cpu(), act.cpu()]))
+        (rows_e, rest_e), (rows_b, rest_b) = outs
+        for le, (re, rb) in enumerate(zip(rows_e, rows_b)):
+            assert [k for k, _, _ in re] == [k for k, _, _ in rb], \
+                f"seed {seed}: (source, token) rows of local expert {le} differ"
+            for (key, de, se), (_, db, sb) in zip(re, rb):
+                assert torch.equal(de, db) and (not use_fp8 or torch.equal(se, sb)), \
+                    f"seed {seed}: row {key} of local expert {le}: ElasticBuffer != Buffer"
+        for name, a, b in zip(("recv_count", "layout_range counts", "combined", "active_ranks"),
+                              rest_e, rest_b):
+            assert torch.equal(a, b), f"seed {seed}: {name}: ElasticBuffer != Buffer"
     # Views and handles do not survive update_ep_member().
     x, idx, w = make_inputs(rank, M, H, E, K, 700)
     x, idx, w = x.cuda(), idx.cuda(), w.cuda()

@@ -14,14 +14,27 @@ from mooncake.mooncake_ep_buffer import (FORCE_FALLBACK_ENV, Buffer, EventOverla
                                          fp8_quantize)
 
 
-def test_size_hint_matches_the_documented_formula():
-    # 256 B of state + 2 halves x (signals: 16 B per expert rounded to 256 B,
-    # dispatch: experts x slots x (128 B header + BF16 row), combine: experts x
-    # slots x BF16 row).
-    assert Buffer.get_ep_buffer_size_hint(128, 7168, 8, 256) == 256 + 2 * (
-        4096 + 256 * 128 * (128 + 14336) + 256 * 128 * 14336)
+def test_size_hint_matches_the_documented_formula(monkeypatch):
+    # Without direct dispatch's slots (MC_EP_DIRECT_DISPATCH=0): 256 B of state
+    # + 2 halves x (signals: 16 B per expert rounded to 256 B, dispatch: experts
+    # x slots x (128 B header + BF16 row), combine: experts x slots x BF16 row).
+    monkeypatch.setenv(_ep_fast.DIRECT_DISPATCH_ENV, "0")
+    base = 256 + 2 * (4096 + 256 * 128 * (128 + 14336) + 256 * 128 * 14336)
+    assert Buffer.get_ep_buffer_size_hint(128, 7168, 8, 256) == base
     # 3 experts: 48 bytes of signal round up to 256.
-    assert Buffer.get_ep_buffer_size_hint(1, 128, 3, 3) == 256 + 2 * (256 + 3 * 384 + 3 * 256)
+    small = 256 + 2 * (256 + 3 * 384 + 3 * 256)
+    assert Buffer.get_ep_buffer_size_hint(1, 128, 3, 3) == small
+    # By default, plus the direct area: a header (8 B per expert, 16, 16 B per
+    # (local expert, rank), rounded to 256 B), then 3 slots of [local experts]
+    # row counters (8 B), FP8 rows, float scales per 128 channels and int
+    # src_info, each over local experts x num_ranks * max_tokens rows and each
+    # rounded to 256 B.
+    monkeypatch.delenv(_ep_fast.DIRECT_DISPATCH_ENV)
+    rows = 32 * 8 * 128
+    slot = 256 + rows * 7168 + rows * 56 * 4 + rows * 4
+    assert Buffer.get_ep_buffer_size_hint(128, 7168, 8, 256) == base + 6400 + 3 * slot
+    # 1 local expert, 3 rows of 128 channels: 256 (header) + 3 x (256 + 512 + 256 + 256).
+    assert Buffer.get_ep_buffer_size_hint(1, 128, 3, 3) == small + 256 + 3 * 1280
 
 
 def test_python_size_hint_equals_the_runtime_formula():
@@ -29,12 +42,12 @@ def test_python_size_hint_equals_the_runtime_formula():
     if module is None:
         pytest.skip(f"the compiled EP runtime does not import here: {_ep_runtime._load()[1]}")
     for args in itertools.product((1, 7, 128, 1024), (128, 1024, 7168, 8192), (1, 2, 3, 8),
-                                  (1, 3)):
-        max_tokens, hidden, ranks, per_rank = args
+                                  (1, 3), (False, True)):
+        max_tokens, hidden, ranks, per_rank, direct = args
         experts = ranks * per_rank * 8
-        want = module.buffer_size_hint(max_tokens, hidden, ranks, experts)
-        assert _ep_fast.size_hint_python(max_tokens, hidden, ranks, experts) == want, args
-        assert Buffer.get_ep_buffer_size_hint(max_tokens, hidden, ranks, experts) == want, args
+        want = module.buffer_size_hint(max_tokens, hidden, ranks, experts, direct=direct)
+        assert _ep_fast.size_hint_python(max_tokens, hidden, ranks, experts, direct) == want, args
+        assert _ep_fast.size_hint(max_tokens, hidden, ranks, experts, direct=direct) == want, args
 
 
 def test_size_hint_arguments_are_checked():

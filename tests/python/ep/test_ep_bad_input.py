@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 import harness
 from ep_checks import check_combine, combine_reference, make_inputs, new_buffer
+from mooncake import _ep_fast
 from mooncake.mooncake_ep_buffer import Buffer
 
 M, H, K = 8, 256, 4
@@ -96,7 +97,9 @@ def _bad_input_worker(ctx):
     _expect(f, "active_ranks device", ValueError, r"active_ranks is on meta; expected x's device cpu",
             lambda: dispatch(active_ranks=torch.ones(world, dtype=torch.int32, device="meta")))
     # buffer size
-    need = Buffer.get_ep_buffer_size_hint(M, H, world, E)
+    # The minimum is the hint without direct dispatch's slots.
+    need = _ep_fast.size_hint(M, H, world, E, direct=False)
+    assert need < Buffer.get_ep_buffer_size_hint(M, H, world, E) or not _ep_fast.direct_dispatch_requested()
     small = Buffer(group, need - 1)
     _expect(f, "buffer too small", ValueError,
             rf"num_ep_buffer_bytes={need - 1} is too small .*expected at least {need}",
