@@ -9,7 +9,7 @@
 //                                   to 256 bytes
 //     dispatch receive region       messages [nle][num_ranks][max_tokens]
 //     combine receive region        BF16 rows [num_experts][max_tokens][hidden]
-//   direct area (only in buffers of directTotalBytes(); opt-in direct FP8
+//   direct area (only in buffers of directTotalBytes(); direct FP8
 //   dispatch, kernels/direct_dispatch.cuh): see EpLayout::direct*
 //
 // A message is a 128-byte header (int32 source token index, the rest unused)
@@ -106,7 +106,7 @@ struct EpLayout {
                (expert * max_tokens + token) * hidden * 2;
     }
 
-    // Direct FP8 dispatch (MC_EP_DIRECT_DISPATCH=1; kernels/direct_dispatch.cuh):
+    // Direct FP8 dispatch (on unless MC_EP_DIRECT_DISPATCH=0; direct_dispatch.cuh):
     // after the two halves, a header: this rank's reservation words u64
     // [num_experts] (its own), its slot names u64 [2] (which slot its next
     // op's senders write into, read by peers), base words u64 [2][nle]

@@ -1,4 +1,6 @@
-"""Direct FP8 dispatch (MC_EP_DIRECT_DISPATCH=1) on the fast path, N processes on one GPU.
+"""Direct FP8 dispatch on the fast path, N processes on one GPU.
+
+On by default; MC_EP_DIRECT_DISPATCH=0 turns it off (the tests set it per rank).
 
 Senders reserve rows on the owner's per-expert counter and write them in place
 into a packed FP8 slot of its buffer; recv_x is a view of that slot, which
