@@ -12,7 +12,8 @@ of the buffer and both kinds of op follow each other, with the exact checks
 of ep_checks.run_round (rows are compared per source through layout_range,
 so arrival order does not matter); FP8 outputs lying in the buffer; outputs
 held across later dispatches unchanged (a slot is not reused while a view
-of it lives); no rank runs direct when one rank did not ask for it.
+of it lives); no rank runs direct when one rank did not ask for it, nor in
+a buffer without the slots (the minimum size), where FP8 rounds stay exact.
 
 Without a GPU or the compiled runtime every test skips and says why.
 """
@@ -47,12 +48,12 @@ def _hint(world, direct):
     return Buffer.get_ep_buffer_size_hint(8, 256, world, 3 * world)
 
 
-def _inside(tensor, buf, num_bytes):
+def _inside(tensor, buf):
     base = buf._fast.local_address()
-    return base <= tensor.data_ptr() < base + num_bytes
+    return base <= tensor.data_ptr() < base + buf.num_ep_buffer_bytes
 
 
-def _direct_worker(ctx, direct_ranks):
+def _direct_worker(ctx, direct_ranks, with_slots=True):
     world, rank = ctx.world_size, ctx.rank
     use_rank_gpu(rank)
     plain = _hint(world, direct=False)
@@ -61,7 +62,9 @@ def _direct_worker(ctx, direct_ranks):
     # rows alone take 3 * 3 * 8 * world * 256 bytes more.
     assert with_area - plain >= 3 * 3 * 8 * world * 256, (plain, with_area)
     os.environ[DIRECT_ENV] = "1" if rank in direct_ranks else "0"
-    buf = Buffer(dist.group.WORLD, with_area)  # the same size on every rank
+    # The same size on every rank; without the slots (the minimum a buffer
+    # may have) every op takes the copying receive.
+    buf = Buffer(dist.group.WORLD, with_area if with_slots else plain)
     assert buf.use_fast_path, f"rank {rank}: fast path off: {buf.fast_path_reason}"
     all_active = [1] * world
     one_down = [1] * world
@@ -84,9 +87,9 @@ def _direct_worker(ctx, direct_ranks):
     recv, count, handle, _, _ = buf.dispatch(x.cuda(), idx.cuda(), act, 8, 3 * world, 30_000_000,
                                              use_fp8=True)
     torch.cuda.synchronize()
-    direct = len(direct_ranks) == world  # only when every rank asked for it
-    assert _inside(recv[0], buf, with_area) == direct, f"rank {rank}: recv_x data in the buffer"
-    assert _inside(recv[1], buf, with_area) == direct, f"rank {rank}: scales in the buffer"
+    direct = len(direct_ranks) == world and with_slots  # every rank asked, and room for it
+    assert _inside(recv[0], buf) == direct, f"rank {rank}: recv_x data in the buffer"
+    assert _inside(recv[1], buf) == direct, f"rank {rank}: scales in the buffer"
     check_dispatch(rank, world, (recv[0].cpu(), recv[1].cpu()), count.cpu(),
                    (handle[0].cpu(), handle[1].cpu()), all_topk, [1] * world, 3 * world, 8, 256,
                    True, f"rank {rank} last direct={direct}")
@@ -110,7 +113,7 @@ def _direct_worker(ctx, direct_ranks):
         assert torch.equal(recv[0].view(torch.uint8).cpu(), data), f"rank {rank}: held op {k} rows"
         assert torch.equal(recv[1].cpu(), scales), f"rank {rank}: held op {k} scales"
         assert torch.equal(handle[0].cpu(), src_info), f"rank {rank}: held op {k} src_info"
-        inside += _inside(recv[0], buf, with_area)
+        inside += _inside(recv[0], buf)
     assert inside <= 3 and (inside >= 1) == direct, f"rank {rank}: {inside} held ops in slots"
     return max(diffs)
 
@@ -131,4 +134,13 @@ def test_direct_dispatch(world_size):
 
 def test_direct_needs_every_rank():
     results = harness.run_ranks(_all_but_rank0, 3, "mooncake-cpu", timeout_s=150)
+    assert all(d < 1e-5 for d in results), results
+
+
+def _all_asking_without_slots(ctx):
+    return _direct_worker(ctx, direct_ranks=range(ctx.world_size), with_slots=False)
+
+
+def test_direct_needs_the_slots():
+    results = harness.run_ranks(_all_asking_without_slots, 2, "mooncake-cpu", timeout_s=150)
     assert all(d < 1e-5 for d in results), results
