@@ -1,4 +1,4 @@
-// Direct FP8 dispatch (MC_EP_DIRECT_DISPATCH=1 on every rank; docs/ep-guide.md):
+// Direct FP8 dispatch (on unless a rank sets MC_EP_DIRECT_DISPATCH=0; docs/ep-guide.md):
 // senders write their rows straight into a packed FP8 receive (a slot) in
 // the owner's buffer, each (sender, expert) at a range it reserves on the
 // slot's per-expert row counter, so the receive copies nothing.

@@ -183,10 +183,4 @@ __device__ inline void epUnpackRow(const EpGroupArgs& g, const DispatchArgs& a,
     }
 }
 
-// Copies one received message (one warp) into packed row `row` of its expert.
-__device__ inline void epUnpackMessage(const EpGroupArgs& g, const DispatchArgs& a,
-                                       const EpLayout& L, const char* msg, int64_t row, int lane) {
-    epUnpackRow(g, a, epMessageDest(L, const_cast<char*>(msg)), row, lane);
-}
-
 }  // namespace mooncake::ep
