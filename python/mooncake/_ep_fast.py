@@ -76,9 +76,7 @@ def size_hint(max_tokens, hidden, num_ranks, num_experts, direct=None):
     module = _ep_runtime.runtime()
     if module is None:
         return size_hint_python(max_tokens, hidden, num_ranks, num_experts, direct)
-    if direct:
-        return int(module.buffer_size_hint(max_tokens, hidden, num_ranks, num_experts, direct=True))
-    return int(module.buffer_size_hint(max_tokens, hidden, num_ranks, num_experts))
+    return int(module.buffer_size_hint(max_tokens, hidden, num_ranks, num_experts, direct=direct))
 
 
 def host_id():

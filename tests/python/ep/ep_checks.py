@@ -11,7 +11,6 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from mooncake import _ep_fast
 from mooncake.mooncake_ep_buffer import Buffer, fp8_dequantize
 
 RANK_OFFSET = 128
@@ -94,11 +93,6 @@ def check_dispatch(rank, world, recv, recv_count, handle, all_topk, active, num_
                 assert bool((srcs[begin:begin + count] == src).all()), \
                     f"{label}: layout_range[{le}, {src}] = ({begin}, {count}) holds other sources"
     return data
-
-
-def direct_dispatch_on():
-    """Whether this process asks for direct FP8 fast-path dispatch (_ep_fast's rule)."""
-    return _ep_fast.direct_dispatch_requested()
 
 
 def rows_by_source(recv, handle, le, use_fp8):

@@ -22,10 +22,9 @@ import torch.distributed as dist
 
 import harness
 from ep_checks import (SYNC_MODES, calc_diff, check_combine, check_dispatch, combine_reference,
-                       direct_dispatch_on, gather_topk, make_inputs, new_buffer, rows_by_source,
-                       run_round)
+                       gather_topk, make_inputs, new_buffer, rows_by_source, run_round)
 from gpu_ranks import use_rank_gpu, world_sizes
-from mooncake import _ep_runtime
+from mooncake import _ep_fast, _ep_runtime
 from mooncake.mooncake_ep_buffer import FORCE_FALLBACK_ENV, fp8_dequantize
 
 
@@ -104,7 +103,7 @@ def _parity_with_fallback(ctx, buf):
             outs.append((recv, count, handle, out))
         (rf, cf, hf, of), (rs, cs, hs, os_) = outs
         assert torch.equal(cf, cs), f"{label}: recv_count {cf.tolist()} vs {cs.tolist()}"
-        if not (use_fp8 and direct_dispatch_on()):
+        if not (use_fp8 and _ep_fast.direct_dispatch_requested()):
             # Source-rank order; a direct dispatch packs sources in arrival order.
             assert torch.equal(hf[1], hs[1]), f"{label}: layout_range differs"
         for le in range(3):
