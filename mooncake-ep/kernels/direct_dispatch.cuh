@@ -84,25 +84,29 @@ __device__ inline void epDirectPublishName(const EpGroupArgs& g, const DispatchA
         epMakeSignal(seq + 1, slot);
 }
 
+// Row `row` of the rows that start at `first` (payload rows of `hidden`
+// bytes, one scale per kEpHiddenAlign of them, one source index).
+__device__ inline EpRowDest epRowAfter(const EpRowDest& first, int64_t row, int64_t hidden) {
+    return {first.payload + row * hidden, first.scales + row * (hidden / kEpHiddenAlign),
+            first.src + row};
+}
+
 // Where row `row` (expert * capacity + index) of slot `slot` in `buffer` lives.
 __device__ inline EpRowDest epDirectRow(char* buffer, const EpLayout& L, int slot, int64_t row) {
-    const int64_t groups = L.hidden / kEpHiddenAlign;
-    return {buffer + L.directDataOffset(slot) + row * L.hidden,
-            reinterpret_cast<float*>(buffer + L.directScalesOffset(slot)) + row * groups,
-            reinterpret_cast<int32_t*>(buffer + L.directSrcOffset(slot)) + row};
+    const EpRowDest first = {buffer + L.directDataOffset(slot),
+                             reinterpret_cast<float*>(buffer + L.directScalesOffset(slot)),
+                             reinterpret_cast<int32_t*>(buffer + L.directSrcOffset(slot))};
+    return epRowAfter(first, row, L.hidden);
 }
 
 // Slot `slot` of `buffer` and the base words of half `phase`, as pointers.
 struct EpSlotView {
-    char* data;
-    float* scales;
-    int32_t* src;
+    EpRowDest first;                  // row 0 of the slot
     const unsigned long long* bases;  // [nle][num_ranks]
 };
 
 __device__ inline EpSlotView epSlotViewOf(char* buffer, const EpLayout& L, int slot, int phase) {
-    const EpRowDest first = epDirectRow(buffer, L, slot, 0);
-    return {first.payload, first.scales, first.src,
+    return {epDirectRow(buffer, L, slot, 0),
             reinterpret_cast<const unsigned long long*>(buffer + L.directBaseOffset(phase, 0, 0))};
 }
 

@@ -307,12 +307,13 @@ __device__ void epDispatchReceiveRound(const EpGroupArgs& g, const DispatchArgs&
         const int i = m - firsts[p];
         const int expert = expertOf(p);
         const int src = p % num_ranks;
-        EpRowDest from = epMessageDest(L, own + L.dispatchMessageOffset(phase, expert, src, i));
+        EpRowDest from;
         if (begins[p] & kEpFromSlot) {  // direct dispatch: a row in the slot named for the op
-            const int64_t r = expert * capacity + i +
-                              epSignalPayload(__ldcg(slot_view.bases + expert * num_ranks + src));
-            from = {slot_view.data + r * g.hidden,
-                    slot_view.scales + r * (g.hidden / kEpHiddenAlign), slot_view.src + r};
+            const int64_t base =
+                epSignalPayload(__ldcg(slot_view.bases + expert * num_ranks + src));
+            from = epRowAfter(slot_view.first, expert * capacity + base + i, g.hidden);
+        } else {
+            from = epMessageDest(L, own + L.dispatchMessageOffset(phase, expert, src, i));
         }
         epUnpackRow(g, a, from, expert * capacity + (begins[p] & ~kEpFromSlot) + i, lane);
     }
