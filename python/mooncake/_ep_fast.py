@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from mooncake import _ep_runtime
+from mooncake._ep_checks import HIDDEN_ALIGN
 
 # Layout constants of mooncake-ep/core/buffer_layout.h (the pure-Python size
 # formula below must equal epBufferSizeHint; a test compares them).
@@ -64,7 +65,7 @@ def size_hint_python(max_tokens, hidden, num_ranks, num_experts, direct=False):
     local, rows = num_experts // num_ranks, num_ranks * max_tokens
     header = _align(8 * num_experts + 16 + 16 * local * num_ranks)
     slot = (_align(8 * local) + _align(local * rows * hidden) +
-            _align(local * rows * (hidden // 128) * 4) + _align(local * rows * 4))
+            _align(local * rows * (hidden // HIDDEN_ALIGN) * 4) + _align(local * rows * 4))
     return total + header + _DIRECT_SLOTS * slot
 
 
