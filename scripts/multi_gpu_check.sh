@@ -15,7 +15,8 @@
 #   ep        ep_benchmark at 128 tokens per rank, hidden 7168, top-8, 256
 #             experts (and 288 on 8 GPUs), FP8 dispatch / BF16 combine: the
 #             Buffer over NVLink P2P with the fallback in the same run
-#             (--compare) and the ElasticBuffer's NCCL transport
+#             (--compare) and the ElasticBuffer's NCCL transport; and BF16
+#             dispatch over P2P, the setting of NCCL EP's published figure
 #   configs   ep_benchmark's three routing configs, each with its plot
 #
 # With no STAGE every stage runs (more than one device call holds: run them
@@ -87,6 +88,9 @@ for stage in $STAGES; do
         }
         ep p2p_vs_fallback_256 --num-experts 256 --compare
         ep nccl_transport_256 --num-experts 256 --ep-transport nccl
+        # NCCL EP's published 8-GPU figure is for BF16 dispatch (docs/ep-guide.md,
+        # "Published anchors for the 8-GPU run"); the last --dtype wins.
+        ep p2p_bf16_256 --num-experts 256 --dtype bf16
         if [ "$GPUS" -ge 8 ]; then
             ep p2p_288 --num-experts 288
             ep nccl_transport_288 --num-experts 288 --ep-transport nccl

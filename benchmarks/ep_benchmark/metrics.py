@@ -179,14 +179,21 @@ def payload_bytes(num_copies, hidden, use_fp8):
     return num_copies * per_dispatch, num_copies * 2 * hidden
 
 
-def bandwidth_summary(dispatch_bytes, combine_bytes, dispatch_ms, combine_ms, copy_bytes_per_s):
+def bandwidth_summary(dispatch_bytes, combine_bytes, dispatch_ms, combine_ms, copy_bytes_per_s,
+                      num_ranks):
     """Payload bytes/s at the median critical-path latency, and their fraction of the copy rate.
 
+    dispatch_bytes, combine_bytes: one step's payload over all `num_ranks`
+    ranks. The `_per_rank` figures divide the rates by `num_ranks`: a rank's
+    own copies over the step's time, the figure DeepEP's low-latency tests and
+    NCCL EP's ep_bench publish (docs/ep-guide.md, "Published anchors").
     copy_bytes_per_s: the bytes a device-to-device copy copies per second, as
     measured in the same run. A payload byte moved between ranks on one GPU
     is such a copy (read once, written once), so the fraction compares like
     with like; the HBM traffic of either is twice its bytes.
     """
+    if num_ranks < 1:
+        raise ValueError(f"num_ranks={num_ranks}: expected at least 1")
     d = dispatch_bytes / (float(dispatch_ms) / 1000.0)
     c = combine_bytes / (float(combine_ms) / 1000.0)
     out = {
@@ -194,6 +201,8 @@ def bandwidth_summary(dispatch_bytes, combine_bytes, dispatch_ms, combine_ms, co
         "combine_payload_bytes": int(combine_bytes),
         "dispatch_payload_bytes_per_s": d,
         "combine_payload_bytes_per_s": c,
+        "dispatch_payload_bytes_per_s_per_rank": d / num_ranks,
+        "combine_payload_bytes_per_s_per_rank": c / num_ranks,
         "device_copy_bytes_per_s": copy_bytes_per_s,
         "device_copy_traffic_bytes_per_s": 2 * copy_bytes_per_s if copy_bytes_per_s else None,
     }

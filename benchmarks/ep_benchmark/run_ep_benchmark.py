@@ -443,7 +443,8 @@ def run_worker(args, rank, world_size, local_rank):
             d_bytes, c_bytes = metrics.payload_bytes(copies, args.hidden_size, args.dtype == "fp8")
             d_ms = metrics.latency_stats(metrics.critical_path(per_rank[0]))["p50"]
             c_ms = metrics.latency_stats(metrics.critical_path(per_rank[1]))["p50"]
-            extra["bandwidth"] = metrics.bandwidth_summary(d_bytes, c_bytes, d_ms, c_ms, copy_rate)
+            extra["bandwidth"] = metrics.bandwidth_summary(d_bytes, c_bytes, d_ms, c_ms, copy_rate,
+                                                           world_size)
             if sampler:
                 extra["sm_clock"] = sampler.record()
             if len(per_rank) == 5:

@@ -218,6 +218,8 @@ def test_cpu_smoke_mooncake_cpu_zipf_hook(tmp_path):
     # 8 tokens x top-2 x 2 ranks, BF16 rows both ways; no copy rate on the CPU.
     bw = doc["bandwidth"]
     assert bw["dispatch_payload_bytes"] == bw["combine_payload_bytes"] == 32 * 2 * doc["hidden_size"]
+    for op in ("dispatch", "combine"):  # each of the 2 ranks' share
+        assert bw[f"{op}_payload_bytes_per_s_per_rank"] == bw[f"{op}_payload_bytes_per_s"] / 2
     assert bw["device_copy_bytes_per_s"] is None and "dispatch_fraction_of_copy_rate" not in bw
     assert bw["device_copy_traffic_bytes_per_s"] is None
     # With hooks each op's send half is timed apart: it ends before the op does.
@@ -251,8 +253,13 @@ def test_payload_bytes_and_bandwidth_by_hand():
     # FP8: 256 data bytes + 2 scales of 4 bytes per copy; combine: 512 BF16 bytes.
     assert metrics.payload_bytes(10, 256, True) == (2640, 5120)
     assert metrics.payload_bytes(10, 256, False) == (5120, 5120)
-    bw = metrics.bandwidth_summary(2000, 4000, 2.0, 4.0, 4e6)
+    bw = metrics.bandwidth_summary(2000, 4000, 2.0, 4.0, 4e6, 4)
     assert bw["dispatch_payload_bytes_per_s"] == 1e6 and bw["combine_payload_bytes_per_s"] == 1e6
+    # A rank's share, as DeepEP and NCCL EP count it: 4 ranks, a quarter each.
+    assert bw["dispatch_payload_bytes_per_s_per_rank"] == 2.5e5
+    assert bw["combine_payload_bytes_per_s_per_rank"] == 2.5e5
+    with pytest.raises(ValueError, match="num_ranks=0"):
+        metrics.bandwidth_summary(2000, 4000, 2.0, 4.0, 4e6, 0)
     assert bw["dispatch_fraction_of_copy_rate"] == 0.25 == bw["combine_fraction_of_copy_rate"]
     assert bw["device_copy_traffic_bytes_per_s"] == 8e6  # read + write of each byte copied
 
