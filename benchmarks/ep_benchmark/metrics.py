@@ -3,6 +3,8 @@
 import torch
 import torch.distributed as dist
 
+from mooncake._ep_checks import HIDDEN_ALIGN
+
 PERCENTILES = (("p50", 0.50), ("p90", 0.90), ("p99", 0.99), ("p999", 0.999))
 STAT_KEYS = tuple(k for k, _ in PERCENTILES) + ("mean",)
 
@@ -175,7 +177,7 @@ def payload_bytes(num_copies, hidden, use_fp8):
     128 channels; BF16: 2 * hidden); a combined copy is a BF16 row. Headers
     and signals are not payload.
     """
-    per_dispatch = hidden + hidden // 128 * 4 if use_fp8 else 2 * hidden
+    per_dispatch = hidden + hidden // HIDDEN_ALIGN * 4 if use_fp8 else 2 * hidden
     return num_copies * per_dispatch, num_copies * 2 * hidden
 
 

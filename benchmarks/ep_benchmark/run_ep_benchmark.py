@@ -27,6 +27,8 @@ for _p in (_HERE, os.path.join(_REPO, "python")):
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from mooncake._ep_checks import HIDDEN_ALIGN  # noqa: E402
+
 import clocks  # noqa: E402
 import metrics  # noqa: E402
 import phase_trace  # noqa: E402
@@ -148,12 +150,13 @@ def validate_args(args):
         raise ValueError(f"--top-k {args.top_k} must be <= --num-experts {args.num_experts}")
     if args.async_finish and args.return_recv_hook:
         raise ValueError("--async-finish and --return-recv-hook are mutually exclusive")
-    if args.dtype == "fp8" and args.hidden_size % 128 != 0:
+    if args.dtype == "fp8" and args.hidden_size % HIDDEN_ALIGN != 0:
         raise ValueError(
-            f"--dtype fp8 needs --hidden-size divisible by 128 (one scale per 128 channels), "
-            f"got {args.hidden_size}")
-    if args.hidden_size % 128 != 0:
-        raise ValueError(f"--hidden-size must be a multiple of 128 (Buffer.dispatch), got {args.hidden_size}")
+            f"--dtype fp8 needs --hidden-size divisible by {HIDDEN_ALIGN} (one scale per "
+            f"{HIDDEN_ALIGN} channels), got {args.hidden_size}")
+    if args.hidden_size % HIDDEN_ALIGN != 0:
+        raise ValueError(f"--hidden-size must be a multiple of {HIDDEN_ALIGN} (Buffer.dispatch), "
+                         f"got {args.hidden_size}")
     if args.routing_mode == "k_hot":
         routing.check_k_hot(args.num_experts, args.top_k, args.hot_experts, args.hot_fraction)
     if args.routing_mode == "zipf":
