@@ -203,7 +203,9 @@ def rank_main(rank, n, args, result_path):
                              "worker_queued_us_mean": (worker_times[b][0] if b in worker_times
                                                        else None),
                              "worker_run_us_mean": (worker_times[b][1] if b in worker_times
-                                                    else None)})
+                                                    else None),
+                             "caller_launched_fraction": (worker_times[b][2]
+                                                          if b in worker_times else None)})
                 if rank == 0 and args.verbose:
                     print(f"  {b:>12} {coll:>14} {size:>12} B  {med:10.1f} us", flush=True)
             del benches

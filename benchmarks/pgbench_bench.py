@@ -310,12 +310,15 @@ def measure(benches, ctrl, args, dist, torch):
     share the machine's conditions; returns {name: per-iteration times in us (slowest rank)},
     on CUDA {name: host time per op to issue it in us (slowest rank)}: an issue time
     close to the event time says the host, not the GPU, sets the pace; and for mooncake
-    groups {name: (queued_us, run_us)}, the collective worker's mean host time per op
-    (slowest rank), taken from the group's counters around the timed blocks."""
+    groups {name: (queued_us, run_us, caller_fraction)}, the collective worker's mean host
+    time per op (slowest rank; None where the worker ran no op) and the share of the ops the
+    calling thread launched itself (MC_PG_CUDA_CALLER_LAUNCH; the smallest rank's), taken
+    from the group's counters around the timed blocks."""
     plans = {name: plan_iters(b, ctrl, args, dist, torch) for name, b in benches.items()}
     local = {name: [] for name in benches}
     issue = {name: [] for name in benches}
-    worker = {name: [0, 0.0, 0.0] for name in benches}  # ops, queued_us, run_us
+    # ops, queued_us, run_us, caller_launched
+    worker = {name: [0, 0.0, 0.0, 0] for name in benches}
     rounds = max(1, args.rounds)
     for k in range(rounds):
         for name, bench in benches.items():
@@ -346,8 +349,8 @@ def measure(benches, ctrl, args, dist, torch):
                     local[name].append(time.perf_counter() - t0)
             after = _worker_stats(bench)
             if before is not None and after is not None:
-                for i, key in enumerate(("ops", "queued_us", "run_us")):
-                    worker[name][i] += after[key] - before[key]
+                for i, key in enumerate(("ops", "queued_us", "run_us", "caller_launched")):
+                    worker[name][i] += after.get(key, 0) - before.get(key, 0)
     def slowest(per_name):
         out = {}
         for name, ts in per_name.items():
@@ -357,11 +360,16 @@ def measure(benches, ctrl, args, dist, torch):
         return out
     per_op = {}
     for name in benches:
-        ops, queued, run = worker[name]
-        mine = torch.tensor([queued / ops, run / ops] if ops else [-1.0, -1.0], dtype=torch.float64)
+        ops, queued, run, caller = worker[name]
+        # The caller's share goes negated, so that MAX gives the smallest.
+        mine = torch.tensor([queued / ops if ops else -1.0, run / ops if ops else -1.0,
+                             -caller / (ops + caller) if ops + caller else 1.0],
+                            dtype=torch.float64)
         dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=ctrl)
-        if mine[1] >= 0:
-            per_op[name] = (mine[0].item(), mine[1].item())
+        if mine[1] >= 0 or mine[2] <= 0:
+            per_op[name] = (mine[0].item() if mine[1] >= 0 else None,
+                            mine[1].item() if mine[1] >= 0 else None,
+                            -mine[2].item() if mine[2] <= 0 else None)
     return slowest(local), (slowest(issue) if args.device == "cuda" else {}), per_op
 
 

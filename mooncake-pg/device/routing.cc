@@ -94,6 +94,12 @@ Result<bool> parseDirect(const char* value) {
                        {"0", "always through the windows", false}, true);
 }
 
+Result<bool> parseCallerLaunch(const char* value) {
+    return parseChoice(kCudaCallerLaunchEnv, value, "a setting",
+                       {"1", "the calling thread launches small synchronous calls", true},
+                       {"0", "every call goes through the group's worker", false}, true);
+}
+
 Result<bool> parseP2PCopyWithKernel(const char* value) {
     return parseChoice(kCudaP2PCopyEnv, value, "a setting",
                        {"memcpy", "cudaMemcpyAsync, the default", false},

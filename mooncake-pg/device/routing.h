@@ -87,6 +87,15 @@ Result<bool> parseBlockingWait(const char* value);
 inline constexpr const char* kCudaDirectEnv = "MC_PG_CUDA_DIRECT";
 Result<bool> parseDirect(const char* value);
 
+// MC_PG_CUDA_CALLER_LAUNCH: "1", null or empty (the default): a
+// synchronous kernel collective (async_op=False, not captured, smaller than
+// kDirectMinBytes, in a membership view the worker already ran one in) is
+// launched by the calling thread itself when the group's worker has nothing
+// queued or running; "0": every call goes through the worker. Each rank's
+// own choice (docs/design/pg-cuda.md).
+inline constexpr const char* kCudaCallerLaunchEnv = "MC_PG_CUDA_CALLER_LAUNCH";
+Result<bool> parseCallerLaunch(const char* value);
+
 // Kernel calls a group may have queued on its stream before the worker has
 // read their results: each holds one result slot of the group window.
 inline constexpr int kMaxKernelCallsInFlight = 128;

@@ -48,6 +48,7 @@ namespace mooncake::pg {
 
 class C10dStoreAdapter;
 class Communicator;
+class CudaExecutor;
 class EngineFabric;
 class P2PEngine;
 class Fabric;
@@ -98,11 +99,15 @@ public:
         uint64_t ops = 0;        // ops the worker ran (or failed at once)
         uint64_t queued_ns = 0;  // from enqueue to the worker taking them
         uint64_t run_ns = 0;     // running them (for kernel calls: until launched)
+        // Synchronous kernel calls the calling thread launched itself
+        // (MC_PG_CUDA_CALLER_LAUNCH), not counted in `ops`.
+        uint64_t caller_launched = 0;
     };
     WorkerStats workerStats() const {
         return {worker_ops_.load(std::memory_order_relaxed),
                 worker_queued_ns_.load(std::memory_order_relaxed),
-                worker_run_ns_.load(std::memory_order_relaxed)};
+                worker_run_ns_.load(std::memory_order_relaxed),
+                caller_launched_.load(std::memory_order_relaxed)};
     }
 
     c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
@@ -298,6 +303,19 @@ private:
     // on the caller's current stream rather than the group's.
     c10::intrusive_ptr<MooncakeWork> maybeKernel(KernelCall call, std::chrono::milliseconds timeout,
                                                  bool async_op);
+    // The calling thread, for a synchronous call maybeKernel gave to the
+    // kernels (MC_PG_CUDA_CALLER_LAUNCH): launches it at once on `exec`'s
+    // current stream when the worker would only launch it there itself
+    // (nothing queued or running, the membership view and stream of the
+    // worker's last kernel call, no failure seen since, room in flight) and
+    // returns its Work, launched; null otherwise (the call is queued). The
+    // worker completes the Work from the call's result slot, as its own.
+    c10::intrusive_ptr<MooncakeWork> maybeLaunchOnCaller(const KernelCall& call, CudaExecutor& exec,
+                                                         std::chrono::milliseconds timeout);
+    // Worker thread: moves the calls maybeLaunchOnCaller launched into
+    // kernels_in_flight_, behind the worker's own (they were launched while
+    // it ran nothing, so after every call it had queued).
+    void adoptCallerLaunches();
     // Reads MC_PG_CUDA_PATH and MC_PG_CUDA_SLOT_BYTES; throws c10::Error
     // naming a bad value.
     void configureCuda();
@@ -345,7 +363,11 @@ private:
     // Worker thread: completes calls in flight, oldest first, until at most
     // `keep` remain (returns early if a completion destroyed the backend).
     void finishKernelCalls(size_t keep);
-    bool kernelCallsInFlight() const { return !kernels_in_flight_.empty(); }
+    // Any thread: the worker's calls in flight and the caller's launches it
+    // has not adopted yet.
+    bool kernelCallsInFlight() const {
+        return calls_in_flight_.load(std::memory_order_acquire) != 0;
+    }
     // Worker thread: the abort word's value for what the host knows against
     // a call over `size` ranks issued in membership `epoch` (a dead peer; a
     // member a newer view took out); 0 when nothing.
@@ -535,6 +557,9 @@ private:
     std::atomic<size_t> queued_{0};
     bool accepting_ = true;
     bool abort_pending_ = false;
+    // Set under queue_mu_ when the worker takes an op, cleared (release)
+    // once it has run it: maybeLaunchOnCaller runs only while it is clear.
+    std::atomic<bool> worker_runs_op_{false};
     std::thread worker_;
     std::atomic<bool> closed_{false};
 
@@ -592,6 +617,19 @@ private:
     std::optional<KernelLaunch> kernel_launch_;
     std::deque<KernelInFlight> kernels_in_flight_;
     int next_result_slot_ = 0;
+    // kernels_in_flight_.size() plus caller_launches_.size().
+    std::atomic<size_t> calls_in_flight_{0};
+    // MC_PG_CUDA_CALLER_LAUNCH, and what maybeLaunchOnCaller goes by: the
+    // applied epoch and size in which the worker last launched a kernel
+    // call, until a failure or host evidence against a call in flight
+    // clears caller_launch_ready_ (the worker's next launch sets it again).
+    bool cuda_caller_launch_ = true;
+    std::atomic<bool> caller_launch_ready_{false};
+    std::atomic<uint64_t> caller_launch_epoch_{0};
+    std::atomic<int> caller_launch_size_{0};
+    std::mutex caller_launches_mu_;  // guards caller_launches_
+    std::vector<KernelInFlight> caller_launches_;
+    std::atomic<uint64_t> caller_launched_{0};
     std::chrono::steady_clock::time_point next_kernel_watch_{};
     std::chrono::steady_clock::time_point next_fence_query_{};  // pollKernelCalls
     std::atomic<uint64_t> device_calls_{0};

@@ -84,12 +84,19 @@ void MooncakeBackend::workerLoop() {
         // round trip and the wake-up latency (core/spin_wait.h). Shutdown
         // needs no poll: it is seen under the lock below.
         if (!kernelCallsInFlight())
-            spinUntil([this] { return queued_.load(std::memory_order_acquire) != 0; },
-                      spinBudget());
+            spinUntil(
+                [this] {
+                    return queued_.load(std::memory_order_acquire) != 0 || kernelCallsInFlight();
+                },
+                spinBudget());
         {
             std::unique_lock<std::mutex> lock(queue_mu_);
             if (!kernelCallsInFlight()) {
-                const auto ready = [this] { return !queue_.empty() || !accepting_; };
+                // A call the caller launched itself (maybeLaunchOnCaller) is
+                // counted under queue_mu_: polled from the loop above.
+                const auto ready = [this] {
+                    return !queue_.empty() || !accepting_ || kernelCallsInFlight();
+                };
                 // Replays of captured calls run unseen by the host: while
                 // idle, and while a graph that holds one exists, the worker
                 // watches for them (watchGraphReplays), once more after the
@@ -127,6 +134,7 @@ void MooncakeBackend::workerLoop() {
             queue_.pop_front();
             queued_.store(queue_.size(), std::memory_order_relaxed);
             aborted = abort_pending_;
+            worker_runs_op_.store(true, std::memory_order_relaxed);
         }
         task.taken = std::chrono::steady_clock::now();
         if (aborted) {
@@ -139,6 +147,9 @@ void MooncakeBackend::workerLoop() {
         // Completing the Work may have destroyed the backend (stopWorker).
         if (ownerGone())
             return;
+        // What the op changed (the window's slot counter, the last call's
+        // stream) is seen by a caller that finds this clear.
+        worker_runs_op_.store(false, std::memory_order_release);
     }
 }
 
@@ -155,6 +166,7 @@ void MooncakeBackend::countWorkerOp(const Task& task) {
 }
 
 void MooncakeBackend::settleBefore(const Task* next) {
+    adoptCallerLaunches();
     if (!kernelCallsInFlight())
         return;
     // A kernel call of the same membership view queues behind the calls in
@@ -178,6 +190,8 @@ void MooncakeBackend::runTask(Task& task) {
     kernel_ran_ = false;
     kernel_failed_.clear();
     kernel_launch_.reset();
+    // The caller's launches came before this op: they complete first.
+    adoptCallerLaunches();
     Status status = task.executor->beforeCore(*task.device_op, deadline);
     if (status.ok()) {
         status = runElastic(task, deadline, &from_core);
@@ -201,6 +215,7 @@ void MooncakeBackend::runTask(Task& task) {
         k.launch = *kernel_launch_;
         kernel_launch_.reset();
         kernels_in_flight_.push_back(std::move(k));
+        calls_in_flight_.fetch_add(1, std::memory_order_release);
         task.run = nullptr;
         task.device_op.reset();
         countWorkerOp(task);

@@ -286,11 +286,14 @@ Forms (seed API):
             d["ops"] = s.ops;
             d["queued_us"] = static_cast<double>(s.queued_ns) / 1e3;
             d["run_us"] = static_cast<double>(s.run_ns) / 1e3;
+            d["caller_launched"] = s.caller_launched;
             return d;
         },
         py::arg("backend"),
         "Benchmarks: the collective worker's ops since the group began and the host time they "
-        "spent queued and running (for kernel calls: until launched), in microseconds.");
+        "spent queued and running (for kernel calls: until launched), in microseconds; and the "
+        "synchronous kernel calls the calling thread launched itself (MC_PG_CUDA_CALLER_LAUNCH), "
+        "which the worker did not run.");
     // Test seam only (MooncakeBackend::holdViewsForTest).
     m.def(
         "_test_hold_views",

@@ -34,15 +34,13 @@
 #include "mooncake-pg/torch/collective_tensors.h"
 #include "mooncake-pg/torch/cuda_executor.h"
 #include "mooncake-pg/torch/store_adapter.h"
+#include "mooncake-pg/torch/window_launch.h"
 
 namespace mooncake::pg {
 
 using namespace collective_tensors;  // NOLINT(build/namespaces): the op family's helpers
 
 namespace {
-
-// Bounds the deadline arithmetic (Deadline::never() has no end).
-constexpr std::chrono::nanoseconds kMaxKernelWait = std::chrono::hours(24 * 365);
 
 bool movesBlocks(device::CudaCollective c) {
     return c == device::CudaCollective::kAllGather || c == device::CudaCollective::kReduceScatter ||
@@ -69,6 +67,38 @@ void copyOutputBlocks(const KernelCall& call, const std::vector<uint8_t>* writte
 
 }  // namespace
 
+Status launchOnWindow(const KernelCall& call, const device::DeviceGroupView& view, const void* src,
+                      void* dst, device::DeviceOpResult* result, cudaStream_t stream) {
+    constexpr uint64_t seq = 0;  // the call counter numbers it (nextCall)
+    switch (call.collective) {
+        case device::CudaCollective::kAllReduce:
+        case device::CudaCollective::kReduce:
+            return device::allReduce(
+                view, src, dst, call.count, call.dtype, call.op, seq, result, stream,
+                call.collective == device::CudaCollective::kReduce ? call.root : -1);
+        case device::CudaCollective::kAllGather:
+            return device::allGather(view, src, dst, call.count, call.dtype, seq, result, stream);
+        case device::CudaCollective::kReduceScatter:
+            return device::reduceScatter(view, src, dst, call.count, call.dtype, call.op, seq,
+                                         result, stream);
+        case device::CudaCollective::kAllToAll:
+            return device::allToAll(view, src, dst, call.count, call.dtype, seq, result, stream);
+        case device::CudaCollective::kBroadcast:
+            return device::broadcast(view, dst, call.count, call.dtype, call.root, seq, result,
+                                     stream);
+        // Off the root, a gather's output and a scatter's input are the
+        // rank's own tensor (in place), which the kernels leave alone.
+        case device::CudaCollective::kGather:
+            return device::gather(view, src, call.root == view.rank ? dst : nullptr, call.count,
+                                  call.dtype, call.root, seq, result, stream);
+        case device::CudaCollective::kScatter:
+            return device::scatter(view, call.root == view.rank ? src : nullptr, dst, call.count,
+                                   call.dtype, call.root, seq, result, stream);
+        default:
+            return Internal(std::string("no window kernel for ") + call.op_name);
+    }
+}
+
 void MooncakeBackend::GroupWindowDeleter::operator()(device::GroupWindow* w) const {
     delete w;
 }
@@ -93,6 +123,9 @@ void MooncakeBackend::configureCuda() {
     cuda_path_ = path.value();
     cuda_slot_bytes_ = slot.value();
     cuda_blocking_wait_ = blocking.value();
+    auto caller_launch = device::parseCallerLaunch(std::getenv(device::kCudaCallerLaunchEnv));
+    TORCH_CHECK_VALUE(caller_launch.ok(), "Mooncake PG: ", caller_launch.status().message());
+    cuda_caller_launch_ = caller_launch.value();
 }
 
 bool MooncakeBackend::mayRunKernels(device::CudaCollective collective) const {
@@ -143,8 +176,11 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeKernel(KernelCall call,
     // torch waits for a synchronous op at once: on the caller's stream the
     // kernels need no event to follow its work, nor its stream one to
     // follow them (the NCCL backend does the same).
-    if (!async_op && !call.captured)
+    if (!async_op && !call.captured) {
         st.onCallerStream();
+        if (auto work = maybeLaunchOnCaller(call, *exec, timeout))
+            return work;
+    }
     const c10d::OpType type = call.type;
     const char* op_name = call.op_name;
     at::Tensor output = call.work_output.defined() ? call.work_output : call.output;
@@ -287,11 +323,9 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
             MC_ASSIGN_OR_RETURN(const bool direct,
                                 maybeDirect(call, bytes, ptrOf(src), bytes, ptrOf(dst), bytes, true,
                                             size, deadline, &members));
-            launched = direct
-                           ? device::directAllReduce(view, members, call.count, call.dtype, call.op,
-                                                     seq, result, stream, reduce_root)
-                           : device::allReduce(view, ptrOf(src), ptrOf(dst), call.count, call.dtype,
-                                               call.op, seq, result, stream, reduce_root);
+            launched = direct ? device::directAllReduce(view, members, call.count, call.dtype,
+                                                        call.op, seq, result, stream, reduce_root)
+                              : launchOnWindow(call, view, ptrOf(src), ptrOf(dst), result, stream);
             break;
         }
         case device::CudaCollective::kAllGather: {
@@ -301,8 +335,7 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
                                             bytes * size, false, size, deadline, &members));
             launched = direct ? device::directAllGather(view, members, call.count, call.dtype, seq,
                                                         result, stream)
-                              : device::allGather(view, ptrOf(src), ptrOf(dst), call.count,
-                                                  call.dtype, seq, result, stream);
+                              : launchOnWindow(call, view, ptrOf(src), ptrOf(dst), result, stream);
             break;
         }
         case device::CudaCollective::kReduceScatter: {
@@ -312,8 +345,7 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
                                             ptrOf(dst), bytes, false, size, deadline, &members));
             launched = direct ? device::directReduceScatter(view, members, call.count, call.dtype,
                                                             call.op, seq, result, stream)
-                              : device::reduceScatter(view, ptrOf(src), ptrOf(dst), call.count,
-                                                      call.dtype, call.op, seq, result, stream);
+                              : launchOnWindow(call, view, ptrOf(src), ptrOf(dst), result, stream);
             break;
         }
         case device::CudaCollective::kAllToAll: {
@@ -328,8 +360,7 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
                                             ptrOf(dst), total, false, size, deadline, &members));
             launched = direct ? device::directAllToAll(view, members, call.count, call.dtype, seq,
                                                        result, stream)
-                              : device::allToAll(view, ptrOf(src), ptrOf(dst), call.count,
-                                                 call.dtype, seq, result, stream);
+                              : launchOnWindow(call, view, ptrOf(src), ptrOf(dst), result, stream);
             break;
         }
         case device::CudaCollective::kAllToAllV: {
@@ -346,24 +377,9 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
             launched = Status::OK();
             break;
         }
-        case device::CudaCollective::kBroadcast:
-            launched = device::broadcast(view, ptrOf(dst), call.count, call.dtype, call.root, seq,
-                                         result, stream);
-            break;
-        // Off the root, a gather's output and a scatter's input are the
-        // rank's own tensor (in place), which the kernels leave alone.
-        case device::CudaCollective::kGather:
-            launched =
-                device::gather(view, ptrOf(src), call.root == config_.rank ? ptrOf(dst) : nullptr,
-                               call.count, call.dtype, call.root, seq, result, stream);
-            break;
-        case device::CudaCollective::kScatter:
-            launched =
-                device::scatter(view, call.root == config_.rank ? ptrOf(src) : nullptr, ptrOf(dst),
-                                call.count, call.dtype, call.root, seq, result, stream);
-            break;
         default:
-            return Internal(std::string("no device kernel for ") + call.op_name);
+            launched = launchOnWindow(call, view, ptrOf(src), ptrOf(dst), result, stream);
+            break;
     }
     // Arguments were checked at issue: a refusal here is a bug, not a
     // mismatch between ranks (kInvalidArgument would read as one).
@@ -385,6 +401,13 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
         return Status::OK();
     }
     kernel_launch_ = KernelLaunch{slot, size, applied_epoch_.load(), timeout_ns};
+    // A synchronous call after this one may be launched by its caller in
+    // this view (maybeLaunchOnCaller), unless evidence is against it.
+    if (w.abortReason() == 0) {
+        caller_launch_epoch_.store(applied_epoch_.load());
+        caller_launch_size_.store(size);
+        caller_launch_ready_.store(true, std::memory_order_release);
+    }
     return Status::OK();
 }
 

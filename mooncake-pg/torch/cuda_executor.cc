@@ -289,6 +289,14 @@ void CudaExecutor::callQueued(cudaStream_t stream) {
     last_call_stream_ = stream;
 }
 
+Result<std::shared_ptr<DeviceFence>> CudaExecutor::queueCallerCallFence(cudaStream_t stream) {
+    auto fence = std::make_shared<Fence>(device_, stream, events_, /*captured=*/false);
+    MC_RETURN_IF_ERROR(fence->arm());
+    last_call_fence_ = fence;
+    last_call_stream_ = stream;
+    return std::shared_ptr<DeviceFence>(std::move(fence));
+}
+
 bool CudaExecutor::callerCapturing() const {
     const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;

@@ -76,6 +76,14 @@ public:
     Status followPreviousCall(cudaStream_t stream);
     void callQueued(cudaStream_t stream);
 
+    // The calling thread, while the worker runs no op (MooncakeBackend's
+    // caller launch, which excludes it): the stream the last device-window
+    // call went on (null before the first), and, for a call the caller has
+    // just queued on `stream` itself, its fence recorded there after it,
+    // which then is the last call's, as callQueued makes a worker's.
+    cudaStream_t lastCallStream() const { return last_call_stream_; }
+    Result<std::shared_ptr<DeviceFence>> queueCallerCallFence(cudaStream_t stream);
+
     std::shared_ptr<DeviceOp> issue(Staging staging) override;
     Status beforeCore(DeviceOp& op, Deadline deadline) override;
     Status finish(const std::shared_ptr<DeviceOp>& op, bool ok) override;

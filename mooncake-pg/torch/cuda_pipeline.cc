@@ -47,7 +47,20 @@ constexpr auto kFenceQueryPeriod = std::chrono::microseconds(8);
 
 }  // namespace
 
+void MooncakeBackend::adoptCallerLaunches() {
+    // The caller counts its launch after handing it over, both under
+    // queue_mu_: a launch not counted yet is seen at the next poll, and
+    // every one made before the worker took an op is counted by then.
+    if (calls_in_flight_.load(std::memory_order_acquire) == kernels_in_flight_.size())
+        return;
+    std::lock_guard<std::mutex> lock(caller_launches_mu_);
+    for (KernelInFlight& k : caller_launches_)
+        kernels_in_flight_.push_back(std::move(k));
+    caller_launches_.clear();
+}
+
 void MooncakeBackend::pollKernelCalls() {
+    adoptCallerLaunches();
     while (!kernels_in_flight_.empty()) {
         KernelInFlight& front = kernels_in_flight_.front();
         device::GroupWindow& w = *device_window_;
@@ -77,8 +90,12 @@ void MooncakeBackend::pollKernelCalls() {
                         w.setAbort(device::kAbortGroupAborted);
                 }
                 if (const uint64_t reason =
-                        abortReasonAgainst(front.launch.size, front.launch.epoch))
+                        abortReasonAgainst(front.launch.size, front.launch.epoch)) {
+                    // Later calls go through the worker, which applies the
+                    // view this evidence leads to before it runs them.
+                    caller_launch_ready_.store(false);
                     w.setAbort(reason);
+                }
             }
             if (!front.host_deadline.expired())
                 return;
@@ -92,12 +109,14 @@ void MooncakeBackend::pollKernelCalls() {
                 return;
             }
             // The abort word stays set: the kernels may still run.
+            caller_launch_ready_.store(false);
             device_stuck_ =
                 "the group's device collective kernels did not return after their deadline and "
                 "the abort word; the GPU may be stuck";
             while (!kernels_in_flight_.empty()) {
                 KernelInFlight k = std::move(kernels_in_flight_.front());
                 kernels_in_flight_.pop_front();
+                calls_in_flight_.fetch_sub(1, std::memory_order_release);
                 k.work->markFailed(
                     failureMessage(k.op_name,
                                    Internal(std::string(k.op_name) + ": " + device_stuck_),
@@ -112,14 +131,19 @@ void MooncakeBackend::pollKernelCalls() {
         kernels_in_flight_.pop_front();
         std::vector<int> failed;
         Status st = device::resultStatus(w.hostResult(k.launch.slot), k.op_name, &failed);
+        if (!st.ok())
+            caller_launch_ready_.store(false);
+        // After the slot was read: a caller may reuse it from here.
+        calls_in_flight_.fetch_sub(1, std::memory_order_release);
         if (st.code() == StatusCode::kTimeout && failed.size() == 1 &&
             fabric_->peerFailed(failed[0])) {
             // The peer it waited on is gone, not slow: say so, as the core does.
             st = PeerFailure(std::string(k.op_name) + ": rank " + std::to_string(failed[0]) +
                              " failed");
         }
-        // Evidence set while calls ran was for them; the next call starts clean.
-        if (kernels_in_flight_.empty() && device_stuck_.empty())
+        // Evidence set while calls ran was for them; the next call starts
+        // clean (counting a caller's launch not adopted yet).
+        if (!kernelCallsInFlight() && device_stuck_.empty())
             w.clearAbort();
         if (st.ok()) {
             k.work->markSucceeded();
@@ -230,6 +254,7 @@ void MooncakeBackend::forgetGraphFailures() {
 }
 
 void MooncakeBackend::finishKernelCalls(size_t keep) {
+    adoptCallerLaunches();
     int spins = 0;
     while (kernels_in_flight_.size() > keep) {
         const size_t before = kernels_in_flight_.size();

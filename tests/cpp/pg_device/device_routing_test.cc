@@ -97,6 +97,19 @@ TEST(DeviceRouting, DirectSettingDefaultsToOnAndNamesBadValues) {
         << bad.status().message();
 }
 
+TEST(DeviceRouting, CallerLaunchSettingDefaultsToOnAndNamesBadValues) {
+    EXPECT_TRUE(parseCallerLaunch(nullptr).value());
+    EXPECT_TRUE(parseCallerLaunch("").value());
+    EXPECT_TRUE(parseCallerLaunch("1").value());
+    EXPECT_FALSE(parseCallerLaunch("0").value());
+    auto bad = parseCallerLaunch("on");
+    ASSERT_FALSE(bad.ok());
+    EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(bad.status().message().find("MC_PG_CUDA_CALLER_LAUNCH='on' is not a setting"),
+              std::string::npos)
+        << bad.status().message();
+}
+
 TEST(DeviceRouting, BlockingWaitSettingDefaultsToOffAndNamesBadValues) {
     EXPECT_FALSE(parseBlockingWait(nullptr).value());
     EXPECT_FALSE(parseBlockingWait("").value());

@@ -93,8 +93,11 @@ def test_a_cpu_run_writes_ratios_naming_gloo(tmp_path):
     for r in data["results"]:  # the collective worker's host time per op, mooncake only
         if r["backend"] == "mooncake-cpu":
             assert r["worker_run_us_mean"] > 0 and r["worker_queued_us_mean"] >= 0, r
+            # Only synchronous CUDA kernel calls may be launched by their caller.
+            assert r["caller_launched_fraction"] == 0.0, r
         elif r["backend"] == "gloo":
             assert r["worker_run_us_mean"] is None and r["worker_queued_us_mean"] is None, r
+            assert r["caller_launched_fraction"] is None, r
 
 
 def _count_worker_ops(ctx):
