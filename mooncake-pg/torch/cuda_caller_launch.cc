@@ -96,6 +96,10 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeLaunchOnCaller(
     device::GroupWindow* w = device_window_ptr_.load(std::memory_order_acquire);
     if (w == nullptr || !w->hasView() || w->epoch() != deviceEpochOf(epoch) || w->size() != size)
         return {};
+    // The kernels go to the thread's current device: the worker sets the
+    // group's (a device guard) when it differs.
+    if (c10::cuda::current_device() != exec.device().index())
+        return {};
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(exec.device().index()).stream();
     // On another stream the call would first wait for the last one
     // (CudaExecutor::followPreviousCall): the worker does that.
