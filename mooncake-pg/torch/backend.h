@@ -312,6 +312,10 @@ private:
     // worker completes the Work from the call's result slot, as its own.
     c10::intrusive_ptr<MooncakeWork> maybeLaunchOnCaller(const KernelCall& call, CudaExecutor& exec,
                                                          std::chrono::milliseconds timeout);
+    // The next result slot of the group window, cleared. The worker, or a
+    // caller launching while the worker runs nothing; fewer calls are in
+    // flight than there are slots, so the slot's previous call was read.
+    int takeResultSlot(device::GroupWindow& w);
     // Worker thread: moves the calls maybeLaunchOnCaller launched into
     // kernels_in_flight_, behind the worker's own (they were launched while
     // it ran nothing, so after every call it had queued).
@@ -619,14 +623,13 @@ private:
     int next_result_slot_ = 0;
     // kernels_in_flight_.size() plus caller_launches_.size().
     std::atomic<size_t> calls_in_flight_{0};
-    // MC_PG_CUDA_CALLER_LAUNCH, and what maybeLaunchOnCaller goes by: the
-    // applied epoch and size in which the worker last launched a kernel
-    // call, until a failure or host evidence against a call in flight
-    // clears caller_launch_ready_ (the worker's next launch sets it again).
+    // MC_PG_CUDA_CALLER_LAUNCH, and whether the worker launched a kernel
+    // call in the view the window is set up for, with no failure or host
+    // evidence against a call in flight since (maybeLaunchOnCaller): set by
+    // its launch, cleared when the window takes a new view or by that
+    // evidence (the worker's next launch sets it again).
     bool cuda_caller_launch_ = true;
     std::atomic<bool> caller_launch_ready_{false};
-    std::atomic<uint64_t> caller_launch_epoch_{0};
-    std::atomic<int> caller_launch_size_{0};
     std::mutex caller_launches_mu_;  // guards caller_launches_
     std::vector<KernelInFlight> caller_launches_;
     std::atomic<uint64_t> caller_launched_{0};

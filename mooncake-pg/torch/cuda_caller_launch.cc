@@ -73,15 +73,18 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeLaunchOnCaller(
     if (!accepting_ || abort_pending_ || !queue_.empty() ||
         worker_runs_op_.load(std::memory_order_acquire))
         return {};
-    // Read with the worker idle: they describe its last kernel call.
+    // Read with the worker idle: its last kernel call ran in the view the
+    // window is set up for, with nothing against it seen since.
     if (!caller_launch_ready_.load(std::memory_order_acquire))
         return {};
-    const uint64_t epoch = caller_launch_epoch_.load();
-    const int size = caller_launch_size_.load();
     // A newer view is applied by the worker before the next call.
-    if (latest_epoch_.load() != epoch || applied_epoch_.load() != epoch ||
-        (host_ && host_->epoch() != epoch))
+    const uint64_t epoch = applied_epoch_.load();
+    if (latest_epoch_.load() != epoch || (host_ && host_->epoch() != epoch))
         return {};
+    device::GroupWindow* w = device_window_ptr_.load(std::memory_order_acquire);
+    if (w == nullptr || !w->hasView() || w->epoch() != deviceEpochOf(epoch))
+        return {};
+    const int size = w->size();
     if (call.blocks > 0 && call.blocks != size)
         return {};
     if (call.collective == device::CudaCollective::kBroadcast && call.root >= size)
@@ -92,9 +95,6 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeLaunchOnCaller(
         return {};
     // Replays of captured calls are watched by the idle worker.
     if (graphsAlive() || graphs_.owed.load())
-        return {};
-    device::GroupWindow* w = device_window_ptr_.load(std::memory_order_acquire);
-    if (w == nullptr || !w->hasView() || w->epoch() != deviceEpochOf(epoch) || w->size() != size)
         return {};
     // The kernels go to the thread's current device: the worker sets the
     // group's (a device guard) when it differs.
@@ -116,9 +116,7 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeLaunchOnCaller(
     // As runKernelCall: with no call in flight, evidence was for calls done.
     if (!kernelCallsInFlight())
         w->clearAbort();
-    const int slot = next_result_slot_;
-    next_result_slot_ = (slot + 1) % device::GroupWindow::kResultSlots;
-    w->clearResult(slot);
+    const int slot = takeResultSlot(*w);
     const Status launched =
         launchOnWindow(call, view, collective_tensors::ptrOf(call.input),
                        collective_tensors::ptrOf(call.output), w->deviceResult(slot), stream);

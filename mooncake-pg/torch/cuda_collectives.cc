@@ -297,13 +297,8 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
         w.clearAbort();
     // A captured call reports to the graph result at every replay. Otherwise
     // the worker keeps fewer calls in flight than there are slots
-    // (settleBefore), so this slot's previous call has been read.
-    int slot = device::GroupWindow::kGraphResultSlot;
-    if (!call.captured) {
-        slot = next_result_slot_;
-        next_result_slot_ = (slot + 1) % device::GroupWindow::kResultSlots;
-        w.clearResult(slot);
-    }
+    // (settleBefore).
+    const int slot = call.captured ? device::GroupWindow::kGraphResultSlot : takeResultSlot(w);
     constexpr uint64_t seq = 0;  // the call counter numbers it (nextCall)
 
     // Contiguous stand-ins, made on the communication stream (current here).
@@ -403,12 +398,16 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
     kernel_launch_ = KernelLaunch{slot, size, applied_epoch_.load(), timeout_ns};
     // A synchronous call after this one may be launched by its caller in
     // this view (maybeLaunchOnCaller), unless evidence is against it.
-    if (w.abortReason() == 0) {
-        caller_launch_epoch_.store(applied_epoch_.load());
-        caller_launch_size_.store(size);
+    if (w.abortReason() == 0)
         caller_launch_ready_.store(true, std::memory_order_release);
-    }
     return Status::OK();
+}
+
+int MooncakeBackend::takeResultSlot(device::GroupWindow& w) {
+    const int slot = next_result_slot_;
+    next_result_slot_ = (slot + 1) % device::GroupWindow::kResultSlots;
+    w.clearResult(slot);
+    return slot;
 }
 
 Status MooncakeBackend::setUpDeviceWindow(int size, Deadline deadline) {
@@ -431,6 +430,8 @@ Status MooncakeBackend::setUpDeviceWindow(int size, Deadline deadline) {
     if (device_window_->hasView() && device_window_->epoch() == epoch &&
         device_window_->size() == size)
         return Status::OK();
+    // Callers launch in the new view only after the worker has (runKernelCall).
+    caller_launch_ready_.store(false);
     return device_window_->applyView(fabric_->peerSegments(size), epoch, deadline);
 }
 
