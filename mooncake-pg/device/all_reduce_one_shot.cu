@@ -120,7 +120,7 @@ __global__ void waitReduceKernel(DeviceGroupView g, T* output, uint64_t count, u
     end.seq = step.seq;
     end.ends_call = true;
     end.call_tag = step.tag;
-    blockArrive(g, end);
+    blockArrive(g, end, result);
 }
 
 // The whole block: this rank's input into its slot at every member, the
@@ -159,9 +159,13 @@ __global__ void singleBlockOneShotKernel(DeviceGroupView g, const char* input, T
     __syncthreads();
     if (ok)
         pushWaitReduce<T, kOp>(g, input, output, count, step, signature, result);
-    // Every thread read the call counter before the barrier above.
-    if (threadIdx.x == 0)
+    // Every thread read the call counter, and wrote its part of the output,
+    // before this barrier.
+    __syncthreads();
+    if (threadIdx.x == 0) {
         advanceCallSeq(g, step.seq);
+        markCallEnded(result);
+    }
 }
 
 template <typename T, ReduceOp kOp>

@@ -145,13 +145,18 @@ enum class DeviceStatus : int32_t {
 };
 
 // Written by the kernels (first failure wins: it claims the status, writes
-// culprit and detail, then the status), read by the host once the call's
-// stream work has completed, or at any time for a replay's result (a
-// claimed status reads as none yet). Lives in host-mapped memory.
+// culprit and detail, then the status), read by the host once the call has
+// ended, or at any time for a replay's result (a claimed status reads as
+// none yet). Lives in host-mapped memory.
 struct DeviceOpResult {
     int32_t status = 0;
     int32_t culprit = -1;
     uint64_t detail = 0;
+    // Nonzero once every block of the call's last kernel is done, its stores
+    // (output and the fields above) fenced before (markCallEnded): the host
+    // reads the result then instead of querying an event, which would take
+    // the CUDA driver's lock that the launching threads need.
+    uint64_t ended = 0;
 };
 
 // A call's identity as every rank must agree on it: the collective, the

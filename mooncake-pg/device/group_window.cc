@@ -193,11 +193,21 @@ DeviceOpResult GroupWindow::hostResult(int slot) const {
     return out;
 }
 
+bool GroupWindow::callEnded(int slot) const {
+    const auto* r =
+        reinterpret_cast<const volatile DeviceOpResult*>(host_words_ + kResultWord) + slot;
+    const bool ended = r->ended != 0;
+    // The kernels fenced the result before the mark: read it after this.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return ended;
+}
+
 void GroupWindow::clearResult(int slot) {
     auto* r = reinterpret_cast<volatile DeviceOpResult*>(host_words_ + kResultWord) + slot;
     r->status = 0;
     r->culprit = -1;
     r->detail = 0;
+    r->ended = 0;
 }
 
 void GroupWindow::setAbort(uint64_t reason) {

@@ -88,10 +88,14 @@ public:
     // has read it, so at most this many calls are queued unread.
     static constexpr int kResultSlots = kMaxKernelCallsInFlight;
     // A call's result (slot in [0, kResultSlots)), as the host reads it once
-    // the call's stream work has completed and as the kernels write it.
+    // the call has ended and as the kernels write it.
     DeviceOpResult hostResult(int slot = 0) const;
     DeviceOpResult* deviceResult(int slot = 0) const { return device_results_ + slot; }
     void clearResult(int slot = 0);
+    // Any thread: whether the call holding `slot` has ended on the device
+    // (DeviceOpResult::ended; its result may be read from then on). A plain
+    // read of host memory: no CUDA call.
+    bool callEnded(int slot) const;
 
     // Calls replayed from CUDA graphs report here, first failure wins, until
     // the host reads and clears it.

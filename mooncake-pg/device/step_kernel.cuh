@@ -38,8 +38,8 @@ struct StepArgs {
     uint64_t wait_tag = 0;
     uint64_t stage_tag = 0;
     uint64_t signature = 0;
-    uint64_t call_tag = 0;  // step 0's tag: names the call in the failed-call word
-    uint64_t seq = 0;       // the call's number
+    uint64_t call_tag = 0;   // step 0's tag: names the call in the failed-call word
+    uint64_t seq = 0;        // the call's number
     bool ends_call = false;  // the call's last round: advances the call counter
     // Every block of the kernel arrives (blockArrive) `rounds` times, the
     // allStepsKernel once per step: the arrival counter resets only after
@@ -63,6 +63,14 @@ __device__ __forceinline__ uint64_t callSeq(const DeviceGroupView& g, uint64_t h
 __device__ __forceinline__ void advanceCallSeq(const DeviceGroupView& g, uint64_t seq) {
     if (g.seq_on_device)
         *reinterpret_cast<volatile uint64_t*>(callCounter(g)) = seq + 1;
+}
+
+// One thread, as the call's last act on the device: every block's stores
+// (ordered before this thread by the caller's barrier or arrival count)
+// are visible system-wide before the host sees the call ended.
+__device__ __forceinline__ void markCallEnded(DeviceOpResult* result) {
+    __threadfence_system();
+    *reinterpret_cast<volatile uint64_t*>(&result->ended) = 1;
 }
 
 // The start of a rank's data region of `parity` in a window.
@@ -189,8 +197,9 @@ __device__ __forceinline__ bool blockWaitStep(const DeviceGroupView& g, const St
 // Every block, whether it did its work or not: counts itself in; the last
 // one of a round, when the call has not failed and the round staged a step,
 // publishes the signature and raises the step's flag at every member; in the
-// call's last round it advances the call counter. The system fences order
-// every block's stores before the flags.
+// call's last round it advances the call counter, and the kernel's final
+// arrival marks the call ended in `result`. The system fences order every
+// block's stores before the flags and that mark.
 //
 // The count runs over the kernel's rounds and resets after its final
 // arrival, never between rounds: a round's blocks wait for that round's
@@ -200,7 +209,8 @@ __device__ __forceinline__ bool blockWaitStep(const DeviceGroupView& g, const St
 // arrivals fall to whichever blocks make each multiple of the grid, which
 // raise nothing (the call failed) and at most advance the call counter to
 // the same value again.
-__device__ __forceinline__ void blockArrive(const DeviceGroupView& g, const StepArgs& a) {
+__device__ __forceinline__ void blockArrive(const DeviceGroupView& g, const StepArgs& a,
+                                            DeviceOpResult* result) {
     __shared__ bool last;
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -226,6 +236,10 @@ __device__ __forceinline__ void blockArrive(const DeviceGroupView& g, const Step
             }
             if (a.ends_call)
                 advanceCallSeq(g, a.seq);
+            // The kernel's final arrival, every block's every round counted:
+            // nothing of the call runs after it, failed or not.
+            if (a.ends_call && arrived == gridDim.x * a.rounds)
+                markCallEnded(result);
         }
     }
 }
@@ -260,7 +274,7 @@ __device__ __forceinline__ void runStep(const DeviceGroupView& g, const Algo& al
         ok = blockWaitStep(g, a, result);
     if (ok)
         algo.run(g, a);
-    blockArrive(g, a);
+    blockArrive(g, a, result);
 }
 
 // Every step of a call in one kernel. Between steps nothing needs a kernel

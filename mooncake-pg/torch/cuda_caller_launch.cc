@@ -128,16 +128,12 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeLaunchOnCaller(
                          ": queuing the device kernels failed: ", launched.toString());
     }
     device_calls_.fetch_add(1);
-    auto fence = exec.queueCallerCallFence(stream);
-    if (!fence.ok()) {
-        lock.unlock();
-        TORCH_CHECK_WITH(DistBackendError, false, "Mooncake PG: ", call.op_name, ": ",
-                         fence.status().toString());
-    }
+    // No event: the worker completes the call from its end mark.
+    std::shared_ptr<DeviceFence> fence = exec.callerCallFence(stream);
     auto work =
         c10::make_intrusive<MooncakeWork>(rank_, call.type, std::vector<at::Tensor>{call.output},
                                           max_group_size_, std::vector<c10::Device>{exec.device()});
-    work->addFence(fence.value());
+    work->addFence(fence);
     // Before the worker can see it: it may complete the Work at once.
     if (!cuda_blocking_wait_)
         work->markLaunched();
@@ -146,7 +142,7 @@ c10::intrusive_ptr<MooncakeWork> MooncakeBackend::maybeLaunchOnCaller(
     k.op_name = call.op_name;
     k.timeout = op_timeout;
     k.deadline = deadline;
-    k.fence = fence.value();
+    k.fence = std::move(fence);
     k.launch = KernelLaunch{slot, size, epoch, timeout_ns};
     {
         std::lock_guard<std::mutex> launches(caller_launches_mu_);

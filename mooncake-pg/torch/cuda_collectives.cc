@@ -272,6 +272,11 @@ Status MooncakeBackend::runKernelCall(const KernelCall& call, Deadline deadline)
     } in_order{*exec, stream, call.captured};
     if (!call.captured) {
         Status ordered = exec->followPreviousCall(stream);
+        if (ordered.code() == StatusCode::kUnavailable) {
+            // Once the previous call has ended, nothing is left to follow.
+            finishKernelCalls(0);
+            ordered = exec->followPreviousCall(stream);
+        }
         if (!ordered.ok())
             return ordered.withContext(call.op_name);
     }

@@ -203,6 +203,94 @@ private:
     const bool captured_;
 };
 
+// The fence of a kernel call its caller launched on its own stream
+// (MooncakeBackend::maybeLaunchOnCaller): no event is recorded per call. It
+// completes when the worker, having read the call's end mark in its result
+// slot, marks it ended. Work on the call's stream follows it already;
+// another stream waits while it runs on an event recorded on the call's
+// stream when first needed, which may cover work the caller queued there
+// since, and completes no later than the call.
+class CudaExecutor::CallEndFence final : public DeviceFence {
+public:
+    CallEndFence(c10::Device device, cudaStream_t stream,
+                 std::shared_ptr<CudaExecutor::EventPool> events)
+        : device_(device), stream_(stream), events_(std::move(events)) {}
+    ~CallEndFence() override {
+        if (event_)
+            events_->give(event_);
+    }
+
+    void streamWait() override {
+        const cudaStream_t current = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
+        if (current == stream_ || ready())
+            return;
+        c10::cuda::CUDAGuard guard(device_);
+        checkStatus(orderAfter(current, /*may_block=*/true));
+    }
+    void block() override {
+        // The worker marks every call it takes off its calls in flight; one
+        // it gave up on as stuck stays unmarked, as its event would.
+        int spins = 0;
+        while (!ready()) {
+            if (++spins < 256) {
+                std::this_thread::yield();
+            } else {
+                std::this_thread::sleep_for(std::chrono::microseconds(20));
+            }
+        }
+    }
+    bool ready() override { return ended_.load(std::memory_order_acquire); }
+    void onStream(const std::function<void()>& fn) override {
+        c10::cuda::CUDAStreamGuard guard(
+            c10::cuda::getStreamFromExternal(stream_, device_.index()));
+        fn();
+    }
+    void markEnded() override { ended_.store(true, std::memory_order_release); }
+
+    // `waiter` (on the fence's device) follows the call. While the call's
+    // stream is being captured no event can be recorded there: the call,
+    // queued before the capture began, ends on its own, and the calling
+    // thread waits for that when `may_block`, else gets kUnavailable (the
+    // worker, which marks the fence, cannot wait for itself).
+    Status orderAfter(cudaStream_t waiter, bool may_block) {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (ready())
+            return Status::OK();
+        if (!event_) {
+            cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+            if (cudaStreamIsCapturing(stream_, &capture) != cudaSuccess ||
+                capture != cudaStreamCaptureStatusNone) {
+                (void)cudaGetLastError();
+                if (!may_block)
+                    return Unavailable("the stream of the caller's call is being captured");
+                block();
+                return Status::OK();
+            }
+            event_ = events_->take();
+            const cudaError_t e = cudaEventRecord(event_, stream_);
+            if (e != cudaSuccess) {
+                events_->give(event_);
+                event_ = nullptr;
+                return cudaStatus(e, "recording the end of the caller's call");
+            }
+        }
+        return cudaStatus(cudaStreamWaitEvent(waiter, event_, 0),
+                          "ordering a stream after the caller's call");
+    }
+
+private:
+    static void checkStatus(const Status& st) {
+        TORCH_CHECK(st.ok(), "Mooncake PG: ", st.toString());
+    }
+
+    const c10::Device device_;
+    const cudaStream_t stream_;  // the caller's, the call's kernels on it
+    const std::shared_ptr<CudaExecutor::EventPool> events_;
+    std::atomic<bool> ended_{false};
+    std::mutex mu_;                // guards event_'s one record
+    cudaEvent_t event_ = nullptr;  // recorded after the call when first needed
+};
+
 class CudaExecutor::Op final : public DeviceOp {
 public:
     Op(Staging s, c10::Device device, c10::cuda::CUDAStream stream, bool on_caller_stream,
@@ -271,7 +359,11 @@ Status CudaExecutor::drain(Deadline deadline, const char* what,
 }
 
 Status CudaExecutor::followPreviousCall(cudaStream_t stream) {
-    if (!last_call_fence_ || last_call_stream_ == stream)
+    if (last_call_stream_ == stream)
+        return Status::OK();
+    if (last_caller_fence_)
+        return last_caller_fence_->orderAfter(stream, /*may_block=*/false);
+    if (!last_call_fence_)
         return Status::OK();
     const cudaError_t e = cudaStreamWaitEvent(stream, last_call_fence_->event(), 0);
     if (e != cudaSuccess)
@@ -286,15 +378,16 @@ void CudaExecutor::callQueued(cudaStream_t stream) {
     // failed record leaves the next call on another stream unordered; the
     // call after this one fails first anyway (its launch reports it).
     last_call_fence_ = running_fence_;
+    last_caller_fence_.reset();
     last_call_stream_ = stream;
 }
 
-Result<std::shared_ptr<DeviceFence>> CudaExecutor::queueCallerCallFence(cudaStream_t stream) {
-    auto fence = std::make_shared<Fence>(device_, stream, events_, /*captured=*/false);
-    MC_RETURN_IF_ERROR(fence->arm());
-    last_call_fence_ = fence;
+std::shared_ptr<DeviceFence> CudaExecutor::callerCallFence(cudaStream_t stream) {
+    auto fence = std::make_shared<CallEndFence>(device_, stream, events_);
+    last_caller_fence_ = fence;
+    last_call_fence_.reset();
     last_call_stream_ = stream;
-    return std::shared_ptr<DeviceFence>(std::move(fence));
+    return fence;
 }
 
 bool CudaExecutor::callerCapturing() const {

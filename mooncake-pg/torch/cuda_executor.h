@@ -71,18 +71,23 @@ public:
     // Worker thread, around each device-window call outside a capture: the
     // calls must run in call order, and a synchronous one goes on its
     // caller's stream. followPreviousCall makes `stream` wait for the
-    // previous call when that was queued on another stream; callQueued
-    // notes the call just queued on `stream`.
+    // previous call when that was queued on another stream (kUnavailable
+    // when that was a caller's call whose stream is being captured now:
+    // complete the calls in flight, which ends it, and ask again);
+    // callQueued notes the call just queued on `stream`.
     Status followPreviousCall(cudaStream_t stream);
     void callQueued(cudaStream_t stream);
 
     // The calling thread, while the worker runs no op (MooncakeBackend's
     // caller launch, which excludes it): the stream the last device-window
     // call went on (null before the first), and, for a call the caller has
-    // just queued on `stream` itself, its fence recorded there after it,
-    // which then is the last call's, as callQueued makes a worker's.
+    // just queued on `stream` itself, its fence, which then is the last
+    // call's, as callQueued makes a worker's. That fence records no event:
+    // it completes when the worker marks it ended (DeviceFence::markEnded),
+    // and another stream ordered after it waits on an event recorded on
+    // `stream` only then (CallEndFence).
     cudaStream_t lastCallStream() const { return last_call_stream_; }
-    Result<std::shared_ptr<DeviceFence>> queueCallerCallFence(cudaStream_t stream);
+    std::shared_ptr<DeviceFence> callerCallFence(cudaStream_t stream);
 
     std::shared_ptr<DeviceOp> issue(Staging staging) override;
     Status beforeCore(DeviceOp& op, Deadline deadline) override;
@@ -102,6 +107,7 @@ public:
 
 private:
     class Fence;
+    class CallEndFence;
     class Op;
     // Drops the ops whose fences have completed (their tensors go with them).
     void reap();
@@ -121,10 +127,12 @@ private:
     cudaEvent_t drained_ = nullptr;  // worker thread only (drain)
     // Worker thread only: the fence of the op it runs (beforeCore), and the
     // last device-window call's stream and fence (its op's, recorded after
-    // its work), which the next call on another stream waits for.
+    // its work; or, for a call its caller launched, last_caller_fence_
+    // instead), which the next call on another stream waits for.
     std::shared_ptr<Fence> running_fence_;
     cudaStream_t last_call_stream_ = nullptr;
     std::shared_ptr<Fence> last_call_fence_;
+    std::shared_ptr<CallEndFence> last_caller_fence_;
     std::mutex retired_mu_;
     // Finished ops whose device work may still be running, oldest first.
     std::deque<std::shared_ptr<DeviceOp>> retired_;

@@ -1,7 +1,8 @@
 // MooncakeBackend's kernel calls in flight: the worker queues a kernel
 // call's kernels on the communication stream and takes the next op at once;
-// the call's Work is completed later, when the worker finds the call's
-// fence completed and reads its result slot (docs/design/pg-cuda.md).
+// the call's Work is completed later, when the worker finds the call ended
+// (its last kernel marks its result slot) and reads that slot
+// (docs/design/pg-cuda.md).
 //
 // Calls complete in issue order. While one runs, the worker turns host
 // evidence (abort(), a dead peer, a newer view that deactivates a member)
@@ -41,9 +42,12 @@ namespace {
 constexpr auto kKernelGrace = std::chrono::seconds(2);
 // How often the evidence behind the abort word is checked while a call runs.
 constexpr auto kKernelWatchPeriod = std::chrono::milliseconds(1);
-// How often the fence of the oldest call in flight is queried; a Work
-// completes at most this long after its kernels.
-constexpr auto kFenceQueryPeriod = std::chrono::microseconds(8);
+// How often the fence of the oldest call in flight is queried besides: a
+// call whose kernels ended reads as ended in its slot long before. The
+// fence only backs that mark up, so rarely: each query takes the CUDA
+// driver's lock, which the caller's thread needs for its launches and
+// event records.
+constexpr auto kFenceQueryPeriod = std::chrono::milliseconds(1);
 
 }  // namespace
 
@@ -70,15 +74,11 @@ void MooncakeBackend::pollKernelCalls() {
             front.host_deadline =
                 Deadline::after(std::chrono::nanoseconds(front.launch.timeout_ns) + kKernelGrace);
         }
-        // A fence query takes the CUDA driver's lock, which the caller's
-        // thread needs meanwhile for its launches and event records: queried
-        // back to back, the queries cost an eager op several microseconds.
         const auto now = std::chrono::steady_clock::now();
-        bool ready = false;
-        if (now >= next_fence_query_) {
+        bool ready = w.callEnded(front.launch.slot);
+        if (!ready && now >= next_fence_query_) {
             ready = front.fence->ready();
-            if (!ready)
-                next_fence_query_ = now + kFenceQueryPeriod;
+            next_fence_query_ = now + kFenceQueryPeriod;
         }
         if (!ready) {
             if (now >= next_kernel_watch_) {
@@ -129,6 +129,7 @@ void MooncakeBackend::pollKernelCalls() {
         }
         KernelInFlight k = std::move(front);
         kernels_in_flight_.pop_front();
+        k.fence->markEnded();
         std::vector<int> failed;
         Status st = device::resultStatus(w.hostResult(k.launch.slot), k.op_name, &failed);
         if (!st.ok())

@@ -24,8 +24,9 @@
 
 namespace mooncake::pg {
 
-// Completion of an op's device work (a CUDA event on the group's
-// communication stream); implemented by the CUDA executor.
+// Completion of an op's device work (a CUDA event on the stream the work
+// went on, or the end mark of a kernel call its caller launched);
+// implemented by the CUDA executor.
 class DeviceFence {
 public:
     virtual ~DeviceFence() = default;
@@ -38,6 +39,9 @@ public:
     // thread's current stream: CUDA events `fn` records there (a Future's)
     // come after the op.
     virtual void onStream(const std::function<void()>& fn) = 0;
+    // The worker's, once it has read the end mark of the kernel call the
+    // fence stands for: only a fence without an event of its own needs it.
+    virtual void markEnded() {}
 };
 
 class MooncakeWork : public c10d::Work {

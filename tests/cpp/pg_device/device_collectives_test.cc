@@ -29,13 +29,18 @@ uint8_t pattern(int rank, uint64_t i, uint64_t salt) {
     return static_cast<uint8_t>((rank + 1) * 131 + i * 7 + (i >> 8) * 13 + salt * 29);
 }
 
-// Waits for the call and checks it succeeded.
+// Waits for the call and checks it succeeded and marked its end.
 int finish(Rank& r, const char* what) {
     CUDA_CHILD_OK(cudaStreamSynchronize(r.stream));
     const DeviceOpResult res = *r.hostResult();
     if (res.status != 0) {
         std::fprintf(stderr, "rank %d %s: status %d culprit %d detail %llu\n", r.rank, what,
                      res.status, res.culprit, static_cast<unsigned long long>(res.detail));
+        return 1;
+    }
+    // The worker completes a call from this mark (pollKernelCalls).
+    if (res.ended == 0) {
+        std::fprintf(stderr, "rank %d %s: the call ended without its end mark\n", r.rank, what);
         return 1;
     }
     return 0;
