@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <thread>
 
 namespace mooncake::pg {
 
@@ -51,5 +52,27 @@ bool spinUntil(Pred ready, std::chrono::microseconds budget) {
         sched_yield();
     }
 }
+
+// Paces a loop that polls for something which may take long (device work,
+// the worker's completion of a call): the first polls only yield the core,
+// later ones sleep briefly, so a long wait costs no busy core.
+class PollPacer {
+public:
+    // Between two polls that found nothing.
+    void pause() {
+        constexpr uint32_t kYieldPolls = 256;
+        constexpr auto kSleep = std::chrono::microseconds(20);
+        if (++polls_ < kYieldPolls) {
+            std::this_thread::yield();
+        } else {
+            std::this_thread::sleep_for(kSleep);
+        }
+    }
+    // After progress: the next wait may be short again.
+    void reset() { polls_ = 0; }
+
+private:
+    uint32_t polls_ = 0;
+};
 
 }  // namespace mooncake::pg

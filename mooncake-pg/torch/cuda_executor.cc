@@ -3,7 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
-#include <thread>
+#include <optional>
 #include <utility>
 
 #include <ATen/ATen.h>
@@ -11,6 +11,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
+#include "mooncake-pg/core/spin_wait.h"
 #include "mooncake-transfer-engine/common/cuda_launch.h"
 
 namespace mooncake::pg {
@@ -20,6 +21,35 @@ namespace {
 void checkCuda(cudaError_t e, const char* what) {
     TORCH_CHECK(e == cudaSuccess, "Mooncake PG: ", what, " failed: ", cudaGetErrorString(e));
 }
+
+// The capture status of `stream`, or none where it cannot be read (the
+// legacy default stream while another thread captures: it cannot be
+// captured itself). The error is cleared so that no later check sees it.
+std::optional<cudaStreamCaptureStatus> captureStatus(cudaStream_t stream) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return std::nullopt;
+    }
+    return status;
+}
+
+// A fence of work on one stream of one device. What runs in onStream (a
+// Future's event records) is queued on that stream, after the work.
+class StreamFence : public DeviceFence {
+public:
+    void onStream(const std::function<void()>& fn) override {
+        c10::cuda::CUDAStreamGuard guard(
+            c10::cuda::getStreamFromExternal(stream_, device_.index()));
+        fn();
+    }
+
+protected:
+    StreamFence(c10::Device device, cudaStream_t stream) : device_(device), stream_(stream) {}
+
+    const c10::Device device_;
+    const cudaStream_t stream_;  // the fenced work's
+};
 
 cudaStream_t createStream(c10::Device device) {
     c10::cuda::CUDAGuard guard(device);
@@ -120,7 +150,7 @@ namespace {
 Status pollEvent(cudaEvent_t event, Deadline deadline, const char* what,
                  const std::function<void()>* watch = nullptr,
                  const std::atomic<bool>* cancel = nullptr) {
-    int spins = 0;
+    PollPacer pacer;
     auto next_watch = std::chrono::steady_clock::now();
     while (true) {
         if (cancel && cancel->load(std::memory_order_relaxed))
@@ -136,11 +166,7 @@ Status pollEvent(cudaEvent_t event, Deadline deadline, const char* what,
             return cudaStatus(e, what);
         if (deadline.expired())
             return Timeout(std::string(what) + " did not complete before the op's deadline");
-        if (++spins < 256) {
-            std::this_thread::yield();
-        } else {
-            std::this_thread::sleep_for(std::chrono::microseconds(20));
-        }
+        pacer.pause();
     }
 }
 
@@ -153,12 +179,12 @@ Status pollEvent(cudaEvent_t event, Deadline deadline, const char* what,
 // the graph's branches), but it is never queried or blocked on, since
 // neither means anything for work that runs only when the graph is
 // replayed; it reads as complete.
-class CudaExecutor::Fence final : public DeviceFence {
+class CudaExecutor::Fence final : public StreamFence {
 public:
+    // `stream`: the op's, the group's or its caller's.
     Fence(c10::Device device, cudaStream_t stream, std::shared_ptr<CudaExecutor::EventPool> events,
           bool captured)
-        : device_(device),
-          stream_(stream),
+        : StreamFence(device, stream),
           events_(std::move(events)),
           event_(events_->take()),
           captured_(captured) {}
@@ -182,11 +208,6 @@ public:
             checkCuda(cudaEventSynchronize(event_), "waiting for the op's device work");
     }
     bool ready() override { return captured_ || cudaEventQuery(event_) != cudaErrorNotReady; }
-    void onStream(const std::function<void()>& fn) override {
-        c10::cuda::CUDAStreamGuard guard(
-            c10::cuda::getStreamFromExternal(stream_, device_.index()));
-        fn();
-    }
     Status arm() {
         c10::cuda::CUDAGuard guard(device_);
         const cudaError_t e = cudaEventRecord(event_, stream_);
@@ -196,8 +217,6 @@ public:
     }
 
 private:
-    const c10::Device device_;
-    const cudaStream_t stream_;  // the op's: the group's, or its caller's
     const std::shared_ptr<CudaExecutor::EventPool> events_;
     const cudaEvent_t event_;
     const bool captured_;
@@ -210,11 +229,12 @@ private:
 // another stream waits while it runs on an event recorded on the call's
 // stream when first needed, which may cover work the caller queued there
 // since, and completes no later than the call.
-class CudaExecutor::CallEndFence final : public DeviceFence {
+class CudaExecutor::CallEndFence final : public StreamFence {
 public:
+    // `stream`: the caller's, the call's kernels on it.
     CallEndFence(c10::Device device, cudaStream_t stream,
                  std::shared_ptr<CudaExecutor::EventPool> events)
-        : device_(device), stream_(stream), events_(std::move(events)) {}
+        : StreamFence(device, stream), events_(std::move(events)) {}
     ~CallEndFence() override {
         if (event_)
             events_->give(event_);
@@ -230,21 +250,11 @@ public:
     void block() override {
         // The worker marks every call it takes off its calls in flight; one
         // it gave up on as stuck stays unmarked, as its event would.
-        int spins = 0;
-        while (!ready()) {
-            if (++spins < 256) {
-                std::this_thread::yield();
-            } else {
-                std::this_thread::sleep_for(std::chrono::microseconds(20));
-            }
-        }
+        PollPacer pacer;
+        while (!ready())
+            pacer.pause();
     }
     bool ready() override { return ended_.load(std::memory_order_acquire); }
-    void onStream(const std::function<void()>& fn) override {
-        c10::cuda::CUDAStreamGuard guard(
-            c10::cuda::getStreamFromExternal(stream_, device_.index()));
-        fn();
-    }
     void markEnded() override { ended_.store(true, std::memory_order_release); }
 
     // `waiter` (on the fence's device) follows the call. While the call's
@@ -257,10 +267,9 @@ public:
         if (ready())
             return Status::OK();
         if (!event_) {
-            cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-            if (cudaStreamIsCapturing(stream_, &capture) != cudaSuccess ||
-                capture != cudaStreamCaptureStatusNone) {
-                (void)cudaGetLastError();
+            // Unreadable counts as captured: no record is tried there.
+            const auto capture = captureStatus(stream_);
+            if (!capture || *capture != cudaStreamCaptureStatusNone) {
                 if (!may_block)
                     return Unavailable("the stream of the caller's call is being captured");
                 block();
@@ -283,8 +292,6 @@ private:
         TORCH_CHECK(st.ok(), "Mooncake PG: ", st.toString());
     }
 
-    const c10::Device device_;
-    const cudaStream_t stream_;  // the caller's, the call's kernels on it
     const std::shared_ptr<CudaExecutor::EventPool> events_;
     std::atomic<bool> ended_{false};
     std::mutex mu_;                // guards event_'s one record
@@ -392,14 +399,8 @@ std::shared_ptr<DeviceFence> CudaExecutor::callerCallFence(cudaStream_t stream) 
 
 bool CudaExecutor::callerCapturing() const {
     const cudaStream_t caller = c10::cuda::getCurrentCUDAStream(device_.index()).stream();
-    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(caller, &status) != cudaSuccess) {
-        // The legacy default stream while another thread captures: it cannot
-        // be captured itself. Clear the error so that no later check sees it.
-        (void)cudaGetLastError();
-        return false;
-    }
-    return status == cudaStreamCaptureStatusActive;
+    const auto status = captureStatus(caller);
+    return status && *status == cudaStreamCaptureStatusActive;
 }
 
 std::shared_ptr<DeviceOp> CudaExecutor::issue(Staging staging) {

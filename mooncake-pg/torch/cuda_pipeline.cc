@@ -22,12 +22,12 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "mooncake-pg/control_plane/member_host.h"
 #include "mooncake-pg/core/engine_fabric.h"
+#include "mooncake-pg/core/spin_wait.h"
 #include "mooncake-pg/device/group_window.h"
 #include "mooncake-pg/device/live_graph_calls.h"
 #include "mooncake-pg/torch/backend.h"
@@ -256,18 +256,16 @@ void MooncakeBackend::forgetGraphFailures() {
 
 void MooncakeBackend::finishKernelCalls(size_t keep) {
     adoptCallerLaunches();
-    int spins = 0;
+    PollPacer pacer;
     while (kernels_in_flight_.size() > keep) {
         const size_t before = kernels_in_flight_.size();
         pollKernelCalls();
         if (ownerGone())
             return;
         if (kernels_in_flight_.size() != before) {
-            spins = 0;
-        } else if (++spins < 256) {
-            std::this_thread::yield();
+            pacer.reset();
         } else {
-            std::this_thread::sleep_for(std::chrono::microseconds(20));
+            pacer.pause();
         }
     }
 }
